@@ -1,0 +1,11 @@
+# Writes every kernels/*.cl into one C++ include as {name, source} pairs.
+file(GLOB files ${SRC_DIR}/*.cl)
+list(SORT files)
+set(body "// generated from kernels/*.cl; do not edit\n")
+foreach(f ${files})
+  get_filename_component(name ${f} NAME_WE)
+  file(READ ${f} src)
+  string(APPEND body "{\"${name}\", R\"FERRUMCL(${src})FERRUMCL\"},\n")
+endforeach()
+file(WRITE ${OUT}.tmp "${body}")
+file(COPY_FILE ${OUT}.tmp ${OUT} ONLY_IF_DIFFERENT)

@@ -1,0 +1,125 @@
+// The backend interface: buffers, a command stream that ops are recorded into, and the op set
+// the decoders need. Model code is written once against this; the CPU and OpenCL backends
+// implement it.
+//
+// Recording model: every op call appends a command to a Stream; nothing runs until
+// Stream::submit(). Commands bind tensors (not host values), so a recorded stream can be
+// submitted again after the host rewrites its input buffers (token ids, positions, slot
+// mappings, block tables): that is decode-step capture and replay, with eager execution being
+// record -> submit -> clear.
+//
+// Conventions: activations are f32 and row-major; weights W are [out_features, in_features]
+// in any DType the backend supports(); integer inputs are i32.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace ferrum {
+
+enum class Op {
+  Embedding, Linear, RmsNorm, AddRmsNorm, Rope, QkvToCache, PagedAttention, SwiGLU,
+  Add, GatherRows, Argmax, Copy, MoeRoute, MoeExperts,
+};
+const char* op_name(Op op);
+
+enum class RopeLayout { HalfSplit /* NeoX / HF rotate_half */, Interleaved /* GGUF pairs */ };
+
+// cos/sin f32 [max_positions, rotary_dim / 2], precomputed on the host (Llama-3 scaling included).
+struct RopeTable {
+  Tensor cos, sin;
+  RopeLayout layout = RopeLayout::HalfSplit;
+};
+
+// Geometry of one attention layer.
+struct AttnParams {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;       // usually 1/sqrt(head_dim)
+  int64_t window = 0;       // sliding window in tokens (query at p sees (p-window, p]); 0 = off
+};
+
+// Where each of the T tokens of a varlen batch sits. Tokens of one sequence are contiguous and
+// in position order; a token at position p attends to positions <= p of its own sequence, so
+// prefill chunks and single decode tokens of many sequences share one call.
+struct AttnBatch {
+  Tensor token_seq;     // i32[T]: row of block_tables this token belongs to
+  Tensor token_pos;     // i32[T]: absolute position
+  Tensor slot_mapping;  // i32[T]: pool slot (block * block_size + offset) for this token's K/V
+  Tensor block_tables;  // i32[S, max_blocks]: logical -> physical block, per sequence
+};
+
+// One layer's view of the paged KV pool: [num_blocks, kv_heads, block_size, head_dim] in f16,
+// f32 or i8. i8 pools carry one f32 scale per (block, head, slot) row in k_scale / v_scale.
+struct KvLayer {
+  Tensor k, v;
+  Tensor k_scale, v_scale;
+  int64_t block_size() const { return k.dim(2); }
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual void submit() = 0;  // run every recorded command, in order (may be called repeatedly)
+  virtual void sync() = 0;    // wait until submitted work is done
+  virtual void clear() = 0;   // drop recorded commands
+  virtual size_t size() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual bool supports(Op op, DType weight_dtype = DType::F32) const = 0;
+
+  // ---- buffers ----
+  virtual Tensor alloc(DType dtype, Shape shape) = 0;
+  // A tensor holding host data. With a keepalive (e.g. an mmap'd file) a host-memory backend
+  // wraps the bytes without copying; other backends copy them to the device.
+  virtual Tensor from_host(const void* data, DType dtype, Shape shape,
+                           std::shared_ptr<const void> keepalive = nullptr) = 0;
+  // Synchronous copies of `bytes` bytes starting at t.offset (bytes <= t.nbytes()).
+  virtual void upload(const Tensor& dst, const void* src, size_t bytes) = 0;
+  virtual void download(const Tensor& src, void* dst, size_t bytes) = 0;
+  virtual std::unique_ptr<Stream> new_stream() = 0;
+
+  // ---- ops (recorded into s) ----
+  // out[t, :] = table[ids[t], :] as f32. table [vocab, H] in any weight dtype.
+  virtual void embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
+  // out[T, N] = x[T, K] @ w[N, K]^T (+ bias[N] when defined).
+  virtual void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
+                      const Tensor& out) = 0;
+  // out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w. out may alias x.
+  virtual void rms_norm(Stream& s, const Tensor& x, const Tensor& w, float eps,
+                        const Tensor& out) = 0;
+  // residual += x; out = rms_norm(residual) * w.
+  virtual void add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x, const Tensor& w,
+                            float eps, const Tensor& out) = 0;
+  // In place on x [T, H, head_dim]: rotate each head of token t by position positions[t].
+  virtual void rope(Stream& s, const Tensor& x, const Tensor& positions, const RopeTable& rope) = 0;
+  // Split qkv [T, (H + 2 KV) * hd]; per-head RMS norm of q and k when q_norm/k_norm are defined
+  // (QK-norm, weights [hd]); RoPE on q and k; q -> q_out [T, H, hd]; k, v -> the pool at
+  // batch.slot_mapping.
+  virtual void qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm,
+                            const Tensor& k_norm, float eps, const RopeTable& rope,
+                            const AttnBatch& batch, const AttnParams& p, const Tensor& q_out,
+                            const KvLayer& kv) = 0;
+  // Causal GQA attention of q [T, H, hd] over the pool (which already holds this step's K/V):
+  // out [T, H, hd].
+  virtual void paged_attention(Stream& s, const Tensor& q, const KvLayer& kv,
+                               const AttnBatch& batch, const AttnParams& p,
+                               const Tensor& out) = 0;
+  // out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:].
+  virtual void swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) = 0;
+  virtual void add(Stream& s, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out[r, :] = x[idx[r], :]
+  virtual void gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) = 0;
+  // out[r] = argmax_j x[r, j] (first maximum), i32.
+  virtual void argmax(Stream& s, const Tensor& x, const Tensor& out) = 0;
+  virtual void copy(Stream& s, const Tensor& src, const Tensor& dst) = 0;
+};
+
+// Creates "cpu" or "opencl[:platform[:device]]" backends.
+std::shared_ptr<Backend> make_backend(const std::string& spec, int num_threads = 0);
+
+}  // namespace ferrum

@@ -1,0 +1,35 @@
+// GGUF block formats: the reference (de)quantizers, which define the formats, and the fast dot
+// kernels the CPU backend's linear op is built from.
+#pragma once
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace ferrum::quant {
+
+// Format definition: n elements (a multiple of the block size) of type t -> f32.
+// Supports F32, F16, BF16 and every quantized DType.
+void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+
+// Round-to-nearest quantization of n floats into type t (the activation types Q8_0 / Q8_1 /
+// Q8_K, plus F16 / BF16 / F32 and the weight types the test-model writer uses).
+void quantize_row(DType t, const float* src, void* dst, int64_t n);
+
+// out = dot(w_row, act_row) over n elements, where w_row is in the weight type and act_row was
+// produced by quantize_row(act_type, ...). act_type is what makes the dot fast for that weight
+// type (Q8_0 for Q4_0/Q8_0..., Q8_K for k-quants, F32 for float weights).
+// dot_rows computes `rows` consecutive weight rows (row stride w_row_bytes) against one
+// activation row: out[r] = dot(w + r * w_row_bytes, act).
+struct DotKernel {
+  DType act_type;
+  void (*dot_rows)(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
+                   const void* act, float* out);
+  const char* isa;  // "avx512", "avx2", "scalar": what was chosen at run time
+};
+
+// The fastest kernel this CPU supports for weights of type t; throws ValueError when t has none.
+const DotKernel& dot_kernel(DType weight_type);
+// The portable scalar kernel (the reference the SIMD kernels are tested against).
+const DotKernel& dot_kernel_scalar(DType weight_type);
+
+}  // namespace ferrum::quant
