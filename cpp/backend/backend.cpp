@@ -1,0 +1,31 @@
+#include "backend/backend.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+
+namespace ferrum {
+
+const char* op_name(Op op) {
+  static const char* names[] = {"embedding", "linear", "rms_norm", "add_rms_norm", "rope",
+                                "qkv_to_cache", "paged_attention", "swiglu", "add",
+                                "gather_rows", "argmax", "copy", "moe_route", "moe_experts"};
+  return names[static_cast<int>(op)];
+}
+
+#if FERRUM_HAVE_OPENCL
+std::shared_ptr<Backend> make_opencl_backend(const std::string& selector);
+#endif
+
+std::shared_ptr<Backend> make_backend(const std::string& spec, int num_threads) {
+  if (spec == "cpu") return std::make_shared<CpuBackend>(num_threads);
+  if (spec == "opencl" || spec.rfind("opencl:", 0) == 0) {
+#if FERRUM_HAVE_OPENCL
+    return make_opencl_backend(spec.size() > 7 ? spec.substr(7) : "");
+#else
+    throw ValueError("this build of ferrum has no OpenCL backend");
+#endif
+  }
+  throw ValueError("unknown device '" + spec + "' (expected 'cpu' or 'opencl[:platform[:device]]')");
+}
+
+}  // namespace ferrum

@@ -1,0 +1,300 @@
+#include "backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/op_checks.h"
+#include "core/error.h"
+
+namespace ferrum {
+
+namespace {
+constexpr size_t kAlign = 64;
+
+void* aligned_bytes(size_t n) {
+  void* p = std::aligned_alloc(kAlign, (n + kAlign - 1) / kAlign * kAlign + kAlign);
+  if (!p) throw ResourceError("out of host memory allocating " + std::to_string(n) + " bytes");
+  return p;
+}
+
+// Splits [0, n) for thread ith of nth; returns false when this thread has nothing to do.
+inline bool my_range(int64_t n, int ith, int nth, int64_t* b, int64_t* e) {
+  split_range(n, ith, nth, b, e);
+  return *b < *e;
+}
+}  // namespace
+
+CpuStorage::CpuStorage(Backend* b, size_t n) : Storage(b, n), data(aligned_bytes(n)), owned(true) {}
+CpuStorage::CpuStorage(Backend* b, size_t n, void* d, std::shared_ptr<const void> keep)
+    : Storage(b, n), data(d), owned(false), keepalive(std::move(keep)) {}
+CpuStorage::~CpuStorage() {
+  if (owned) std::free(data);
+}
+
+void CpuStream::submit() {
+  if (commands_.empty()) return;
+  ThreadPool& pool = backend_->pool();
+  pool.run([&](int ith, int nth) {
+    for (const CpuCommand& c : commands_) {
+      c.fn(ith, nth);
+      pool.barrier();
+    }
+  });
+}
+
+CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {
+  // Our pool owns all parallelism: each thread calls single-threaded sgemm on its slice.
+  openblas_set_num_threads(1);
+}
+
+bool CpuBackend::supports(Op op, DType w) const {
+  switch (op) {
+    case Op::Embedding:
+    case Op::Linear:
+      return w == DType::F32 || w == DType::F16 || w == DType::BF16 || is_quantized(w);
+    case Op::MoeRoute:
+    case Op::MoeExperts:
+      return false;
+    default:
+      return true;
+  }
+}
+
+void CpuBackend::check_host(const Tensor& t) const {
+  if (t.defined() && t.storage->backend != this)
+    throw ValueError("tensor " + t.str() + " belongs to another backend");
+}
+
+Tensor CpuBackend::alloc(DType dtype, Shape shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  for (int64_t d : t.shape) FERRUM_CHECK(d >= 0, "negative dimension in " + shape_str(t.shape));
+  FERRUM_CHECK(t.cols() % dtype_info(dtype).block_elems == 0,
+               "last dim of " + t.str() + " is not a multiple of the block size");
+  size_t n = t.nbytes();
+  t.storage = std::make_shared<CpuStorage>(this, n);
+  return t;
+}
+
+Tensor CpuBackend::from_host(const void* data, DType dtype, Shape shape,
+                             std::shared_ptr<const void> keepalive) {
+  if (keepalive) {
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.storage = std::make_shared<CpuStorage>(this, t.nbytes(), const_cast<void*>(data), std::move(keepalive));
+    return t;
+  }
+  Tensor t = alloc(dtype, std::move(shape));
+  std::memcpy(host_ptr<void>(t), data, t.nbytes());
+  return t;
+}
+
+void CpuBackend::upload(const Tensor& dst, const void* src, size_t bytes) {
+  check_host(dst);
+  FERRUM_CHECK(bytes <= dst.nbytes(), "upload of " + std::to_string(bytes) + " bytes into " + dst.str());
+  std::memcpy(host_ptr<void>(dst), src, bytes);
+}
+
+void CpuBackend::download(const Tensor& src, void* dst, size_t bytes) {
+  check_host(src);
+  FERRUM_CHECK(bytes <= src.nbytes(), "download of " + std::to_string(bytes) + " bytes from " + src.str());
+  std::memcpy(dst, host_ptr<void>(src), bytes);
+}
+
+static CpuStream& cpu_stream(Stream& s) { return static_cast<CpuStream&>(s); }
+
+void CpuBackend::embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) {
+  checks::embedding(ids, table, out);
+  cpu_stream(s).record("embedding", [=](int ith, int nth) {
+    int64_t b, e;
+    if (!my_range(ids.numel(), ith, nth, &b, &e)) return;
+    const int32_t* id = host_ptr<int32_t>(ids);
+    const char* rows = host_ptr<char>(table);
+    int64_t vocab = table.dim(0), h = table.cols();
+    for (int64_t t = b; t < e; ++t) {
+      float* o = host_ptr<float>(out) + t * h;
+      if (id[t] < 0 || id[t] >= vocab) {  // the model validates ids; this only keeps memory safe
+        std::memset(o, 0, size_t(h) * 4);
+        continue;
+      }
+      cpu::row_to_f32(table.dtype, rows + id[t] * table.row_bytes(), o, h);
+    }
+  });
+}
+
+void CpuBackend::rms_norm(Stream& s, const Tensor& x, const Tensor& w, float eps, const Tensor& out) {
+  checks::rms_norm(x, w, out);
+  cpu_stream(s).record("rms_norm", [=](int ith, int nth) {
+    int64_t b, e, d = x.cols();
+    if (!my_range(x.rows(), ith, nth, &b, &e)) return;
+    for (int64_t r = b; r < e; ++r)
+      cpu::rms_norm_row(host_ptr<float>(x) + r * d, host_ptr<float>(w), eps, host_ptr<float>(out) + r * d, d);
+  });
+}
+
+void CpuBackend::add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x, const Tensor& w,
+                              float eps, const Tensor& out) {
+  checks::add_rms_norm(residual, x, w, out);
+  cpu_stream(s).record("add_rms_norm", [=](int ith, int nth) {
+    int64_t b, e, d = x.cols();
+    if (!my_range(x.rows(), ith, nth, &b, &e)) return;
+    for (int64_t r = b; r < e; ++r) {
+      float* res = host_ptr<float>(residual) + r * d;
+      const float* xr = host_ptr<float>(x) + r * d;
+      for (int64_t i = 0; i < d; ++i) res[i] += xr[i];
+      cpu::rms_norm_row(res, host_ptr<float>(w), eps, host_ptr<float>(out) + r * d, d);
+    }
+  });
+}
+
+void CpuBackend::rope(Stream& s, const Tensor& x, const Tensor& positions, const RopeTable& rope) {
+  checks::rope(x, positions, rope);
+  cpu_stream(s).record("rope", [=](int ith, int nth) {
+    int64_t heads = x.dim(1), hd = x.dim(2), half = rope.cos.cols(), max_pos = rope.cos.dim(0);
+    int64_t b, e;
+    if (!my_range(x.dim(0) * heads, ith, nth, &b, &e)) return;
+    for (int64_t i = b; i < e; ++i) {
+      int64_t pos = host_ptr<int32_t>(positions)[i / heads];
+      if (pos < 0 || pos >= max_pos) continue;  // validated by the model; memory safety only
+      cpu::rope_head(host_ptr<float>(x) + i * hd, host_ptr<float>(rope.cos) + pos * half,
+                     host_ptr<float>(rope.sin) + pos * half, half, rope.layout);
+    }
+  });
+}
+
+void CpuBackend::qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm,
+                              const Tensor& k_norm, float eps, const RopeTable& rope,
+                              const AttnBatch& batch, const AttnParams& p, const Tensor& q_out,
+                              const KvLayer& kv) {
+  checks::qkv_to_cache(qkv, q_norm, k_norm, rope, batch, p, q_out, kv);
+  const int64_t hd = p.head_dim;
+  auto scratch = std::make_shared<std::vector<float>>(size_t(pool_.size()) * hd);
+  cpu_stream(s).record("qkv_to_cache", [=](int ith, int nth) {
+    const int64_t heads_all = p.heads + 2 * p.kv_heads, tokens = qkv.rows();
+    const int64_t half = rope.cos.cols(), max_pos = rope.cos.dim(0);
+    const int64_t total_slots = kv.k.dim(0) * kv.block_size();
+    float* tmp = scratch->data() + size_t(ith) * hd;
+    int64_t b, e;
+    if (!my_range(tokens * heads_all, ith, nth, &b, &e)) return;
+    for (int64_t i = b; i < e; ++i) {
+      int64_t t = i / heads_all, h = i % heads_all;
+      const float* src = host_ptr<float>(qkv) + t * qkv.cols() + h * hd;
+      int64_t pos = host_ptr<int32_t>(batch.token_pos)[t];
+      bool rotate = pos >= 0 && pos < max_pos;
+      const float* c = host_ptr<float>(rope.cos) + pos * half;
+      const float* sn = host_ptr<float>(rope.sin) + pos * half;
+      if (h < p.heads) {  // query head -> q_out
+        float* dst = host_ptr<float>(q_out) + (t * p.heads + h) * hd;
+        if (q_norm.defined()) cpu::rms_norm_row(src, host_ptr<float>(q_norm), eps, dst, hd);
+        else std::memcpy(dst, src, size_t(hd) * 4);
+        if (rotate) cpu::rope_head(dst, c, sn, half, rope.layout);
+        continue;
+      }
+      int64_t slot = host_ptr<int32_t>(batch.slot_mapping)[t];
+      if (slot < 0 || slot >= total_slots) continue;  // padding token
+      if (h < p.heads + p.kv_heads) {  // key head: norm, rotate, store
+        if (k_norm.defined()) cpu::rms_norm_row(src, host_ptr<float>(k_norm), eps, tmp, hd);
+        else std::memcpy(tmp, src, size_t(hd) * 4);
+        if (rotate) cpu::rope_head(tmp, c, sn, half, rope.layout);
+        cpu::kv_store_row(kv, true, slot, h - p.heads, tmp);
+      } else {
+        cpu::kv_store_row(kv, false, slot, h - p.heads - p.kv_heads, src);
+      }
+    }
+  });
+}
+
+void CpuBackend::paged_attention(Stream& s, const Tensor& q, const KvLayer& kv,
+                                 const AttnBatch& batch, const AttnParams& p, const Tensor& out) {
+  checks::paged_attention(q, kv, batch, p, out);
+  const int64_t max_blocks = batch.block_tables.dim(1);
+  const int64_t max_ctx = max_blocks * kv.block_size();
+  const int64_t group = p.heads / p.kv_heads;
+  const size_t per_thread = size_t(group * max_ctx + p.head_dim);
+  auto scratch = std::make_shared<std::vector<float>>(per_thread * size_t(pool_.size()));
+  cpu_stream(s).record("paged_attention", [=](int ith, int nth) {
+    int64_t tokens = q.numel() / (p.heads * p.head_dim);
+    int64_t b, e;
+    if (!my_range(tokens * p.kv_heads, ith, nth, &b, &e)) return;
+    float* scores = scratch->data() + per_thread * size_t(ith);
+    float* row = scores + group * max_ctx;
+    for (int64_t i = b; i < e; ++i) {
+      int64_t t = i / p.kv_heads;
+      int64_t pos = host_ptr<int32_t>(batch.token_pos)[t];
+      if (pos < 0 || pos >= max_ctx) continue;  // padding token / validated by the engine
+      cpu::paged_attention_item(host_ptr<float>(q), kv, host_ptr<int32_t>(batch.token_seq),
+                                host_ptr<int32_t>(batch.token_pos),
+                                host_ptr<int32_t>(batch.block_tables), max_blocks, p,
+                                host_ptr<float>(out), t, i % p.kv_heads, scores, row);
+    }
+  });
+}
+
+void CpuBackend::swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) {
+  checks::swiglu(gate_up, out);
+  cpu_stream(s).record("swiglu", [=](int ith, int nth) {
+    int64_t b, e, n = out.cols();
+    if (!my_range(out.rows(), ith, nth, &b, &e)) return;
+    for (int64_t r = b; r < e; ++r) {
+      const float* g = host_ptr<float>(gate_up) + r * 2 * n;
+      cpu::silu_mul(g, g + n, host_ptr<float>(out) + r * n, n);
+    }
+  });
+}
+
+void CpuBackend::add(Stream& s, const Tensor& a, const Tensor& b_, const Tensor& out) {
+  checks::add(a, b_, out);
+  cpu_stream(s).record("add", [=](int ith, int nth) {
+    int64_t b, e;
+    if (!my_range(out.numel(), ith, nth, &b, &e)) return;
+    const float *x = host_ptr<float>(a), *y = host_ptr<float>(b_);
+    float* o = host_ptr<float>(out);
+    for (int64_t i = b; i < e; ++i) o[i] = x[i] + y[i];
+  });
+}
+
+void CpuBackend::gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) {
+  checks::gather_rows(x, idx, out);
+  cpu_stream(s).record("gather_rows", [=](int ith, int nth) {
+    if (ith != 0) return;  // tiny: a few rows
+    int64_t d = x.cols();
+    for (int64_t r = 0; r < idx.numel(); ++r) {
+      int32_t i = host_ptr<int32_t>(idx)[r];
+      float* o = host_ptr<float>(out) + r * d;
+      if (i < 0 || i >= x.rows()) std::memset(o, 0, size_t(d) * 4);
+      else std::memcpy(o, host_ptr<float>(x) + i * d, size_t(d) * 4);
+    }
+  });
+}
+
+void CpuBackend::argmax(Stream& s, const Tensor& x, const Tensor& out) {
+  checks::argmax(x, out);
+  cpu_stream(s).record("argmax", [=](int ith, int nth) {
+    int64_t b, e, d = x.cols();
+    if (!my_range(x.rows(), ith, nth, &b, &e)) return;
+    for (int64_t r = b; r < e; ++r) {
+      const float* row = host_ptr<float>(x) + r * d;
+      int64_t best = 0;
+      for (int64_t j = 1; j < d; ++j)
+        if (row[j] > row[best]) best = j;
+      host_ptr<int32_t>(out)[r] = int32_t(best);
+    }
+  });
+}
+
+void CpuBackend::copy(Stream& s, const Tensor& src, const Tensor& dst) {
+  checks::copy(src, dst);
+  cpu_stream(s).record("copy", [=](int ith, int nth) {
+    int64_t b, e;
+    size_t n = src.nbytes();
+    if (!my_range(int64_t(n), ith, nth, &b, &e)) return;
+    std::memcpy(host_ptr<char>(dst) + b, host_ptr<char>(src) + b, size_t(e - b));
+  });
+}
+
+}  // namespace ferrum

@@ -1,0 +1,90 @@
+// The CPU backend: host memory, OpenBLAS for multi-row dense GEMMs, our own kernels elsewhere.
+// A stream is a flat list of bound commands; submit() runs the list once on the thread pool,
+// all threads stepping through it together with a barrier between commands.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/thread_pool.h"
+
+namespace ferrum {
+
+struct CpuStorage : Storage {
+  CpuStorage(Backend* b, size_t n);                                                // owns memory
+  CpuStorage(Backend* b, size_t n, void* data, std::shared_ptr<const void> keep);  // wraps
+  ~CpuStorage() override;
+  void* data;
+  bool owned;
+  std::shared_ptr<const void> keepalive;
+};
+
+template <typename T>
+inline T* host_ptr(const Tensor& t) {
+  return reinterpret_cast<T*>(static_cast<char*>(static_cast<CpuStorage*>(t.storage.get())->data) + t.offset);
+}
+
+// One recorded command: fn(thread_index, num_threads) does that thread's share.
+struct CpuCommand {
+  const char* name;
+  std::function<void(int, int)> fn;
+};
+
+class CpuBackend;
+
+class CpuStream : public Stream {
+ public:
+  explicit CpuStream(CpuBackend* backend) : backend_(backend) {}
+  void submit() override;
+  void sync() override {}  // submit() runs to completion
+  void clear() override { commands_.clear(); }
+  size_t size() const override { return commands_.size(); }
+  void record(const char* name, std::function<void(int, int)> fn) {
+    commands_.push_back({name, std::move(fn)});
+  }
+
+ private:
+  CpuBackend* backend_;
+  std::vector<CpuCommand> commands_;
+};
+
+class CpuBackend : public Backend {
+ public:
+  explicit CpuBackend(int num_threads);
+  std::string name() const override { return "cpu"; }
+  bool supports(Op op, DType weight_dtype) const override;
+  int num_threads() const { return pool_.size(); }
+  ThreadPool& pool() { return pool_; }
+
+  Tensor alloc(DType dtype, Shape shape) override;
+  Tensor from_host(const void* data, DType dtype, Shape shape,
+                   std::shared_ptr<const void> keepalive) override;
+  void upload(const Tensor& dst, const void* src, size_t bytes) override;
+  void download(const Tensor& src, void* dst, size_t bytes) override;
+  std::unique_ptr<Stream> new_stream() override { return std::make_unique<CpuStream>(this); }
+
+  void embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) override;
+  void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
+              const Tensor& out) override;
+  void rms_norm(Stream& s, const Tensor& x, const Tensor& w, float eps, const Tensor& out) override;
+  void add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x, const Tensor& w, float eps,
+                    const Tensor& out) override;
+  void rope(Stream& s, const Tensor& x, const Tensor& positions, const RopeTable& rope) override;
+  void qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                    float eps, const RopeTable& rope, const AttnBatch& batch, const AttnParams& p,
+                    const Tensor& q_out, const KvLayer& kv) override;
+  void paged_attention(Stream& s, const Tensor& q, const KvLayer& kv, const AttnBatch& batch,
+                       const AttnParams& p, const Tensor& out) override;
+  void swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) override;
+  void add(Stream& s, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) override;
+  void argmax(Stream& s, const Tensor& x, const Tensor& out) override;
+  void copy(Stream& s, const Tensor& src, const Tensor& dst) override;
+
+ private:
+  void check_host(const Tensor& t) const;
+  ThreadPool pool_;
+};
+
+}  // namespace ferrum

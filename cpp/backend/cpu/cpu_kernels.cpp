@@ -1,0 +1,195 @@
+#include "backend/cpu/cpu_kernels.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "backend/cpu/cpu_backend.h"
+#include "quant/quant.h"
+
+namespace ferrum::cpu {
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float sum = 0.0f;
+#if defined(__AVX512F__)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+  sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  __m256 acc = _mm256_add_ps(acc0, acc1);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  sum = _mm_cvtss_f32(s);
+#endif
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void axpy_f32(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void rms_norm_row(const float* x, const float* w, float eps, float* out, int64_t d) {
+  float ss = dot_f32(x, x, d);
+  float inv = 1.0f / std::sqrt(ss / float(d) + eps);
+  for (int64_t i = 0; i < d; ++i) out[i] = x[i] * inv * w[i];
+}
+
+void row_to_f32(DType t, const void* src, float* dst, int64_t n) {
+  if (t == DType::F32) {
+    std::memcpy(dst, src, size_t(n) * 4);
+    return;
+  }
+  quant::dequantize_row(t, src, dst, n);
+}
+
+void rope_head(float* x, const float* cos, const float* sin, int64_t rot_half, RopeLayout layout) {
+  if (layout == RopeLayout::HalfSplit) {
+    for (int64_t i = 0; i < rot_half; ++i) {
+      float a = x[i], b = x[i + rot_half];
+      x[i] = a * cos[i] - b * sin[i];
+      x[i + rot_half] = b * cos[i] + a * sin[i];
+    }
+  } else {
+    for (int64_t i = 0; i < rot_half; ++i) {
+      float a = x[2 * i], b = x[2 * i + 1];
+      x[2 * i] = a * cos[i] - b * sin[i];
+      x[2 * i + 1] = b * cos[i] + a * sin[i];
+    }
+  }
+}
+
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+namespace {
+
+// Pointer to the pool row of (slot, kv_head); pools are [blocks, kv_heads, block_size, hd].
+inline int64_t pool_row(const KvLayer& kv, int64_t slot, int64_t kv_head) {
+  int64_t bs = kv.k.dim(2), kvh = kv.k.dim(1);
+  return ((slot / bs) * kvh + kv_head) * bs + slot % bs;
+}
+
+void load_kv_row(const Tensor& pool, const Tensor& scales, int64_t row, int64_t hd, float* dst) {
+  switch (pool.dtype) {
+    case DType::F32:
+      std::memcpy(dst, host_ptr<float>(pool) + row * hd, size_t(hd) * 4);
+      break;
+    case DType::F16: {
+      const uint16_t* src = host_ptr<uint16_t>(pool) + row * hd;
+      int64_t i = 0;
+#if defined(__F16C__)
+      for (; i + 8 <= hd; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+      for (; i < hd; ++i) dst[i] = f16_to_f32(src[i]);
+      break;
+    }
+    case DType::I8: {
+      const int8_t* src = host_ptr<int8_t>(pool) + row * hd;
+      float s = host_ptr<float>(scales)[row];
+      for (int64_t i = 0; i < hd; ++i) dst[i] = float(src[i]) * s;
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+void kv_store_row(const KvLayer& kv, bool is_k, int64_t slot, int64_t kv_head, const float* row) {
+  const Tensor& pool = is_k ? kv.k : kv.v;
+  int64_t hd = pool.dim(3);
+  int64_t r = pool_row(kv, slot, kv_head);
+  switch (pool.dtype) {
+    case DType::F32:
+      std::memcpy(host_ptr<float>(pool) + r * hd, row, size_t(hd) * 4);
+      break;
+    case DType::F16: {
+      uint16_t* dst = host_ptr<uint16_t>(pool) + r * hd;
+      for (int64_t i = 0; i < hd; ++i) dst[i] = f32_to_f16(row[i]);
+      break;
+    }
+    case DType::I8: {
+      // Symmetric int8 with one scale per row: the row's max magnitude maps to 127.
+      float amax = 0.0f;
+      for (int64_t i = 0; i < hd; ++i) amax = std::max(amax, std::fabs(row[i]));
+      float scale = amax / 127.0f;
+      float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+      int8_t* dst = host_ptr<int8_t>(pool) + r * hd;
+      for (int64_t i = 0; i < hd; ++i) dst[i] = int8_t(std::lrint(row[i] * inv));
+      host_ptr<float>(is_k ? kv.k_scale : kv.v_scale)[r] = scale;
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void paged_attention_item(const float* q, const KvLayer& kv, const int32_t* token_seq,
+                          const int32_t* token_pos, const int32_t* block_tables,
+                          int64_t max_blocks, const AttnParams& p, float* out, int64_t t,
+                          int64_t kvh, float* scores, float* kv_row) {
+  const int64_t hd = p.head_dim, group = p.heads / p.kv_heads, bs = kv.block_size();
+  const int64_t num_blocks = kv.k.dim(0);
+  const int32_t* table = block_tables + int64_t(token_seq[t]) * max_blocks;
+  const int64_t pos = token_pos[t];
+  const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+  const int64_t n = pos - first + 1;
+  const float* qt = q + (t * p.heads + kvh * group) * hd;
+  float* ot = out + (t * p.heads + kvh * group) * hd;
+  auto slot_of = [&](int64_t j) -> int64_t {
+    int64_t b = table[j / bs];
+    return (b >= 0 && b < num_blocks) ? b * bs + j % bs : -1;
+  };
+
+  for (int64_t j = 0; j < n; ++j) {
+    int64_t slot = slot_of(first + j);
+    if (slot < 0) {  // unmapped block: contributes nothing (never happens for valid tables)
+      for (int64_t g = 0; g < group; ++g) scores[g * n + j] = -std::numeric_limits<float>::infinity();
+      continue;
+    }
+    load_kv_row(kv.k, kv.k_scale, pool_row(kv, slot, kvh), hd, kv_row);
+    for (int64_t g = 0; g < group; ++g) scores[g * n + j] = dot_f32(qt + g * hd, kv_row, hd) * p.scale;
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = scores + g * n;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = std::exp(s[j] - mx);
+      sum += s[j];
+    }
+    float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+    std::memset(ot + g * hd, 0, size_t(hd) * 4);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    int64_t slot = slot_of(first + j);
+    if (slot < 0) continue;
+    load_kv_row(kv.v, kv.v_scale, pool_row(kv, slot, kvh), hd, kv_row);
+    for (int64_t g = 0; g < group; ++g) axpy_f32(scores[g * n + j], kv_row, ot + g * hd, hd);
+  }
+}
+
+}  // namespace ferrum::cpu

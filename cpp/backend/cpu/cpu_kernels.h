@@ -1,0 +1,28 @@
+// Row kernels of the CPU backend. Each works on a range of rows so the stream can split a
+// command across threads; they assume validated shapes (backend/op_checks.h).
+#pragma once
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace ferrum::cpu {
+
+void rms_norm_row(const float* x, const float* w, float eps, float* out, int64_t d);
+// A row of any plain or quantized type as f32.
+void row_to_f32(DType t, const void* src, float* dst, int64_t n);
+void rope_head(float* x, const float* cos, const float* sin, int64_t rot_half, RopeLayout layout);
+void silu_mul(const float* gate, const float* up, float* out, int64_t n);
+float dot_f32(const float* a, const float* b, int64_t n);
+void axpy_f32(float a, const float* x, float* y, int64_t n);  // y += a * x
+
+// Paged attention of query token t for the q heads that share kv head kvh (see
+// Backend::paged_attention).
+// scores: heads_per_kv * (max_blocks * block_size) floats; kv_row: head_dim floats.
+void paged_attention_item(const float* q, const KvLayer& kv, const int32_t* token_seq,
+                          const int32_t* token_pos, const int32_t* block_tables,
+                          int64_t max_blocks, const AttnParams& p, float* out, int64_t t,
+                          int64_t kvh, float* scores, float* kv_row);
+// Writes one head row (head_dim floats) into the pool at slot / kv head.
+void kv_store_row(const KvLayer& kv, bool is_k, int64_t slot, int64_t kv_head, const float* row);
+
+}  // namespace ferrum::cpu

@@ -1,0 +1,95 @@
+// linear on the CPU: out[T, N] = x[T, K] @ w[N, K]^T (+ bias).
+//   - few rows (decode): each thread takes a contiguous range of output rows and runs the
+//     weight type's dot kernel straight from the stored (possibly quantized) rows; activations
+//     are first quantized once to the kernel's activation type.
+//   - many rows (prefill): f32 weights go to sgemm on each thread's slice of N; other types
+//     are dequantized a tile of rows at a time into per-thread scratch, then sgemm.
+#include <cblas.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/op_checks.h"
+#include "quant/quant.h"
+
+namespace ferrum {
+
+namespace {
+// Above this many rows a tile dequantize + sgemm beats per-row dot kernels.
+constexpr int64_t kMaxDotTokens = 8;
+constexpr int64_t kTileRows = 64;
+
+void add_bias(const Tensor& bias, float* out, int64_t tokens, int64_t n, int64_t r0, int64_t r1) {
+  if (!bias.defined()) return;
+  const float* b = host_ptr<float>(bias);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t r = r0; r < r1; ++r) out[t * n + r] += b[r];
+}
+}  // namespace
+
+void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
+                        const Tensor& out) {
+  checks::linear(x, w, bias, out);
+  CpuStream& cs = static_cast<CpuStream&>(s);
+  const int64_t T = x.rows(), K = x.cols(), N = w.dim(0);
+  const size_t w_row_bytes = w.row_bytes();
+
+  if (T > kMaxDotTokens || (w.dtype == DType::F32 && T > 1)) {
+    // GEMM path. f32 weights are used in place; others are dequantized per tile.
+    const bool dequant = w.dtype != DType::F32;
+    auto tiles = std::make_shared<std::vector<float>>(dequant ? size_t(pool_.size() * kTileRows * K) : 0);
+    cs.record("linear_gemm", [=](int ith, int nth) {
+      int64_t r0, r1;
+      split_range(N, ith, nth, &r0, &r1);
+      const float* xp = host_ptr<float>(x);
+      float* op = host_ptr<float>(out);
+      for (int64_t t0 = r0; t0 < r1; t0 += kTileRows) {
+        int64_t rows = std::min(kTileRows, r1 - t0);
+        const float* wt;
+        if (dequant) {
+          float* tile = tiles->data() + size_t(ith) * kTileRows * K;
+          const char* src = host_ptr<char>(w) + t0 * w_row_bytes;
+          for (int64_t r = 0; r < rows; ++r) quant::dequantize_row(w.dtype, src + r * w_row_bytes, tile + r * K, K);
+          wt = tile;
+        } else {
+          wt = host_ptr<float>(w) + t0 * K;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(rows), int(K), 1.0f, xp,
+                    int(K), wt, int(K), 0.0f, op + t0, int(N));
+      }
+      add_bias(bias, op, T, N, r0, r1);
+    });
+    return;
+  }
+
+  // Dot-kernel path.
+  const quant::DotKernel* kernel = &quant::dot_kernel(w.dtype);
+  const size_t act_row_bytes = dtype_bytes(kernel->act_type, K);
+  std::shared_ptr<std::vector<char>> act;
+  if (kernel->act_type != DType::F32) {
+    act = std::make_shared<std::vector<char>>(size_t(T) * act_row_bytes);
+    cs.record("quantize_act", [=](int ith, int nth) {
+      int64_t b, e;
+      split_range(T, ith, nth, &b, &e);
+      for (int64_t t = b; t < e; ++t)
+        quant::quantize_row(kernel->act_type, host_ptr<float>(x) + t * K, act->data() + t * act_row_bytes, K);
+    });
+  }
+  cs.record("linear_dot", [=](int ith, int nth) {
+    int64_t r0, r1;
+    split_range(N, ith, nth, &r0, &r1);
+    if (r0 >= r1) return;
+    const char* wp = host_ptr<char>(w) + r0 * w_row_bytes;
+    float* op = host_ptr<float>(out);
+    for (int64_t t = 0; t < T; ++t) {
+      const void* a = act ? static_cast<const void*>(act->data() + t * act_row_bytes)
+                          : static_cast<const void*>(host_ptr<float>(x) + t * K);
+      kernel->dot_rows(K, wp, w_row_bytes, r1 - r0, a, op + t * N + r0);
+    }
+    add_bias(bias, op, T, N, r0, r1);
+  });
+}
+
+}  // namespace ferrum

@@ -1,0 +1,193 @@
+#include "backend/op_checks.h"
+
+#include "core/error.h"
+
+namespace ferrum::checks {
+
+namespace {
+void need(bool ok, const std::string& op, const std::string& what) {
+  if (!ok) throw ValueError(op + ": " + what);
+}
+void defined(const Tensor& t, const std::string& op, const char* name) {
+  need(t.defined(), op, std::string(name) + " is undefined");
+}
+void f32(const Tensor& t, const std::string& op, const char* name) {
+  defined(t, op, name);
+  need(t.dtype == DType::F32, op, std::string(name) + " must be f32, got " + t.str());
+}
+void i32(const Tensor& t, const std::string& op, const char* name) {
+  defined(t, op, name);
+  need(t.dtype == DType::I32, op, std::string(name) + " must be i32, got " + t.str());
+}
+void same_shape(const Tensor& a, const Tensor& b, const std::string& op) {
+  need(a.numel() == b.numel() && a.cols() == b.cols(), op,
+       "shape mismatch: " + a.str() + " vs " + b.str());
+}
+void attn_geometry(const AttnParams& p, const std::string& op) {
+  need(p.heads > 0 && p.kv_heads > 0 && p.head_dim > 0 && p.heads % p.kv_heads == 0, op,
+       "heads must be a positive multiple of kv_heads");
+  need(p.head_dim % 2 == 0, op, "head_dim must be even");
+  need(p.window >= 0, op, "window must be >= 0");
+}
+void batch_tensors(const AttnBatch& b, int64_t tokens, const std::string& op) {
+  i32(b.token_seq, op, "token_seq");
+  i32(b.token_pos, op, "token_pos");
+  i32(b.slot_mapping, op, "slot_mapping");
+  i32(b.block_tables, op, "block_tables");
+  need(b.token_seq.numel() == tokens && b.token_pos.numel() == tokens &&
+           b.slot_mapping.numel() == tokens,
+       op, "token_seq / token_pos / slot_mapping must have one entry per token (" +
+               std::to_string(tokens) + ")");
+  need(b.block_tables.shape.size() == 2, op, "block_tables must be [seqs, max_blocks]");
+}
+void kv_pool(const KvLayer& kv, const AttnParams& p, const std::string& op) {
+  defined(kv.k, op, "kv.k");
+  defined(kv.v, op, "kv.v");
+  need(kv.k.shape.size() == 4 && kv.k.shape == kv.v.shape, op,
+       "kv pools must both be [blocks, kv_heads, block_size, head_dim], got " + kv.k.str() +
+           " and " + kv.v.str());
+  need(kv.k.dim(1) == p.kv_heads && kv.k.dim(3) == p.head_dim, op,
+       "kv pool " + kv.k.str() + " does not match kv_heads/head_dim");
+  DType d = kv.k.dtype;
+  need(d == DType::F32 || d == DType::F16 || d == DType::I8, op, "kv dtype must be f32, f16 or i8");
+  if (d == DType::I8) {
+    f32(kv.k_scale, op, "kv.k_scale");
+    f32(kv.v_scale, op, "kv.v_scale");
+    need(kv.k_scale.numel() * p.head_dim == kv.k.numel() &&
+             kv.v_scale.numel() * p.head_dim == kv.v.numel(),
+         op, "i8 kv scales must have one entry per (block, head, slot)");
+  }
+}
+}  // namespace
+
+void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  const std::string op = "embedding";
+  i32(ids, op, "ids");
+  f32(out, op, "out");
+  defined(table, op, "table");
+  need(table.shape.size() == 2, op, "table must be [vocab, hidden], got " + table.str());
+  need(out.rows() == ids.numel() && out.cols() == table.cols(), op,
+       "out " + out.str() + " must be [" + std::to_string(ids.numel()) + ", " +
+           std::to_string(table.cols()) + "]");
+}
+
+void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  const std::string op = "linear";
+  f32(x, op, "x");
+  f32(out, op, "out");
+  defined(w, op, "w");
+  need(w.shape.size() == 2, op, "w must be [out_features, in_features], got " + w.str());
+  need(x.cols() == w.cols(), op, "x " + x.str() + " does not match w " + w.str());
+  need(out.rows() == x.rows() && out.cols() == w.dim(0), op,
+       "out " + out.str() + " must be [" + std::to_string(x.rows()) + ", " +
+           std::to_string(w.dim(0)) + "]");
+  need(w.cols() % dtype_info(w.dtype).block_elems == 0, op,
+       "in_features of " + w.str() + " is not a multiple of its block size");
+  if (bias.defined()) {
+    f32(bias, op, "bias");
+    need(bias.numel() == w.dim(0), op, "bias " + bias.str() + " must have out_features entries");
+  }
+}
+
+void rms_norm(const Tensor& x, const Tensor& w, const Tensor& out) {
+  const std::string op = "rms_norm";
+  f32(x, op, "x");
+  f32(w, op, "w");
+  f32(out, op, "out");
+  need(w.numel() == x.cols(), op, "w " + w.str() + " must match the last dim of x " + x.str());
+  same_shape(x, out, op);
+}
+
+void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& w, const Tensor& out) {
+  const std::string op = "add_rms_norm";
+  f32(residual, op, "residual");
+  same_shape(residual, x, op);
+  rms_norm(x, w, out);
+}
+
+void rope(const Tensor& x, const Tensor& positions, const RopeTable& rope) {
+  const std::string op = "rope";
+  f32(x, op, "x");
+  i32(positions, op, "positions");
+  f32(rope.cos, op, "rope.cos");
+  f32(rope.sin, op, "rope.sin");
+  need(x.shape.size() == 3, op, "x must be [tokens, heads, head_dim], got " + x.str());
+  need(positions.numel() == x.dim(0), op, "one position per token needed");
+  need(rope.cos.shape == rope.sin.shape && rope.cos.shape.size() == 2, op, "cos/sin tables differ");
+  need(rope.cos.cols() * 2 <= x.dim(2), op, "rotary dim exceeds head_dim");
+}
+
+void qkv_to_cache(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                  const RopeTable& rope_table, const AttnBatch& batch, const AttnParams& p,
+                  const Tensor& q_out, const KvLayer& kv) {
+  const std::string op = "qkv_to_cache";
+  attn_geometry(p, op);
+  f32(qkv, op, "qkv");
+  f32(q_out, op, "q_out");
+  int64_t tokens = qkv.rows();
+  need(qkv.cols() == (p.heads + 2 * p.kv_heads) * p.head_dim, op,
+       "qkv " + qkv.str() + " must have (heads + 2 kv_heads) * head_dim columns");
+  need(q_out.numel() == tokens * p.heads * p.head_dim, op, "q_out " + q_out.str() + " has the wrong size");
+  need(q_norm.defined() == k_norm.defined(), op, "q_norm and k_norm come together");
+  if (q_norm.defined()) {
+    f32(q_norm, op, "q_norm");
+    f32(k_norm, op, "k_norm");
+    need(q_norm.numel() == p.head_dim && k_norm.numel() == p.head_dim, op, "QK-norm weights must be [head_dim]");
+  }
+  need(rope_table.cos.defined() && rope_table.cos.cols() * 2 <= p.head_dim, op, "rotary table does not fit head_dim");
+  batch_tensors(batch, tokens, op);
+  kv_pool(kv, p, op);
+}
+
+void paged_attention(const Tensor& q, const KvLayer& kv, const AttnBatch& batch,
+                     const AttnParams& p, const Tensor& out) {
+  const std::string op = "paged_attention";
+  attn_geometry(p, op);
+  f32(q, op, "q");
+  f32(out, op, "out");
+  need(q.numel() % (p.heads * p.head_dim) == 0, op, "q " + q.str() + " is not [tokens, heads, head_dim]");
+  int64_t tokens = q.numel() / (p.heads * p.head_dim);
+  need(out.numel() == q.numel(), op, "out must be shaped like q");
+  batch_tensors(batch, tokens, op);
+  kv_pool(kv, p, op);
+}
+
+void swiglu(const Tensor& gate_up, const Tensor& out) {
+  const std::string op = "swiglu";
+  f32(gate_up, op, "gate_up");
+  f32(out, op, "out");
+  need(gate_up.cols() == 2 * out.cols() && gate_up.rows() == out.rows(), op,
+       "gate_up " + gate_up.str() + " must be [T, 2 I] for out " + out.str());
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const std::string op = "add";
+  f32(a, op, "a");
+  f32(b, op, "b");
+  f32(out, op, "out");
+  need(a.numel() == b.numel() && a.numel() == out.numel(), op, "sizes differ: " + a.str() + ", " + b.str() + ", " + out.str());
+}
+
+void gather_rows(const Tensor& x, const Tensor& idx, const Tensor& out) {
+  const std::string op = "gather_rows";
+  f32(x, op, "x");
+  i32(idx, op, "idx");
+  f32(out, op, "out");
+  need(out.rows() == idx.numel() && out.cols() == x.cols(), op, "out " + out.str() + " must be [len(idx), cols(x)]");
+}
+
+void argmax(const Tensor& x, const Tensor& out) {
+  const std::string op = "argmax";
+  f32(x, op, "x");
+  i32(out, op, "out");
+  need(out.numel() == x.rows() && x.cols() > 0, op, "out must have one entry per row of x");
+}
+
+void copy(const Tensor& src, const Tensor& dst) {
+  const std::string op = "copy";
+  defined(src, op, "src");
+  defined(dst, op, "dst");
+  need(src.dtype == dst.dtype && src.numel() == dst.numel(), op, "copy " + src.str() + " -> " + dst.str() + ": dtype or size differ");
+}
+
+}  // namespace ferrum::checks

@@ -1,0 +1,24 @@
+// Shape and dtype validation shared by every backend, run when an op is recorded, so a
+// mistake made from Python is a ValueError and never reaches a kernel.
+#pragma once
+#include "backend/backend.h"
+
+namespace ferrum::checks {
+
+void embedding(const Tensor& ids, const Tensor& table, const Tensor& out);
+void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
+void rms_norm(const Tensor& x, const Tensor& w, const Tensor& out);
+void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& w, const Tensor& out);
+void rope(const Tensor& x, const Tensor& positions, const RopeTable& rope);
+void qkv_to_cache(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                  const RopeTable& rope, const AttnBatch& batch, const AttnParams& p,
+                  const Tensor& q_out, const KvLayer& kv);
+void paged_attention(const Tensor& q, const KvLayer& kv, const AttnBatch& batch,
+                     const AttnParams& p, const Tensor& out);
+void swiglu(const Tensor& gate_up, const Tensor& out);
+void add(const Tensor& a, const Tensor& b, const Tensor& out);
+void gather_rows(const Tensor& x, const Tensor& idx, const Tensor& out);
+void argmax(const Tensor& x, const Tensor& out);
+void copy(const Tensor& src, const Tensor& dst);
+
+}  // namespace ferrum::checks

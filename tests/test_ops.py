@@ -1,0 +1,252 @@
+"""Rung 1: every backend op against a float64 numpy reference, over many shapes."""
+import numpy as np
+import pytest
+
+import reference as R
+from ferrum import _core
+
+F32_TOL = 1e-10  # NMSE for f32 paths
+
+
+def f16_bits(a):
+    return np.asarray(a, np.float32).astype(np.float16)
+
+
+def bf16_bits(a):
+    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_to_f32(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def weight(be, w, dtype):
+    """Backend tensor for weights w in dtype, and the values the backend actually sees."""
+    if dtype == "f32":
+        return be.tensor(w), w.astype(np.float64)
+    if dtype == "f16":
+        h = f16_bits(w)
+        return be.tensor(h), h.astype(np.float64)
+    b = bf16_bits(w)
+    return be.tensor_raw(b, "bf16", list(w.shape)), bf16_to_f32(b).astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("tokens,k,n", [(1, 64, 33), (1, 577, 129), (3, 96, 40), (17, 130, 71), (40, 256, 300)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear(backend, rng, dtype, tokens, k, n, bias):
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32) if bias else None
+    W, wref = weight(backend, w, dtype)
+    out = backend.empty("f32", [tokens, n])
+    backend.linear(backend.tensor(x), W, backend.tensor(b) if bias else None, out)
+    ref = x.astype(np.float64) @ wref.T + (b if bias else 0)
+    assert R.nmse(out.numpy(), ref) < F32_TOL
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_embedding(backend, rng, dtype):
+    table = rng.standard_normal((50, 72)).astype(np.float32)
+    ids = np.array([0, 49, 7, 7, 23], np.int32)
+    T, tref = weight(backend, table, dtype)
+    out = backend.empty("f32", [5, 72])
+    backend.embedding(backend.tensor(ids), T, out)
+    np.testing.assert_array_equal(out.numpy(), tref[ids].astype(np.float32))
+
+
+@pytest.mark.parametrize("rows,d", [(1, 64), (7, 80), (13, 576), (4, 1000)])
+def test_rms_norm(backend, rng, rows, d):
+    x = rng.standard_normal((rows, d)).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    out = backend.empty("f32", [rows, d])
+    backend.rms_norm(backend.tensor(x), backend.tensor(w), 1e-6, out)
+    assert R.nmse(out.numpy(), R.rms_norm(x, w, 1e-6)) < F32_TOL
+
+
+def test_qk_norm_is_rms_norm_per_head(backend, rng):
+    q = rng.standard_normal((3, 5, 128)).astype(np.float32)  # [T, H, hd]
+    w = rng.standard_normal(128).astype(np.float32)
+    Q = backend.tensor(q)
+    out = backend.empty("f32", [15, 128])
+    backend.rms_norm(Q.reshape([15, 128]), backend.tensor(w), 1e-6, out)
+    assert R.nmse(out.numpy().reshape(q.shape), R.rms_norm(q, w, 1e-6)) < F32_TOL
+
+
+@pytest.mark.parametrize("rows,d", [(1, 64), (9, 333)])
+def test_add_rms_norm(backend, rng, rows, d):
+    res = rng.standard_normal((rows, d)).astype(np.float32)
+    x = rng.standard_normal((rows, d)).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    RES, out = backend.tensor(res), backend.empty("f32", [rows, d])
+    backend.add_rms_norm(RES, backend.tensor(x), backend.tensor(w), 1e-5, out)
+    s = res.astype(np.float64) + x
+    assert R.nmse(RES.numpy(), s) < F32_TOL
+    assert R.nmse(out.numpy(), R.rms_norm(s, w, 1e-5)) < F32_TOL
+
+
+@pytest.mark.parametrize("layout", ["half_split", "interleaved"])
+@pytest.mark.parametrize("hd", [64, 80, 128])
+def test_rope(backend, rng, layout, hd):
+    T, H = 6, 3
+    x = rng.standard_normal((T, H, hd)).astype(np.float32)
+    pos = np.array([0, 1, 5, 17, 200, 511], np.int32)
+    cos, sin = R.rope_tables(512, hd, 1e4)
+    table = _core.RopeTable(backend.tensor(cos.astype(np.float32)), backend.tensor(sin.astype(np.float32)),
+                            getattr(_core.RopeLayout, layout))
+    X = backend.tensor(x)
+    backend.rope(X, backend.tensor(pos), table)
+    ref = R.rope(x, pos, cos, sin, layout == "interleaved")
+    assert R.nmse(X.numpy(), ref) < 1e-9
+
+
+def test_swiglu_add_gather_argmax_copy(backend, rng):
+    gu = rng.standard_normal((5, 2 * 77)).astype(np.float32)
+    out = backend.empty("f32", [5, 77])
+    backend.swiglu(backend.tensor(gu), out)
+    assert R.nmse(out.numpy(), R.swiglu(gu)) < F32_TOL
+
+    a, b = rng.standard_normal((4, 9)).astype(np.float32), rng.standard_normal((4, 9)).astype(np.float32)
+    s = backend.empty("f32", [4, 9])
+    backend.add(backend.tensor(a), backend.tensor(b), s)
+    np.testing.assert_array_equal(s.numpy(), a + b)
+
+    idx = np.array([3, 0, 3], np.int32)
+    g = backend.empty("f32", [3, 9])
+    backend.gather_rows(backend.tensor(a), backend.tensor(idx), g)
+    np.testing.assert_array_equal(g.numpy(), a[idx])
+
+    logits = rng.standard_normal((6, 1001)).astype(np.float32)
+    logits[2, 10] = logits[2, 500] = 100.0  # tie: first maximum wins
+    am = backend.empty("i32", [6])
+    backend.argmax(backend.tensor(logits), am)
+    np.testing.assert_array_equal(am.numpy(), logits.argmax(1))
+
+    c = backend.empty("f32", [4, 9])
+    backend.copy(backend.tensor(a), c)
+    np.testing.assert_array_equal(c.numpy(), a)
+
+
+def make_pool(backend, blocks, kv_heads, block_size, hd, kv_dtype):
+    shape = [blocks, kv_heads, block_size, hd]
+    k, v = backend.empty(kv_dtype, shape), backend.empty(kv_dtype, shape)
+    if kv_dtype == "i8":
+        ks, vs = backend.empty("f32", shape[:3]), backend.empty("f32", shape[:3])
+        return _core.KvLayer(k, v, ks, vs)
+    return _core.KvLayer(k, v)
+
+
+def run_attention_case(backend, rng, seq_lens, new_lens, H, KV, hd, window=0, kv_dtype="f32",
+                       qk_norm=False, layout="half_split", block_size=16):
+    """Prefill every sequence's history, then one varlen call with each sequence's new tokens;
+    compare q_out, the cache contents and attention against numpy."""
+    S = len(seq_lens)
+    max_blocks = max((L + block_size - 1) // block_size for L in seq_lens)
+    num_blocks = S * max_blocks + 3
+    perm = rng.permutation(num_blocks)  # scattered physical blocks
+    tables = perm[:S * max_blocks].reshape(S, max_blocks).astype(np.int32)
+    kv = make_pool(backend, num_blocks, KV, block_size, hd, kv_dtype)
+    cos, sin = R.rope_tables(1024, hd, 1e4)
+    rope = _core.RopeTable(backend.tensor(cos.astype(np.float32)), backend.tensor(sin.astype(np.float32)),
+                           getattr(_core.RopeLayout, layout))
+    params = _core.AttnParams(H, KV, hd, 1.0 / np.sqrt(hd), window)
+    qn = rng.standard_normal(hd).astype(np.float32) if qk_norm else None
+    kn = rng.standard_normal(hd).astype(np.float32) if qk_norm else None
+
+    # Every token of every sequence, in two phases: history (L - new) then the new tokens.
+    qkv = {s: rng.standard_normal((seq_lens[s], (H + 2 * KV) * hd)).astype(np.float32) for s in range(S)}
+    k_ref, v_ref, q_ref = {}, {}, {}
+    for s in range(S):
+        t = qkv[s]
+        q = t[:, :H * hd].reshape(-1, H, hd)
+        k = t[:, H * hd:(H + KV) * hd].reshape(-1, KV, hd)
+        v = t[:, (H + KV) * hd:].reshape(-1, KV, hd)
+        if qk_norm:
+            q, k = R.rms_norm(q, qn, 1e-6), R.rms_norm(k, kn, 1e-6)
+        pos = np.arange(seq_lens[s])
+        q_ref[s] = R.rope(q, pos, cos, sin, layout == "interleaved")
+        k_ref[s] = R.rope(k, pos, cos, sin, layout == "interleaved")
+        v_ref[s] = v.astype(np.float64)
+
+    def step(rows):  # rows: list of (seq, first, count)
+        tok_seq = np.concatenate([np.full(c, s) for s, f, c in rows]).astype(np.int32)
+        tok_pos = np.concatenate([np.arange(f, f + c) for s, f, c in rows]).astype(np.int32)
+        slots = np.array([tables[s, p // block_size] * block_size + p % block_size
+                          for s, p in zip(tok_seq, tok_pos)], np.int32)
+        x = np.concatenate([qkv[s][f:f + c] for s, f, c in rows])
+        T = len(tok_seq)
+        batch = _core.AttnBatch(backend.tensor(tok_seq), backend.tensor(tok_pos), backend.tensor(slots),
+                                backend.tensor(tables))
+        q_out = backend.empty("f32", [T, H, hd])
+        backend.qkv_to_cache(backend.tensor(x), None if qn is None else backend.tensor(qn),
+                             None if kn is None else backend.tensor(kn), 1e-6, rope, batch, params, q_out, kv)
+        out = backend.empty("f32", [T, H, hd])
+        backend.paged_attention(q_out, kv, batch, params, out)
+        return tok_seq, tok_pos, q_out.numpy(), out.numpy()
+
+    hist = [(s, 0, seq_lens[s] - new_lens[s]) for s in range(S) if seq_lens[s] > new_lens[s]]
+    if hist:
+        step(hist)
+    tok_seq, tok_pos, q_out, out = step([(s, seq_lens[s] - new_lens[s], new_lens[s]) for s in range(S)])
+    q_expect = np.stack([q_ref[s][p] for s, p in zip(tok_seq, tok_pos)])
+    assert R.nmse(q_out, q_expect) < 1e-9
+    ref = R.attention(q_expect, k_ref, v_ref, tok_seq, tok_pos, window)
+    return R.nmse(out, ref)
+
+
+@pytest.mark.parametrize("H,KV", [(4, 4), (8, 4), (6, 2), (8, 1), (16, 2)])
+@pytest.mark.parametrize("hd", [64, 80, 128])
+def test_paged_attention_gqa_head_dims(backend, rng, H, KV, hd):
+    # three sequences: a decode token after 40 cached, a prefill of 17 (straddles a block), a
+    # chunk of 5 after 11 cached
+    err = run_attention_case(backend, rng, [41, 17, 16], [1, 17, 5], H, KV, hd)
+    assert err < 1e-9
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 33])
+def test_paged_attention_sliding_window(backend, rng, window):
+    assert run_attention_case(backend, rng, [50, 9], [3, 9], 4, 2, 64, window=window) < 1e-9
+
+
+@pytest.mark.parametrize("layout", ["half_split", "interleaved"])
+def test_qkv_to_cache_qk_norm(backend, rng, layout):
+    assert run_attention_case(backend, rng, [20, 33], [20, 1], 8, 2, 64, qk_norm=True, layout=layout) < 1e-9
+
+
+@pytest.mark.parametrize("kv_dtype,bound", [("f16", 1e-5), ("i8", 1e-3)])
+def test_paged_attention_low_precision_kv(backend, rng, kv_dtype, bound):
+    assert run_attention_case(backend, rng, [37, 5], [2, 5], 4, 2, 64, kv_dtype=kv_dtype) < bound
+
+
+def test_stream_replay_reads_fresh_inputs(backend, rng):
+    """A recorded stream re-run after its input buffers change computes on the new values."""
+    w = rng.standard_normal((16, 32)).astype(np.float32)
+    W, X, out = backend.tensor(w), backend.empty("f32", [2, 32]), backend.empty("f32", [2, 16])
+    s = backend.stream()
+    backend.linear(X, W, None, out, stream=s)
+    for _ in range(3):
+        x = rng.standard_normal((2, 32)).astype(np.float32)
+        X.upload(x)
+        s.submit()
+        s.sync()
+        assert R.nmse(out.numpy(), x @ w.T) < F32_TOL
+    assert len(s) >= 1
+
+
+@pytest.mark.parametrize("call", [
+    lambda be: be.linear(be.empty("f32", [2, 8]), be.empty("f32", [4, 9]), None, be.empty("f32", [2, 4])),
+    lambda be: be.linear(be.empty("f32", [2, 8]), be.empty("f32", [4, 8]), be.empty("f32", [3]), be.empty("f32", [2, 4])),
+    lambda be: be.rms_norm(be.empty("i32", [2, 8]), be.empty("f32", [8]), 1e-5, be.empty("f32", [2, 8])),
+    lambda be: be.swiglu(be.empty("f32", [2, 8]), be.empty("f32", [2, 8])),
+    lambda be: be.argmax(be.empty("f32", [2, 8]), be.empty("f32", [2])),
+    lambda be: be.embedding(be.empty("f32", [2]), be.empty("f32", [4, 8]), be.empty("f32", [2, 8])),
+    lambda be: be.copy(be.empty("f32", [2]), be.empty("f16", [2])),
+    lambda be: be.tensor_raw(np.zeros(10, np.uint8), "q4_0", [1, 32]),
+    lambda be: be.empty("q4_0", [3, 31]),
+    lambda be: be.tensor(np.zeros(3, np.float64)),
+    lambda be: be.supports("no_such_op"),
+])
+def test_bad_shapes_raise_value_error(backend, call):
+    with pytest.raises(ValueError):
+        call(backend)
