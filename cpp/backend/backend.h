@@ -86,9 +86,11 @@ class Backend {
   // ---- ops (recorded into s) ----
   // out[t, :] = table[ids[t], :] as f32. table [vocab, H] in any weight dtype.
   virtual void embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
-  // out[T, N] = x[T, K] @ w[N, K]^T (+ bias[N] when defined).
+  // out[:, out_col : out_col + N] = x[T, K] @ w[N, K]^T (+ bias[N] when defined); out is
+  // [T, >= out_col + N]. The column offset lets projections stored in different dtypes (q/k
+  // as Q4_K, v as Q6_K) fill one fused output.
   virtual void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
-                      const Tensor& out) = 0;
+                      const Tensor& out, int64_t out_col = 0) = 0;
   // out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w. out may alias x.
   virtual void rms_norm(Stream& s, const Tensor& x, const Tensor& w, float eps,
                         const Tensor& out) = 0;

@@ -71,16 +71,16 @@ void embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
            std::to_string(table.cols()) + "]");
 }
 
-void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, int64_t out_col) {
   const std::string op = "linear";
   f32(x, op, "x");
   f32(out, op, "out");
   defined(w, op, "w");
   need(w.shape.size() == 2, op, "w must be [out_features, in_features], got " + w.str());
   need(x.cols() == w.cols(), op, "x " + x.str() + " does not match w " + w.str());
-  need(out.rows() == x.rows() && out.cols() == w.dim(0), op,
-       "out " + out.str() + " must be [" + std::to_string(x.rows()) + ", " +
-           std::to_string(w.dim(0)) + "]");
+  need(out_col >= 0 && out.rows() == x.rows() && out.cols() >= out_col + w.dim(0), op,
+       "out " + out.str() + " must be [" + std::to_string(x.rows()) + ", >= " +
+           std::to_string(out_col + w.dim(0)) + "]");
   need(w.cols() % dtype_info(w.dtype).block_elems == 0, op,
        "in_features of " + w.str() + " is not a multiple of its block size");
   if (bias.defined()) {

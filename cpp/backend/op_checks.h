@@ -6,7 +6,7 @@
 namespace ferrum::checks {
 
 void embedding(const Tensor& ids, const Tensor& table, const Tensor& out);
-void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
+void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, int64_t out_col);
 void rms_norm(const Tensor& x, const Tensor& w, const Tensor& out);
 void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& w, const Tensor& out);
 void rope(const Tensor& x, const Tensor& positions, const RopeTable& rope);

@@ -143,9 +143,10 @@ void bind_backend(py::module_& m) {
       .def("embedding", [](Backend& b, Tensor ids, Tensor table, Tensor out, Stream* s) {
         on_stream(b, s, [&](Stream& st) { b.embedding(st, ids, table, out); });
       }, py::arg("ids"), py::arg("table"), py::arg("out"), py::arg("stream") = nullptr)
-      .def("linear", [opt](Backend& b, Tensor x, Tensor w, OptT bias, Tensor out, Stream* s) {
-        on_stream(b, s, [&](Stream& st) { b.linear(st, x, w, opt(bias), out); });
-      }, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("out"), py::arg("stream") = nullptr)
+      .def("linear", [opt](Backend& b, Tensor x, Tensor w, OptT bias, Tensor out, int64_t out_col, Stream* s) {
+        on_stream(b, s, [&](Stream& st) { b.linear(st, x, w, opt(bias), out, out_col); });
+      }, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("out"), py::arg("out_col") = 0,
+         py::arg("stream") = nullptr)
       .def("rms_norm", [](Backend& b, Tensor x, Tensor w, float eps, Tensor out, Stream* s) {
         on_stream(b, s, [&](Stream& st) { b.rms_norm(st, x, w, eps, out); });
       }, py::arg("x"), py::arg("w"), py::arg("eps"), py::arg("out"), py::arg("stream") = nullptr)

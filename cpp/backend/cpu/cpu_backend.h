@@ -66,7 +66,7 @@ class CpuBackend : public Backend {
 
   void embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) override;
   void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
-              const Tensor& out) override;
+              const Tensor& out, int64_t out_col) override;
   void rms_norm(Stream& s, const Tensor& x, const Tensor& w, float eps, const Tensor& out) override;
   void add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x, const Tensor& w, float eps,
                     const Tensor& out) override;

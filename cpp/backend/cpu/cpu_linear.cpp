@@ -21,19 +21,20 @@ namespace {
 constexpr int64_t kMaxDotTokens = 8;
 constexpr int64_t kTileRows = 64;
 
-void add_bias(const Tensor& bias, float* out, int64_t tokens, int64_t n, int64_t r0, int64_t r1) {
+// out points at column 0 of this weight's columns; ldo is the row stride of out.
+void add_bias(const Tensor& bias, float* out, int64_t tokens, int64_t ldo, int64_t r0, int64_t r1) {
   if (!bias.defined()) return;
   const float* b = host_ptr<float>(bias);
   for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t r = r0; r < r1; ++r) out[t * n + r] += b[r];
+    for (int64_t r = r0; r < r1; ++r) out[t * ldo + r] += b[r];
 }
 }  // namespace
 
 void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
-                        const Tensor& out) {
-  checks::linear(x, w, bias, out);
+                        const Tensor& out, int64_t out_col) {
+  checks::linear(x, w, bias, out, out_col);
   CpuStream& cs = static_cast<CpuStream&>(s);
-  const int64_t T = x.rows(), K = x.cols(), N = w.dim(0);
+  const int64_t T = x.rows(), K = x.cols(), N = w.dim(0), ldo = out.cols();
   const size_t w_row_bytes = w.row_bytes();
 
   if (T > kMaxDotTokens || (w.dtype == DType::F32 && T > 1)) {
@@ -44,7 +45,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
       int64_t r0, r1;
       split_range(N, ith, nth, &r0, &r1);
       const float* xp = host_ptr<float>(x);
-      float* op = host_ptr<float>(out);
+      float* op = host_ptr<float>(out) + out_col;
       for (int64_t t0 = r0; t0 < r1; t0 += kTileRows) {
         int64_t rows = std::min(kTileRows, r1 - t0);
         const float* wt;
@@ -57,9 +58,9 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
           wt = host_ptr<float>(w) + t0 * K;
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(rows), int(K), 1.0f, xp,
-                    int(K), wt, int(K), 0.0f, op + t0, int(N));
+                    int(K), wt, int(K), 0.0f, op + t0, int(ldo));
       }
-      add_bias(bias, op, T, N, r0, r1);
+      add_bias(bias, op, T, ldo, r0, r1);
     });
     return;
   }
@@ -82,13 +83,13 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
     split_range(N, ith, nth, &r0, &r1);
     if (r0 >= r1) return;
     const char* wp = host_ptr<char>(w) + r0 * w_row_bytes;
-    float* op = host_ptr<float>(out);
+    float* op = host_ptr<float>(out) + out_col;
     for (int64_t t = 0; t < T; ++t) {
       const void* a = act ? static_cast<const void*>(act->data() + t * act_row_bytes)
                           : static_cast<const void*>(host_ptr<float>(x) + t * K);
-      kernel->dot_rows(K, wp, w_row_bytes, r1 - r0, a, op + t * N + r0);
+      kernel->dot_rows(K, wp, w_row_bytes, r1 - r0, a, op + t * ldo + r0);
     }
-    add_bias(bias, op, T, N, r0, r1);
+    add_bias(bias, op, T, ldo, r0, r1);
   });
 }
 
