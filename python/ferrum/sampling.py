@@ -205,22 +205,65 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
 
 
+# Top-k / top-p only look at the most likely tokens.  Sorting a whole 128k
+# vocabulary per row costs ~10 ms, so each row is first cut (argpartition,
+# linear time) to a pool of its most likely tokens and only the pool is
+# sorted; a top-p row whose pool holds less than p of the mass is redone
+# with a 16x larger pool, up to the full vocabulary.
+TOP_P_POOL = 1024
+
+
+def _mask_top_k_top_p(logits: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
+                      pool_size: int = TOP_P_POOL) -> np.ndarray:
+    """Set to -inf what top-k (0 = off) then top-p (1 = off) drop, per row."""
+    rows, vocab = logits.shape
+    pool = min(vocab, max(pool_size, int(top_k.max())))
+    if pool < vocab:
+        pool_ids = np.argpartition(-logits, pool - 1, axis=1)[:, :pool]
+    else:
+        pool_ids = np.broadcast_to(np.arange(vocab), (rows, vocab))
+    pool_logits = np.take_along_axis(logits, pool_ids, axis=1)
+    by_rank = np.argsort(-pool_logits, axis=1)
+    pool_ids = np.take_along_axis(pool_ids, by_rank, axis=1)
+    pool_logits = np.take_along_axis(pool_logits, by_rank, axis=1)
+
+    # top-k: keep every logit >= the k-th largest, so boundary ties survive.
+    kth_largest = np.where(top_k > 0, pool_logits[np.arange(rows), np.maximum(top_k, 1) - 1], -np.inf)
+    logits = np.where(logits >= kth_largest[:, None], logits, -np.inf)
+    pool_logits = np.where(pool_logits >= kth_largest[:, None], pool_logits, -np.inf)
+
+    use_top_p = top_p < 1.0
+    if not use_top_p.any():
+        return logits
+    # top-p on the top-k-renormalised distribution (full-row normaliser).
+    row_max = logits.max(axis=1, keepdims=True)
+    normaliser = row_max + np.log(np.exp(logits - row_max).sum(axis=1, keepdims=True))
+    pool_probs = np.exp(pool_logits - normaliser)
+    mass_before = np.cumsum(pool_probs, axis=1) - pool_probs
+    # Keep a token while the more likely ones hold less than p; the top token
+    # (mass_before == 0) always stays.  Tokens outside the pool come after at
+    # least the pool's whole mass, so they go whenever the pool reaches p.
+    keep = np.zeros((rows, vocab), dtype=bool)
+    np.put_along_axis(keep, pool_ids, mass_before < top_p[:, None], axis=1)
+    pool_reaches_p = (pool == vocab) | (pool_probs.sum(axis=1) >= top_p)
+    done = use_top_p & pool_reaches_p
+    logits[done] = np.where(keep[done], logits[done], -np.inf)
+    retry = use_top_p & ~pool_reaches_p
+    if retry.any():
+        # Widen the pool 16x (then to the whole vocabulary) for flat rows.
+        logits[retry] = _mask_top_k_top_p(logits[retry], np.zeros(int(retry.sum()), np.int64),
+                                          top_p[retry], pool_size=pool * 16)
+    return logits
+
+
 class Sampler:
     """Picks one token per row of a ``[B, V]`` logits batch."""
 
     def sample(self, logits: np.ndarray, requests: Sequence[SamplingState]) -> SampleResult:
         logits = np.asarray(logits)
-        if logits.ndim != 2 or logits.shape[0] != len(requests):
-            raise ValueError(f"logits must be [B, V] with B == len(requests) ({len(requests)}), "
-                             f"got shape {logits.shape}")
-        batch, vocab = logits.shape
+        work = self.process_logits(logits, requests)  # also checks the shape
+        batch = logits.shape[0]
         params = [state.params for state in requests]
-
-        # float64 copy: penalties edit it in place and the tail masses of
-        # top-p / inverse-CDF sums behave better in double precision.
-        work = logits.astype(np.float64, copy=True)
-        self._apply_logit_bias(work, params)
-        self._apply_penalties(work, requests)
 
         temperature = np.array([p.temperature for p in params], dtype=np.float64)
         greedy = temperature < GREEDY_TEMPERATURE
@@ -235,6 +278,22 @@ class Sampler:
             token_ids[random_rows] = self._inverse_cdf(probs, uniforms)
 
         return SampleResult(token_ids, self._gather_logprobs(logits, token_ids, params))
+
+    def process_logits(self, logits: np.ndarray, requests: Sequence[SamplingState]) -> np.ndarray:
+        """logit_bias, then repetition, then presence/frequency penalties.
+
+        Returns a float64 copy (the caller's array is untouched): double
+        precision keeps the top-p tail masses and inverse-CDF sums accurate.
+        Greedy rows take the argmax of this.
+        """
+        logits = np.asarray(logits)
+        if logits.ndim != 2 or logits.shape[0] != len(requests):
+            raise ValueError(f"logits must be [B, V] with B == len(requests) ({len(requests)}), "
+                             f"got shape {logits.shape}")
+        work = logits.astype(np.float64, copy=True)
+        self._apply_logit_bias(work, [state.params for state in requests])
+        self._apply_penalties(work, requests)
+        return work
 
     # -- logits processors (all edit ``work`` in place) --------------------
 
@@ -300,31 +359,15 @@ class Sampler:
     @staticmethod
     def _filtered_probs(scaled: np.ndarray, params: Sequence[SamplingParams]) -> np.ndarray:
         """Temperature-scaled logits -> top-k/top-p/min-p filtered, renormalised probs."""
-        rows, vocab = scaled.shape
-        top_k = np.array([p.top_k for p in params])
+        vocab = scaled.shape[1]
+        top_k = np.array([p.top_k for p in params], dtype=np.int64)
         top_p = np.array([p.top_p for p in params], dtype=np.float64)
         min_p = np.array([p.min_p for p in params], dtype=np.float64)
-        use_top_k = (top_k > 0) & (top_k < vocab)
-        use_top_p = top_p < 1.0
+        top_k = np.where(top_k >= vocab, 0, top_k)  # k >= V keeps everything
 
-        if use_top_k.any() or use_top_p.any():
-            # One descending sort per row serves both filters.
-            order = np.argsort(-scaled, axis=1, kind="stable")
-            sorted_logits = np.take_along_axis(scaled, order, axis=1)
-            if use_top_k.any():
-                k = np.where(use_top_k, top_k, vocab)
-                kth_largest = sorted_logits[np.arange(rows), k - 1][:, None]
-                # ">=" threshold keeps boundary ties; rows without top-k keep all.
-                sorted_logits = np.where(sorted_logits >= kth_largest, sorted_logits, -np.inf)
-            if use_top_p.any():
-                sorted_probs = _softmax(sorted_logits)
-                mass_before = np.cumsum(sorted_probs, axis=1) - sorted_probs
-                # Drop a token once the more likely ones already reach p; the
-                # top token (mass_before == 0 < p) always survives.
-                drop = (mass_before >= top_p[:, None]) & use_top_p[:, None]
-                sorted_logits = np.where(drop, -np.inf, sorted_logits)
-            scaled = np.empty_like(scaled)
-            np.put_along_axis(scaled, order, sorted_logits, axis=1)
+        filtered = np.flatnonzero((top_k > 0) | (top_p < 1.0))
+        if filtered.size:
+            scaled[filtered] = _mask_top_k_top_p(scaled[filtered], top_k[filtered], top_p[filtered])
 
         probs = _softmax(scaled)
         if (min_p > 0).any():
@@ -340,10 +383,13 @@ class Sampler:
         target = uniforms * cdf[:, -1]
         # Strict ">" so a zero-probability token (flat CDF step) is never chosen.
         chosen = (cdf <= target[:, None]).sum(axis=1)
-        # Guard the u*total == total rounding corner: fall back to the last
-        # token that has probability.
-        last_allowed = probs.shape[1] - 1 - np.argmax(probs[:, ::-1] > 0, axis=1)
-        return np.minimum(chosen, last_allowed)
+        # Rounding can make u * total == total; then take the row's last
+        # token that has probability (rare, so only those rows are searched).
+        overshoot = np.flatnonzero(chosen >= probs.shape[1])
+        if overshoot.size:
+            tail = probs[overshoot, ::-1] > 0
+            chosen[overshoot] = probs.shape[1] - 1 - np.argmax(tail, axis=1)
+        return chosen
 
     # -- logprobs ------------------------------------------------------------
 
