@@ -1,4 +1,6 @@
 """ferrum: a C++ LLM inference engine for Python."""
-from . import _core  # noqa: F401
+from .outputs import CompletionOutput, RequestOutput
+from .sampling import SamplingParams
 
 __version__ = "0.1.0"
+__all__ = ["SamplingParams", "RequestOutput", "CompletionOutput"]

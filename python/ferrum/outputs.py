@@ -1,0 +1,59 @@
+"""Result types handed back to users, shaped like vLLM's ``vllm.outputs``.
+
+Pure Python: importable without the compiled ``ferrum._core``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Union
+
+
+@dataclass
+class Logprob:
+    """One token's log-probability at one step (vLLM's ``Logprob``).
+
+    ``rank`` is 1-based: 1 + the number of vocabulary tokens with a strictly
+    higher log-probability at that step.
+    """
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+# Per generated step: token id -> Logprob (the top-k plus the sampled token).
+StepLogprobs = Dict[int, Logprob]
+
+
+@dataclass
+class CompletionOutput:
+    """One of the ``n`` completions of a request.
+
+    ``cumulative_logprob`` and ``logprobs`` are None unless the request asked
+    for logprobs (``SamplingParams.logprobs`` not None), as in vLLM.
+    ``finish_reason`` is None while running, then "stop" or "length";
+    ``stop_reason`` says which stop string / stop token id ended it (None for
+    EOS or length).
+    """
+
+    index: int
+    text: str
+    token_ids: List[int]
+    cumulative_logprob: Optional[float]
+    logprobs: Optional[List[StepLogprobs]]
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """Everything produced for one request so far (final when ``finished``)."""
+
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: List[int]
+    outputs: List[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
