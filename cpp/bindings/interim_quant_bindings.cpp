@@ -2,6 +2,4 @@
 #include <pybind11/pybind11.h>
 namespace ferrum::bindings {
 void bind_quant(pybind11::module_&) {}
-void bind_io(pybind11::module_&) {}
-void bind_model(pybind11::module_&) {}
 }  // namespace ferrum::bindings

@@ -1,0 +1,58 @@
+// File readers exposed for the Python layer (GGUF metadata feeds the tokenizer) and tests.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "io/gguf.h"
+#include "io/llama2c.h"
+#include "io/safetensors.h"
+
+namespace py = pybind11;
+
+namespace ferrum::bindings {
+
+namespace {
+py::object to_python(const GgufValue& v) {
+  switch (v.kind) {
+    case GgufValue::Kind::Int: return py::int_(v.i);
+    case GgufValue::Kind::UInt: return py::int_(v.u);
+    case GgufValue::Kind::Float: return py::float_(v.f);
+    case GgufValue::Kind::Bool: return py::bool_(v.b);
+    case GgufValue::Kind::String: return py::str(PyUnicode_DecodeUTF8(v.s.data(), py::ssize_t(v.s.size()), "replace"));
+    case GgufValue::Kind::Array: {
+      py::list l(v.array.size());
+      for (size_t i = 0; i < v.array.size(); ++i) l[i] = to_python(v.array[i]);
+      return std::move(l);
+    }
+  }
+  return py::none();
+}
+
+py::dict tensor_table(const WeightSource& ws) {
+  py::dict d;
+  for (auto& [name, t] : ws.tensors) d[py::str(name)] = py::make_tuple(std::string(dtype_name(t.dtype)), t.shape);
+  return d;
+}
+}  // namespace
+
+void bind_io(py::module_& m) {
+  m.def("gguf_metadata", [](const std::string& path) {
+    GgufFile g;
+    {
+      py::gil_scoped_release nogil;
+      g = GgufFile::open(path);
+    }
+    py::dict d;
+    for (auto& [k, v] : g.metadata) d[py::str(k)] = to_python(v);
+    return d;
+  }, py::arg("path"), "GGUF metadata as a dict of Python values (arrays become lists).");
+  m.def("gguf_tensors", [](const std::string& path) { return tensor_table(GgufFile::open(path).weights); },
+        py::arg("path"), "{name: (dtype, shape)} of a GGUF file.");
+  m.def("safetensors_tensors", [](const std::string& dir) { return tensor_table(open_safetensors_dir(dir)); },
+        py::arg("dir"), "{name: (dtype, shape)} of a safetensors model directory.");
+  m.def("llama2c_tensors", [](const std::string& path) {
+    Llama2cHeader h;
+    return tensor_table(open_llama2c(path, &h));
+  }, py::arg("path"));
+}
+
+}  // namespace ferrum::bindings

@@ -1,0 +1,108 @@
+// ModelRunner: a loaded model with its paged KV pool; Python drives it step by step.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "core/error.h"
+#include "engine/model_runner.h"
+
+namespace py = pybind11;
+
+namespace ferrum::bindings {
+
+namespace {
+py::dict config_dict(const ModelConfig& c) {
+  py::dict d;
+  d["arch"] = c.arch;
+  d["hidden_size"] = c.hidden;
+  d["intermediate_size"] = c.intermediate;
+  d["num_layers"] = c.layers;
+  d["num_heads"] = c.heads;
+  d["num_kv_heads"] = c.kv_heads;
+  d["head_dim"] = c.head_dim;
+  d["vocab_size"] = c.vocab;
+  d["max_position_embeddings"] = c.max_positions;
+  d["rms_norm_eps"] = c.rms_eps;
+  d["rope_theta"] = c.rope_theta;
+  d["rope_layout"] = c.rope_layout == RopeLayout::HalfSplit ? "half_split" : "interleaved";
+  d["sliding_window"] = c.sliding_window;
+  d["tie_word_embeddings"] = c.tie_embeddings;
+  return d;
+}
+
+StepItem::Logits logits_mode(const std::string& s) {
+  if (s == "last") return StepItem::Logits::Last;
+  if (s == "all") return StepItem::Logits::All;
+  if (s == "none") return StepItem::Logits::None;
+  throw ValueError("logits must be 'last', 'all' or 'none', got '" + s + "'");
+}
+}  // namespace
+
+void bind_model(py::module_& m) {
+  py::class_<ModelRunner>(m, "ModelRunner")
+      .def(py::init([](const std::string& path, const std::string& device, int num_threads,
+                       const std::string& kv_dtype, int64_t max_model_len, int64_t kv_cache_tokens,
+                       int64_t kv_cache_bytes, bool prefix_cache) {
+             RunnerOptions o;
+             o.device = device;
+             o.num_threads = num_threads;
+             o.kv_dtype = kv_dtype == "int8" ? DType::I8 : dtype_from_name(kv_dtype);
+             o.max_model_len = max_model_len;
+             o.kv_cache_tokens = kv_cache_tokens;
+             if (kv_cache_bytes > 0) o.kv_cache_bytes = kv_cache_bytes;
+             o.prefix_cache = prefix_cache;
+             py::gil_scoped_release nogil;
+             return std::make_unique<ModelRunner>(path, o);
+           }),
+           py::arg("path"), py::arg("device") = "cpu", py::arg("num_threads") = 0,
+           py::arg("kv_dtype") = "f16", py::arg("max_model_len") = 0, py::arg("kv_cache_tokens") = 0,
+           py::arg("kv_cache_bytes") = 0, py::arg("prefix_cache") = true)
+      .def_property_readonly("config", [](const ModelRunner& r) { return config_dict(r.config()); })
+      .def_property_readonly("format", &ModelRunner::format)
+      .def_property_readonly("max_model_len", &ModelRunner::max_model_len)
+      .def_property_readonly("block_size", &ModelRunner::block_size)
+      .def_property_readonly("device", [](ModelRunner& r) { return r.backend().name(); })
+      .def("add_sequence", &ModelRunner::add_sequence)
+      .def("release_sequence", &ModelRunner::release_sequence, py::arg("seq"))
+      .def("sequence_length", &ModelRunner::sequence_length, py::arg("seq"))
+      .def("blocks_for", &ModelRunner::blocks_for, py::arg("tokens"))
+      .def("adopt_prefix", &ModelRunner::adopt_prefix, py::arg("seq"), py::arg("prompt"))
+      .def("set_replay", &ModelRunner::set_replay, py::arg("on"))
+      .def("step", [](ModelRunner& r, const std::vector<std::tuple<int64_t, std::vector<int32_t>, std::string>>& items) {
+        std::vector<StepItem> v;
+        v.reserve(items.size());
+        for (auto& [seq, toks, mode] : items) v.push_back(StepItem{seq, toks, logits_mode(mode)});
+        int64_t rows = 0;
+        std::vector<float> logits;
+        {
+          py::gil_scoped_release nogil;
+          logits = r.step(v, &rows);
+        }
+        const int64_t vocab = r.config().vocab;
+        py::array_t<float> out({rows, vocab});
+        std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+        return out;
+      }, py::arg("items"),
+         "items: [(seq, tokens, 'last'|'all'|'none')]. Appends the tokens and returns float32 logits "
+         "[rows, vocab] for the rows asked for, in order.")
+      .def("stats", [](const ModelRunner& r) {
+        RunnerStats s = r.stats();
+        py::dict d;
+        d["kv_blocks_total"] = s.kv_blocks_total;
+        d["kv_blocks_used"] = s.kv_blocks_used;
+        d["kv_blocks_free"] = s.kv_blocks_total - s.kv_blocks_used;
+        d["kv_blocks_cached"] = s.kv_blocks_cached;
+        d["block_size"] = s.block_size;
+        d["sequences"] = s.sequences;
+        d["prefix_queries"] = s.prefix_queries;
+        d["prefix_hit_tokens"] = s.prefix_hit_tokens;
+        d["prefix_query_tokens"] = s.prefix_query_tokens;
+        d["steps"] = s.steps;
+        d["replays"] = s.replays;
+        return d;
+      });
+}
+
+}  // namespace ferrum::bindings

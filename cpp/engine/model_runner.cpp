@@ -1,0 +1,251 @@
+#include "engine/model_runner.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "io/gguf.h"
+#include "io/llama2c.h"
+#include "io/safetensors.h"
+#include "model/rope.h"
+
+namespace ferrum {
+
+namespace {
+constexpr size_t kMaxGraphs = 8;
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool has_gguf_magic(const std::string& p) {
+  FILE* f = std::fopen(p.c_str(), "rb");
+  if (!f) throw FormatError(p + ": cannot open");
+  char m[4] = {0};
+  size_t n = std::fread(m, 1, 4, f);
+  std::fclose(f);
+  return n == 4 && std::memcmp(m, "GGUF", 4) == 0;
+}
+
+// Token rows are padded up to a bucket so prefills of similar length share a recorded stream.
+int64_t token_bucket(int64_t t) { return t <= 32 ? t : (t + 31) / 32 * 32; }
+}  // namespace
+
+ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt)
+    : prefix_cache_(opt.prefix_cache) {
+  if (opt.kv_dtype != DType::F16 && opt.kv_dtype != DType::F32 && opt.kv_dtype != DType::I8)
+    throw ValueError("kv_dtype must be f16, f32 or int8");
+  be_ = make_backend(opt.device, opt.num_threads);
+  ModelConfig cfg;
+  ModelWeights w;
+  if (is_dir(path)) {
+    format_ = "safetensors";
+    cfg = config_from_hf(path);
+    w = load_weights(*be_, open_safetensors_dir(path), cfg);
+  } else if (has_gguf_magic(path)) {
+    format_ = "gguf";
+    GgufFile g = GgufFile::open(path);
+    cfg = config_from_gguf(g);
+    w = load_weights(*be_, g.weights, cfg);
+  } else {
+    format_ = "llama2c";
+    Llama2cHeader h;
+    WeightSource ws = open_llama2c(path, &h);
+    cfg = config_from_llama2c(h);
+    w = load_weights(*be_, ws, cfg);
+  }
+  max_model_len_ = opt.max_model_len > 0 ? opt.max_model_len : cfg.max_positions;
+  if (max_model_len_ > cfg.max_positions)
+    throw ValueError("max_model_len " + std::to_string(max_model_len_) + " exceeds the model's " +
+                     std::to_string(cfg.max_positions) + " positions");
+  max_blocks_ = blocks_for(max_model_len_);
+  RopeTable rope = make_rope_table(*be_, cfg, max_model_len_, w.rope_freq_factors);
+
+  // KV pool: [blocks, kv_heads, 16, head_dim] per layer for K and V.
+  const int64_t row = cfg.kv_heads * cfg.head_dim;
+  const double elem = opt.kv_dtype == DType::F32 ? 4.0 : opt.kv_dtype == DType::F16 ? 2.0 : 1.0 + 4.0 / double(cfg.head_dim);
+  const double bytes_per_token = 2.0 * double(cfg.layers * row) * elem;
+  int64_t tokens = opt.kv_cache_tokens > 0 ? opt.kv_cache_tokens : int64_t(double(opt.kv_cache_bytes) / bytes_per_token);
+  if (opt.kv_cache_tokens <= 0) tokens = std::max(tokens, std::min<int64_t>(max_model_len_, 4096));
+  int64_t blocks = std::max<int64_t>(1, blocks_for(tokens));
+  if (blocks > INT32_MAX / kBlockSize) throw ValueError("kv cache too large");
+  alloc_ = std::make_unique<BlockAllocator>(int32_t(blocks));
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    KvLayer kv;
+    Shape shape{blocks, cfg.kv_heads, kBlockSize, cfg.head_dim};
+    kv.k = be_->alloc(opt.kv_dtype, shape);
+    kv.v = be_->alloc(opt.kv_dtype, shape);
+    if (opt.kv_dtype == DType::I8) {
+      kv.k_scale = be_->alloc(DType::F32, {blocks, cfg.kv_heads, kBlockSize});
+      kv.v_scale = be_->alloc(DType::F32, {blocks, cfg.kv_heads, kBlockSize});
+    }
+    kv_.push_back(kv);
+  }
+  decoder_ = std::make_unique<Decoder>(be_, cfg, std::move(w), rope);
+  stats_.kv_blocks_total = blocks;
+  stats_.block_size = kBlockSize;
+}
+
+int64_t ModelRunner::add_sequence() {
+  seqs_[next_seq_] = Sequence{};
+  return next_seq_++;
+}
+
+void ModelRunner::release_sequence(int64_t id) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) throw ValueError("unknown sequence " + std::to_string(id));
+  alloc_->release(it->second.blocks);
+  seqs_.erase(it);
+}
+
+int64_t ModelRunner::sequence_length(int64_t id) const {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) throw ValueError("unknown sequence " + std::to_string(id));
+  return int64_t(it->second.tokens.size());
+}
+
+int64_t ModelRunner::adopt_prefix(int64_t id, const std::vector<int32_t>& prompt) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) throw ValueError("unknown sequence " + std::to_string(id));
+  Sequence& s = it->second;
+  if (!s.tokens.empty()) throw ValueError("adopt_prefix needs an empty sequence");
+  stats_.prefix_queries++;
+  stats_.prefix_query_tokens += int64_t(prompt.size());
+  if (!prefix_cache_ || prompt.size() < 2) return 0;
+  // At least the last prompt token is computed, so there are logits to sample from.
+  const int64_t max_blocks = (int64_t(prompt.size()) - 1) / kBlockSize;
+  uint64_t h = 0;
+  for (int64_t b = 0; b < max_blocks; ++b) {
+    uint64_t next = chain_hash(h, prompt.data() + b * kBlockSize, kBlockSize);
+    int32_t block = alloc_->lookup(next);
+    if (block < 0) break;
+    h = next;
+    s.blocks.push_back(block);
+    s.tokens.insert(s.tokens.end(), prompt.begin() + b * kBlockSize, prompt.begin() + (b + 1) * kBlockSize);
+  }
+  s.hashed_blocks = int64_t(s.blocks.size());
+  s.last_hash = h;
+  stats_.prefix_hit_tokens += int64_t(s.tokens.size());
+  return int64_t(s.tokens.size());
+}
+
+void ModelRunner::register_full_blocks(Sequence& s) {
+  const int64_t full = int64_t(s.tokens.size()) / kBlockSize;
+  for (; s.hashed_blocks < full; ++s.hashed_blocks) {
+    s.last_hash = chain_hash(s.last_hash, s.tokens.data() + s.hashed_blocks * kBlockSize, kBlockSize);
+    alloc_->register_hash(s.blocks[size_t(s.hashed_blocks)], s.last_hash);
+  }
+}
+
+ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R) {
+  std::string key = std::to_string(T) + "," + std::to_string(S) + "," + std::to_string(R);
+  for (auto it = graphs_.begin(); it != graphs_.end(); ++it)
+    if (it->first == key) {
+      graphs_.splice(graphs_.begin(), graphs_, it);
+      stats_.replays++;
+      return graphs_.front().second;
+    }
+  Graph g;
+  g.buffers = decoder_->alloc_step(T, S, R, max_blocks_);
+  g.stream = be_->new_stream();
+  decoder_->record(*g.stream, g.buffers, kv_);
+  graphs_.emplace_front(key, std::move(g));
+  if (graphs_.size() > kMaxGraphs) graphs_.pop_back();
+  return graphs_.front().second;
+}
+
+std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t* rows_out) {
+  const ModelConfig& c = config();
+  if (items.empty()) throw ValueError("step needs at least one item");
+  // Validate everything before touching any state.
+  int64_t T = 0, R = 0, new_blocks = 0;
+  std::vector<Sequence*> seqs;
+  for (const StepItem& it : items) {
+    auto found = seqs_.find(it.seq);
+    if (found == seqs_.end()) throw ValueError("unknown sequence " + std::to_string(it.seq));
+    Sequence* s = &found->second;
+    if (std::find(seqs.begin(), seqs.end(), s) != seqs.end())
+      throw ValueError("sequence " + std::to_string(it.seq) + " appears twice in one step");
+    if (it.tokens.empty()) throw ValueError("a step item needs at least one token");
+    for (int32_t t : it.tokens)
+      if (t < 0 || t >= c.vocab)
+        throw ValueError("token id " + std::to_string(t) + " is out of range [0, " + std::to_string(c.vocab) + ")");
+    int64_t len = int64_t(s->tokens.size()) + int64_t(it.tokens.size());
+    if (len > max_model_len_)
+      throw ValueError("sequence would hold " + std::to_string(len) + " tokens, more than max_model_len " +
+                       std::to_string(max_model_len_));
+    new_blocks += blocks_for(len) - int64_t(s->blocks.size());
+    T += int64_t(it.tokens.size());
+    R += it.logits == StepItem::Logits::All ? int64_t(it.tokens.size()) : it.logits == StepItem::Logits::Last ? 1 : 0;
+    seqs.push_back(s);
+  }
+  if (new_blocks > alloc_->num_available())
+    throw ResourceError("KV cache exhausted: this step needs " + std::to_string(new_blocks) + " more blocks, " +
+                        std::to_string(alloc_->num_available()) + " of " + std::to_string(alloc_->num_blocks()) +
+                        " are free");
+  for (size_t i = 0; i < items.size(); ++i) {
+    Sequence& s = *seqs[i];
+    int64_t need = blocks_for(int64_t(s.tokens.size() + items[i].tokens.size())) - int64_t(s.blocks.size());
+    alloc_->allocate(int32_t(need), &s.blocks);
+  }
+
+  const int64_t Tb = token_bucket(T), S = int64_t(items.size()), Rb = std::max<int64_t>(R, 1);
+  h_ids_.assign(size_t(Tb), 0);
+  h_seq_.assign(size_t(Tb), 0);
+  h_pos_.assign(size_t(Tb), -1);  // padding rows: no position, no slot
+  h_slot_.assign(size_t(Tb), -1);
+  h_tables_.assign(size_t(S * max_blocks_), -1);
+  h_rows_.assign(size_t(Rb), 0);
+  int64_t t = 0, r = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Sequence& s = *seqs[i];
+    std::copy(s.blocks.begin(), s.blocks.end(), h_tables_.begin() + int64_t(i) * max_blocks_);
+    const int64_t start = int64_t(s.tokens.size());
+    const auto& toks = items[i].tokens;
+    for (size_t j = 0; j < toks.size(); ++j, ++t) {
+      int64_t pos = start + int64_t(j);
+      h_ids_[size_t(t)] = toks[j];
+      h_seq_[size_t(t)] = int32_t(i);
+      h_pos_[size_t(t)] = int32_t(pos);
+      h_slot_[size_t(t)] = s.blocks[size_t(pos / kBlockSize)] * int32_t(kBlockSize) + int32_t(pos % kBlockSize);
+      if (items[i].logits == StepItem::Logits::All ||
+          (items[i].logits == StepItem::Logits::Last && j + 1 == toks.size()))
+        h_rows_[size_t(r++)] = int32_t(t);
+    }
+  }
+
+  Graph& g = replay_ ? graph_for(Tb, S, Rb) : (graphs_.clear(), graph_for(Tb, S, Rb));
+  const StepBuffers& b = g.buffers;
+  be_->upload(b.ids, h_ids_.data(), h_ids_.size() * 4);
+  be_->upload(b.batch.token_seq, h_seq_.data(), h_seq_.size() * 4);
+  be_->upload(b.batch.token_pos, h_pos_.data(), h_pos_.size() * 4);
+  be_->upload(b.batch.slot_mapping, h_slot_.data(), h_slot_.size() * 4);
+  be_->upload(b.batch.block_tables, h_tables_.data(), h_tables_.size() * 4);
+  be_->upload(b.logit_rows, h_rows_.data(), h_rows_.size() * 4);
+  g.stream->submit();
+  g.stream->sync();
+  std::vector<float> logits(size_t(R * c.vocab));
+  if (R > 0) be_->download(b.logits, logits.data(), logits.size() * 4);
+
+  for (size_t i = 0; i < items.size(); ++i) {
+    Sequence& s = *seqs[i];
+    s.tokens.insert(s.tokens.end(), items[i].tokens.begin(), items[i].tokens.end());
+    if (prefix_cache_) register_full_blocks(s);
+  }
+  stats_.steps++;
+  *rows_out = R;
+  return logits;
+}
+
+RunnerStats ModelRunner::stats() const {
+  RunnerStats s = stats_;
+  s.kv_blocks_used = alloc_->num_used();
+  s.kv_blocks_cached = alloc_->num_cached();
+  s.sequences = int64_t(seqs_.size());
+  return s;
+}
+
+}  // namespace ferrum

@@ -1,0 +1,36 @@
+// One config for the whole Llama family (Llama 2/3, Qwen2/2.5, Qwen3, Mistral), read from
+// HF config.json, GGUF metadata or a llama2.c header.
+#pragma once
+#include <string>
+
+#include "backend/backend.h"
+
+namespace ferrum {
+
+struct GgufFile;
+struct Llama2cHeader;
+
+struct ModelConfig {
+  std::string arch;  // "llama", "qwen2", "qwen3", "mistral"
+  int64_t hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t vocab = 0, max_positions = 0;
+  double rms_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeLayout rope_layout = RopeLayout::HalfSplit;
+  // Llama-3 rope scaling (factor 0 = off)
+  double rope_factor = 0.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  double rope_original_max_positions = 8192.0;
+  int64_t sliding_window = 0;  // 0 = none
+  bool tie_embeddings = false;
+
+  int64_t q_dim() const { return heads * head_dim; }
+  int64_t kv_dim() const { return kv_heads * head_dim; }
+  void validate(const std::string& source) const;  // FormatError naming source
+};
+
+// Reads <dir>/config.json.
+ModelConfig config_from_hf(const std::string& dir);
+ModelConfig config_from_gguf(const GgufFile& g);
+ModelConfig config_from_llama2c(const Llama2cHeader& h);
+
+}  // namespace ferrum

@@ -1,0 +1,15 @@
+// RoPE cos/sin tables [max_positions, head_dim / 2], computed in double on the host.
+#pragma once
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+
+namespace ferrum {
+
+// freq_factors (optional, GGUF rope_freqs): per-frequency divisors that llama.cpp stores
+// instead of Llama-3 scaling parameters.
+RopeTable make_rope_table(Backend& be, const ModelConfig& c, int64_t max_positions,
+                          const std::vector<float>& freq_factors);
+
+}  // namespace ferrum

@@ -1,0 +1,161 @@
+#include "model/weights.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "quant/quant.h"
+
+namespace ferrum {
+
+namespace {
+
+enum class Naming { HF, GGUF };
+
+// The one table of tensor names. {} is the layer index.
+struct NamePair { const char* hf; const char* gguf; };
+const NamePair kEmbed{"model.embed_tokens.weight", "token_embd.weight"};
+const NamePair kFinalNorm{"model.norm.weight", "output_norm.weight"};
+const NamePair kLmHead{"lm_head.weight", "output.weight"};
+const NamePair kAttnNorm{"model.layers.{}.input_layernorm.weight", "blk.{}.attn_norm.weight"};
+const NamePair kFfnNorm{"model.layers.{}.post_attention_layernorm.weight", "blk.{}.ffn_norm.weight"};
+const NamePair kQ{"model.layers.{}.self_attn.q_proj.weight", "blk.{}.attn_q.weight"};
+const NamePair kK{"model.layers.{}.self_attn.k_proj.weight", "blk.{}.attn_k.weight"};
+const NamePair kV{"model.layers.{}.self_attn.v_proj.weight", "blk.{}.attn_v.weight"};
+const NamePair kQBias{"model.layers.{}.self_attn.q_proj.bias", "blk.{}.attn_q.bias"};
+const NamePair kKBias{"model.layers.{}.self_attn.k_proj.bias", "blk.{}.attn_k.bias"};
+const NamePair kVBias{"model.layers.{}.self_attn.v_proj.bias", "blk.{}.attn_v.bias"};
+const NamePair kO{"model.layers.{}.self_attn.o_proj.weight", "blk.{}.attn_output.weight"};
+const NamePair kQNorm{"model.layers.{}.self_attn.q_norm.weight", "blk.{}.attn_q_norm.weight"};
+const NamePair kKNorm{"model.layers.{}.self_attn.k_norm.weight", "blk.{}.attn_k_norm.weight"};
+const NamePair kGate{"model.layers.{}.mlp.gate_proj.weight", "blk.{}.ffn_gate.weight"};
+const NamePair kUp{"model.layers.{}.mlp.up_proj.weight", "blk.{}.ffn_up.weight"};
+const NamePair kDown{"model.layers.{}.mlp.down_proj.weight", "blk.{}.ffn_down.weight"};
+
+class Loader {
+ public:
+  Loader(Backend& be, const WeightSource& src)
+      : be_(be), src_(src), naming_(src.find(kEmbed.gguf) ? Naming::GGUF : Naming::HF) {}
+
+  std::string name(const NamePair& p, int64_t layer = -1) const {
+    std::string n = naming_ == Naming::HF ? p.hf : p.gguf;
+    size_t at = n.find("{}");
+    if (at != std::string::npos) n.replace(at, 2, std::to_string(layer));
+    return n;
+  }
+  const TensorInfo* find(const NamePair& p, int64_t layer = -1) const { return src_.find(name(p, layer)); }
+  const TensorInfo& get(const NamePair& p, int64_t layer, const Shape& shape) const {
+    const TensorInfo* t = find(p, layer);
+    if (!t) throw FormatError(src_.path + ": missing tensor '" + name(p, layer) + "'");
+    if (t->shape != shape)
+      throw FormatError(src_.path + ": tensor '" + t->name + "' has shape " + shape_str(t->shape) +
+                        " but the config needs " + shape_str(shape));
+    return *t;
+  }
+
+  // Weights used as stored (mmap'd on the CPU backend).
+  Tensor weight(const TensorInfo& t) const {
+    return be_.from_host(t.data, t.dtype, t.shape, t.file);
+  }
+  // Small vectors (norms, biases) as f32.
+  Tensor f32(const TensorInfo& t) const {
+    std::vector<float> v(size_t(t.shape.empty() ? 1 : Tensor{nullptr, 0, t.dtype, t.shape}.numel()));
+    quant::dequantize_row(t.dtype, t.data, v.data(), int64_t(v.size()));
+    return be_.from_host(v.data(), DType::F32, t.shape);
+  }
+  // Projections concatenated along their output rows: one tensor when dtypes agree.
+  Linear fused(const std::vector<const TensorInfo*>& parts, const std::vector<const TensorInfo*>& biases) const {
+    Linear lin;
+    bool same = true;
+    for (auto* p : parts) same = same && p->dtype == parts[0]->dtype;
+    if (same && parts.size() > 1) {
+      int64_t rows = 0;
+      for (auto* p : parts) rows += p->shape[0];
+      Tensor t = be_.alloc(parts[0]->dtype, {rows, parts[0]->shape[1]});
+      std::vector<char> host(t.nbytes());
+      size_t off = 0;
+      for (auto* p : parts) {
+        std::memcpy(host.data() + off, p->data, p->nbytes);
+        off += p->nbytes;
+        p->file->release_pages(p->data, p->nbytes);  // the fused copy replaces these pages
+      }
+      be_.upload(t, host.data(), host.size());
+      lin.parts.push_back(t);
+    } else {
+      for (auto* p : parts) lin.parts.push_back(weight(*p));
+    }
+    if (!biases.empty()) {
+      std::vector<float> b;
+      for (auto* p : biases) {
+        std::vector<float> v(size_t(p->shape[0]));
+        quant::dequantize_row(p->dtype, p->data, v.data(), int64_t(v.size()));
+        b.insert(b.end(), v.begin(), v.end());
+      }
+      lin.bias = be_.from_host(b.data(), DType::F32, {int64_t(b.size())});
+    }
+    return lin;
+  }
+
+ private:
+  Backend& be_;
+  const WeightSource& src_;
+  Naming naming_;
+};
+
+}  // namespace
+
+int64_t Linear::out_features() const {
+  int64_t n = 0;
+  for (const Tensor& p : parts) n += p.dim(0);
+  return n;
+}
+
+void Linear::record(Backend& be, Stream& s, const Tensor& x, const Tensor& out) const {
+  if (parts.size() == 1) {
+    be.linear(s, x, parts[0], bias, out, 0);
+    return;
+  }
+  int64_t col = 0;
+  for (const Tensor& p : parts) {
+    Tensor b = bias.defined() ? bias.slice(col, p.dim(0)) : Tensor{};
+    be.linear(s, x, p, b, out, col);
+    col += p.dim(0);
+  }
+}
+
+ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& c) {
+  Loader L(be, src);
+  ModelWeights w;
+  const int64_t D = c.hidden, F = c.intermediate;
+  w.embed = L.weight(L.get(kEmbed, -1, {c.vocab, D}));
+  w.final_norm = L.f32(L.get(kFinalNorm, -1, {D}));
+  const TensorInfo* head = L.find(kLmHead);
+  if (c.tie_embeddings || !head) w.lm_head.parts.push_back(w.embed);
+  else w.lm_head.parts.push_back(L.weight(L.get(kLmHead, -1, {c.vocab, D})));
+  if (const TensorInfo* rf = src.find("rope_freqs.weight")) {
+    w.rope_freq_factors.resize(size_t(rf->shape[0]));
+    quant::dequantize_row(rf->dtype, rf->data, w.rope_freq_factors.data(), rf->shape[0]);
+  }
+
+  const bool qk_norm = L.find(kQNorm, 0) != nullptr;
+  const bool qkv_bias = L.find(kQBias, 0) != nullptr;
+  for (int64_t i = 0; i < c.layers; ++i) {
+    LayerWeights lw;
+    lw.attn_norm = L.f32(L.get(kAttnNorm, i, {D}));
+    lw.ffn_norm = L.f32(L.get(kFfnNorm, i, {D}));
+    if (qk_norm) {
+      lw.q_norm = L.f32(L.get(kQNorm, i, {c.head_dim}));
+      lw.k_norm = L.f32(L.get(kKNorm, i, {c.head_dim}));
+    }
+    std::vector<const TensorInfo*> biases;
+    if (qkv_bias)
+      biases = {&L.get(kQBias, i, {c.q_dim()}), &L.get(kKBias, i, {c.kv_dim()}), &L.get(kVBias, i, {c.kv_dim()})};
+    lw.qkv = L.fused({&L.get(kQ, i, {c.q_dim(), D}), &L.get(kK, i, {c.kv_dim(), D}), &L.get(kV, i, {c.kv_dim(), D})}, biases);
+    lw.o = L.fused({&L.get(kO, i, {D, c.q_dim()})}, {});
+    lw.gate_up = L.fused({&L.get(kGate, i, {F, D}), &L.get(kUp, i, {F, D})}, {});
+    lw.down = L.fused({&L.get(kDown, i, {D, F})}, {});
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+}  // namespace ferrum

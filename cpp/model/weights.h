@@ -1,0 +1,36 @@
+// The decoder's weights on a backend, loaded from any WeightSource through one name table
+// (HF <-> GGUF). q/k/v and gate/up are fused at load: into one tensor when their dtypes agree,
+// else kept as parts that fill column ranges of one output.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "io/weight_source.h"
+#include "model/config.h"
+
+namespace ferrum {
+
+struct Linear {
+  std::vector<Tensor> parts;  // [N_i, K] each; outputs concatenated along columns
+  Tensor bias;                // f32 [sum N_i] or undefined
+  int64_t out_features() const;
+  void record(Backend& be, Stream& s, const Tensor& x, const Tensor& out) const;
+};
+
+struct LayerWeights {
+  Tensor attn_norm, ffn_norm, q_norm, k_norm;  // f32; q_norm/k_norm only with QK-norm
+  Linear qkv, o, gate_up, down;
+};
+
+struct ModelWeights {
+  Tensor embed;       // [vocab, hidden], any dtype
+  Tensor final_norm;  // f32 [hidden]
+  Linear lm_head;     // the embedding itself when tied
+  std::vector<float> rope_freq_factors;  // GGUF rope_freqs (llama.cpp stores Llama-3 scaling so)
+  std::vector<LayerWeights> layers;
+};
+
+ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& cfg);
+
+}  // namespace ferrum
