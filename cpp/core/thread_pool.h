@@ -4,6 +4,7 @@
 // microseconds away.
 #pragma once
 #include <atomic>
+#include <exception>
 #include <functional>
 #include <thread>
 #include <vector>
