@@ -84,33 +84,43 @@ FERRUM_AVX2 inline __m256i unsigned_quants(const Block& b) {
 
 // Unsigned quants q (0..31) times int8 activations: maddubs pairs stay within int16
 // (2 * 31 * 127). The zero point is removed as offset * sum(a), also summed by maddubs.
+// One block's contribution, as 8 float lanes.
+template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+FERRUM_AVX2 inline __m256 legacy_block(const Block& x, const BlockQ8_0& y) {
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  const __m256i q = unsigned_quants<Block, kBits>(x);
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs));
+  const __m256i qa = _mm256_maddubs_epi16(q, a);
+  const __m256i sa = _mm256_maddubs_epi16(ones8, a);
+  const float da = h2f(y.d);
+  if constexpr (kHasMin) {
+    const __m256 sum_qa = _mm256_cvtepi32_ps(_mm256_madd_epi16(qa, ones16));
+    const __m256 sum_a = _mm256_cvtepi32_ps(_mm256_madd_epi16(sa, ones16));
+    return _mm256_fmadd_ps(sum_qa, _mm256_set1_ps(h2f(x.d) * da),
+                           _mm256_mul_ps(sum_a, _mm256_set1_ps(h2f(x.m) * da)));
+  } else {
+    const __m256i centred = _mm256_sub_epi16(qa, _mm256_slli_epi16(sa, kOffsetShift));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(centred, ones16)),
+                         _mm256_set1_ps(h2f(x.d) * da));
+  }
+}
+
+// Unsigned quants q (0..31) times int8 activations: maddubs pairs stay within int16
+// (2 * 31 * 127). The zero point is removed as offset * sum(a), also summed by maddubs.
 template <class Block, int kBits, int kOffsetShift, bool kHasMin>
 FERRUM_AVX2 float dot_legacy(int64_t n, const void* w, const void* act) {
   const Block* x = static_cast<const Block*>(w);
   const BlockQ8_0* y = static_cast<const BlockQ8_0*>(act);
-  const __m256i ones8 = _mm256_set1_epi8(1);
-  const __m256i ones16 = _mm256_set1_epi16(1);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc_min = acc0;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
   const int64_t nb = n / kQK;
-  for (int64_t i = 0; i < nb; ++i) {
-    const __m256i q = unsigned_quants<Block, kBits>(x[i]);
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-    const __m256i qa = _mm256_maddubs_epi16(q, a);
-    const __m256i sa = _mm256_maddubs_epi16(ones8, a);
-    const float da = h2f(y[i].d);
-    if constexpr (kHasMin) {
-      const __m256 sum_qa = _mm256_cvtepi32_ps(_mm256_madd_epi16(qa, ones16));
-      const __m256 sum_a = _mm256_cvtepi32_ps(_mm256_madd_epi16(sa, ones16));
-      acc0 = _mm256_fmadd_ps(sum_qa, _mm256_set1_ps(h2f(x[i].d) * da), acc0);
-      acc_min = _mm256_fmadd_ps(sum_a, _mm256_set1_ps(h2f(x[i].m) * da), acc_min);
-    } else {
-      const __m256i centred = _mm256_sub_epi16(qa, _mm256_slli_epi16(sa, kOffsetShift));
-      const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(centred, ones16));
-      __m256& acc = (i & 1) ? acc1 : acc0;
-      acc = _mm256_fmadd_ps(s, _mm256_set1_ps(h2f(x[i].d) * da), acc);
-    }
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    acc0 = _mm256_add_ps(acc0, legacy_block<Block, kBits, kOffsetShift, kHasMin>(x[i], y[i]));
+    acc1 = _mm256_add_ps(acc1,
+                         legacy_block<Block, kBits, kOffsetShift, kHasMin>(x[i + 1], y[i + 1]));
   }
-  return hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), acc_min));
+  if (i < nb) acc0 = _mm256_add_ps(acc0, legacy_block<Block, kBits, kOffsetShift, kHasMin>(x[i], y[i]));
+  return hsum(_mm256_add_ps(acc0, acc1));
 }
 
 // Q8_0 x Q8_0: |w| (unsigned) times a with w's sign; both quants are within +-127, so the
@@ -139,18 +149,23 @@ FERRUM_AVX2 float dot_q8_0(int64_t n, const void* w, const void* act) {
 
 // ---- k-quants against Q8_K ----
 
-// The 8 six-bit scales and mins of a Q4_K / Q5_K super-block, as bytes.
-inline void unpack_k4_scales(const uint8_t* packed, uint8_t* scales, uint8_t* mins) {
-  for (int j = 0; j < 8; ++j) {
-    int sc, m;
-    k4_scale_min(packed, j, sc, m);
-    scales[j] = uint8_t(sc), mins[j] = uint8_t(m);
-  }
+// The 8 six-bit scales (low 64 bits) and mins (high 64 bits) of a Q4_K / Q5_K super-block, one
+// per byte, computed in registers: bytes 0..3 hold scales 0..3 (and the top bits of 4..7),
+// bytes 4..7 the mins 0..3 (and top bits of mins 4..7), bytes 8..11 the low nibbles of 4..7.
+inline void unpack_k4_scales(const uint8_t* packed, uint64_t& scales, uint64_t& mins) {
+  uint32_t a0, a1, a2;
+  std::memcpy(&a0, packed, 4);
+  std::memcpy(&a1, packed + 4, 4);
+  std::memcpy(&a2, packed + 8, 4);
+  const uint32_t sc_hi = (a2 & 0x0f0f0f0f) | (((a0 >> 6) & 0x03030303) << 4);
+  const uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0f) | (((a1 >> 6) & 0x03030303) << 4);
+  scales = (a0 & 0x3f3f3f3f) | (uint64_t(sc_hi) << 32);
+  mins = (a1 & 0x3f3f3f3f) | (uint64_t(m_hi) << 32);
 }
 
 // sum_j mins[j] * (bsums[2j] + bsums[2j + 1]), as 8 int32 lanes.
-FERRUM_AVX2 inline __m256i min_terms(const uint8_t* mins, const int16_t* bsums) {
-  __m256i m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins)));
+FERRUM_AVX2 inline __m256i min_terms(uint64_t mins, const int16_t* bsums) {
+  __m256i m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mins)));
   m32 = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));  // m_j in both int16 halves
   return _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums)), m32);
 }
@@ -162,8 +177,10 @@ FERRUM_AVX2 float dot_k4(int64_t n, const void* w, const void* act) {  // Q4_K a
   const __m256i low4 = _mm256_set1_epi8(15), ones8 = _mm256_set1_epi8(1);
   __m256 acc = _mm256_setzero_ps(), acc_min = acc;
   for (int64_t i = 0; i < n / kQKK; ++i) {
-    alignas(16) uint8_t scales[8], mins[8];
-    unpack_k4_scales(x[i].scales, scales, mins);
+    uint64_t scale_bytes, mins;
+    unpack_k4_scales(x[i].scales, scale_bytes, mins);
+    uint8_t scales[8];
+    std::memcpy(scales, &scale_bytes, 8);
     __m256i qh;
     if constexpr (kFiveBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
     __m256i isum = _mm256_setzero_si256();

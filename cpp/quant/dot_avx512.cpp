@@ -83,54 +83,66 @@ FERRUM_AVX512 inline __m256i load_act(const BlockQ8_0& b) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
 }
 
-// kOffsetShift: log2 of the zero point (8, 16, 128) for the symmetric formats.
+// Blocks i and i + 1 (kBoth) or block i against a zero second half (an odd last block).
+// kOffsetShift: log2 of the zero point (8, 16, 128) of the symmetric formats.
+template <class Block, int kBits, int kOffsetShift, bool kHasMin, bool kBoth>
+FERRUM_AVX512 inline void legacy_pair(const Block* x, const BlockQ8_0* y, __m512& acc,
+                                      __m512& acc_min) {
+  const __m256i q1 = kBoth ? unsigned_quants<Block, kBits>(x[1]) : _mm256_setzero_si256();
+  const __m256i a1 = kBoth ? load_act(y[1]) : _mm256_setzero_si256();
+  const __m512i q = pair(unsigned_quants<Block, kBits>(x[0]), q1);
+  const __m512i a = pair(load_act(y[0]), a1);
+  const __m512i sum_qa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a);
+  const __m512i sum_a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), a);
+  const float da0 = h2f(y[0].d), da1 = kBoth ? h2f(y[1].d) : 0.0f;
+  const __m512 scale = pair(h2f(x[0].d) * da0, kBoth ? h2f(x[1].d) * da1 : 0.0f);
+  if constexpr (kHasMin) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), scale, acc);
+    acc_min = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_a),
+                              pair(h2f(x[0].m) * da0, kBoth ? h2f(x[1].m) * da1 : 0.0f), acc_min);
+  } else {
+    const __m512i centred = _mm512_sub_epi32(sum_qa, _mm512_slli_epi32(sum_a, kOffsetShift));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), scale, acc);
+  }
+}
+
 template <class Block, int kBits, int kOffsetShift, bool kHasMin>
 FERRUM_AVX512 float dot_legacy(int64_t n, const void* w, const void* act) {
   const Block* x = static_cast<const Block*>(w);
   const BlockQ8_0* y = static_cast<const BlockQ8_0*>(act);
-  const __m512i ones = _mm512_set1_epi8(1);
-  __m512 acc = _mm512_setzero_ps(), acc_min = acc;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc_min0 = acc0, acc_min1 = acc0;
   const int64_t nb = n / kQK;
-  // Blocks i and i + 1 (or block i against a zero second half at an odd end).
-  auto step = [&](int64_t i, bool both) FERRUM_AVX512 {
-    const __m256i q1 = both ? unsigned_quants<Block, kBits>(x[i + 1]) : _mm256_setzero_si256();
-    const __m256i a1 = both ? load_act(y[i + 1]) : _mm256_setzero_si256();
-    const __m512i q = pair(unsigned_quants<Block, kBits>(x[i]), q1);
-    const __m512i a = pair(load_act(y[i]), a1);
-    const __m512i sum_qa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a);
-    const __m512i sum_a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, a);
-    const float da0 = h2f(y[i].d), da1 = both ? h2f(y[i + 1].d) : 0.0f;
-    const float dw1 = both ? h2f(x[i + 1].d) : 0.0f;
-    const __m512 scale = pair(h2f(x[i].d) * da0, dw1 * da1);
-    if constexpr (kHasMin) {
-      const float mw1 = both ? h2f(x[i + 1].m) : 0.0f;
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), scale, acc);
-      acc_min = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_a), pair(h2f(x[i].m) * da0, mw1 * da1),
-                                acc_min);
-    } else {
-      const __m512i centred = _mm512_sub_epi32(sum_qa, _mm512_slli_epi32(sum_a, kOffsetShift));
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), scale, acc);
-    }
-  };
   int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) step(i, true);
-  if (i < nb) step(i, false);
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc, acc_min));
+  for (; i + 4 <= nb; i += 4) {  // two independent accumulator chains
+    legacy_pair<Block, kBits, kOffsetShift, kHasMin, true>(x + i, y + i, acc0, acc_min0);
+    legacy_pair<Block, kBits, kOffsetShift, kHasMin, true>(x + i + 2, y + i + 2, acc1, acc_min1);
+  }
+  for (; i + 2 <= nb; i += 2)
+    legacy_pair<Block, kBits, kOffsetShift, kHasMin, true>(x + i, y + i, acc0, acc_min0);
+  if (i < nb) legacy_pair<Block, kBits, kOffsetShift, kHasMin, false>(x + i, y + i, acc0, acc_min0);
+  return _mm512_reduce_add_ps(
+      _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc_min0, acc_min1)));
 }
 
 // ---- k-quants against Q8_K ----
 
-inline void unpack_k4_scales(const uint8_t* packed, uint8_t* scales, uint8_t* mins) {
-  for (int j = 0; j < 8; ++j) {
-    int sc, m;
-    k4_scale_min(packed, j, sc, m);
-    scales[j] = uint8_t(sc), mins[j] = uint8_t(m);
-  }
+// The 8 six-bit scales (low 64 bits) and mins (high 64 bits) of a Q4_K / Q5_K super-block, one
+// per byte, computed in registers: bytes 0..3 hold scales 0..3 (and the top bits of 4..7),
+// bytes 4..7 the mins 0..3 (and top bits of mins 4..7), bytes 8..11 the low nibbles of 4..7.
+inline void unpack_k4_scales(const uint8_t* packed, uint64_t& scales, uint64_t& mins) {
+  uint32_t a0, a1, a2;
+  std::memcpy(&a0, packed, 4);
+  std::memcpy(&a1, packed + 4, 4);
+  std::memcpy(&a2, packed + 8, 4);
+  const uint32_t sc_hi = (a2 & 0x0f0f0f0f) | (((a0 >> 6) & 0x03030303) << 4);
+  const uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0f) | (((a1 >> 6) & 0x03030303) << 4);
+  scales = (a0 & 0x3f3f3f3f) | (uint64_t(sc_hi) << 32);
+  mins = (a1 & 0x3f3f3f3f) | (uint64_t(m_hi) << 32);
 }
 
 // sum_j mins[j] * (bsums[2j] + bsums[2j + 1]) as 8 int32 lanes.
-FERRUM_AVX512 inline __m256i min_terms(const uint8_t* mins, const int16_t* bsums) {
-  __m256i m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins)));
+FERRUM_AVX512 inline __m256i min_terms(uint64_t mins, const int16_t* bsums) {
+  __m256i m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mins)));
   m32 = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
   return _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums)), m32);
 }
@@ -154,10 +166,10 @@ FERRUM_AVX512 float dot_k4(int64_t n, const void* w, const void* act) {
   __m512 acc = _mm512_setzero_ps();
   __m256 acc_min = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQKK; ++i) {
-    alignas(16) uint8_t scales[16] = {}, mins[8];
+    uint64_t scales, mins;
     unpack_k4_scales(x[i].scales, scales, mins);
     const __m512i scales16 =
-        _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(scales))));
+        _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(_mm_cvtsi64_si128(int64_t(scales))));
     __m512i qh;
     if constexpr (kFiveBit) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh)));
     __m512i isum = _mm512_setzero_si512();

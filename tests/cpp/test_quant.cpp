@@ -368,8 +368,11 @@ TEST(DotKernel, BestIsaIsTheFirstListed) {
   }
   EXPECT_EQ(dot_kernel_for_isa(DType::Q4_0, "neon"), nullptr);
   const CpuFeatures& f = cpu_features();
-  if (f.avx512bw && f.avx512vl && f.avx512_vnni) EXPECT_STREQ(dot_kernel(DType::Q4_K).isa, "avx512");
-  else if (f.avx2 && f.fma) EXPECT_STREQ(dot_kernel(DType::Q4_K).isa, "avx2");
+  if (f.avx512bw && f.avx512vl && f.avx512_vnni) {
+    EXPECT_STREQ(dot_kernel(DType::Q4_K).isa, "avx512");
+  } else if (f.avx2 && f.fma) {
+    EXPECT_STREQ(dot_kernel(DType::Q4_K).isa, "avx2");
+  }
   EXPECT_TRUE(dot_kernel_isas(DType::Q8_K).empty());
 }
 
