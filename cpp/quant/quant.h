@@ -1,7 +1,9 @@
 // GGUF block formats: the reference (de)quantizers, which define the formats, and the fast dot
 // kernels the CPU backend's linear op is built from.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -31,5 +33,10 @@ struct DotKernel {
 const DotKernel& dot_kernel(DType weight_type);
 // The portable scalar kernel (the reference the SIMD kernels are tested against).
 const DotKernel& dot_kernel_scalar(DType weight_type);
+// The kernel of one ISA ("avx512", "avx2", "scalar"), or nullptr when this CPU lacks the ISA or
+// that ISA has no kernel for t: lets tests and benchmarks run every variant the CPU supports.
+const DotKernel* dot_kernel_for_isa(DType weight_type, const char* isa);
+// ISAs with a kernel for t on this CPU, fastest first (empty when t has no dot kernel).
+std::vector<const char*> dot_kernel_isas(DType weight_type);
 
 }  // namespace ferrum::quant

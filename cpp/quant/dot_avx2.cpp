@@ -1,0 +1,277 @@
+// AVX2 + FMA + F16C dot kernels. Every function carries the target attribute (and CMake builds
+// this file with -mno-avx512f), so this is genuine AVX2 code that runs on AVX2-only CPUs.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "quant/formats.h"
+#include "quant/kernels.h"
+
+#define FERRUM_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace ferrum::quant::detail {
+
+namespace {
+
+FERRUM_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+FERRUM_AVX2 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+// ---- float weights against f32 activations: 4 independent accumulators hide FMA latency ----
+
+FERRUM_AVX2 inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
+FERRUM_AVX2 inline __m256 load8_f16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+FERRUM_AVX2 inline __m256 load8_bf16(const uint16_t* p) {  // bf16 is the top half of an f32
+  __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+inline float scalar_f32(const float* p) { return *p; }
+inline float scalar_f16(const uint16_t* p) { return f16_to_f32(*p); }
+inline float scalar_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
+
+template <class T, __m256 (*Load8)(const T*), float (*Scalar)(const T*)>
+FERRUM_AVX2 float dot_float(int64_t n, const void* w, const void* act) {
+  const T* x = static_cast<const T*>(w);
+  const float* a = static_cast<const float*>(act);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm256_fmadd_ps(Load8(x + i), _mm256_loadu_ps(a + i), acc0);
+    acc1 = _mm256_fmadd_ps(Load8(x + i + 8), _mm256_loadu_ps(a + i + 8), acc1);
+    acc2 = _mm256_fmadd_ps(Load8(x + i + 16), _mm256_loadu_ps(a + i + 16), acc2);
+    acc3 = _mm256_fmadd_ps(Load8(x + i + 24), _mm256_loadu_ps(a + i + 24), acc3);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(Load8(x + i), _mm256_loadu_ps(a + i), acc0);
+  float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+  for (; i < n; ++i) sum += Scalar(x + i) * a[i];
+  return sum;
+}
+
+// ---- legacy formats against Q8_0 ----
+
+// 16 bytes of nibbles -> 32 bytes: element j (low nibble of byte j) then j + 16 (high nibble).
+FERRUM_AVX2 inline __m256i unpack_nibbles(const uint8_t* qs) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
+}
+
+// 32 bits -> 32 bytes, 0x10 where bit j of `bits` is set (the fifth bit of element j).
+FERRUM_AVX2 inline __m256i fifth_bits(const uint8_t* qh) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+  // Byte j gets byte j / 8 of `bits`; then each byte keeps only its own bit j % 8.
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(int(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i select = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+template <class Block, int kBits>
+FERRUM_AVX2 inline __m256i unsigned_quants(const Block& b) {
+  __m256i q = unpack_nibbles(b.qs);
+  if constexpr (kBits == 5) q = _mm256_or_si256(q, fifth_bits(b.qh));
+  return q;
+}
+
+// Unsigned quants q (0..31) times int8 activations: maddubs pairs stay within int16
+// (2 * 31 * 127). The zero point is removed as offset * sum(a), also summed by maddubs.
+// One block's contribution, as 8 float lanes.
+template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+FERRUM_AVX2 inline __m256 legacy_block(const Block& x, const BlockQ8_0& y) {
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  const __m256i q = unsigned_quants<Block, kBits>(x);
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs));
+  const __m256i qa = _mm256_maddubs_epi16(q, a);
+  const __m256i sa = _mm256_maddubs_epi16(ones8, a);
+  const float da = h2f(y.d);
+  if constexpr (kHasMin) {
+    const __m256 sum_qa = _mm256_cvtepi32_ps(_mm256_madd_epi16(qa, ones16));
+    const __m256 sum_a = _mm256_cvtepi32_ps(_mm256_madd_epi16(sa, ones16));
+    return _mm256_fmadd_ps(sum_qa, _mm256_set1_ps(h2f(x.d) * da),
+                           _mm256_mul_ps(sum_a, _mm256_set1_ps(h2f(x.m) * da)));
+  } else {
+    const __m256i centred = _mm256_sub_epi16(qa, _mm256_slli_epi16(sa, kOffsetShift));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(centred, ones16)),
+                         _mm256_set1_ps(h2f(x.d) * da));
+  }
+}
+
+// Unsigned quants q (0..31) times int8 activations: maddubs pairs stay within int16
+// (2 * 31 * 127). The zero point is removed as offset * sum(a), also summed by maddubs.
+template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+FERRUM_AVX2 float dot_legacy(int64_t n, const void* w, const void* act) {
+  const Block* x = static_cast<const Block*>(w);
+  const BlockQ8_0* y = static_cast<const BlockQ8_0*>(act);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  const int64_t nb = n / kQK;
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    acc0 = _mm256_add_ps(acc0, legacy_block<Block, kBits, kOffsetShift, kHasMin>(x[i], y[i]));
+    acc1 = _mm256_add_ps(acc1,
+                         legacy_block<Block, kBits, kOffsetShift, kHasMin>(x[i + 1], y[i + 1]));
+  }
+  if (i < nb) acc0 = _mm256_add_ps(acc0, legacy_block<Block, kBits, kOffsetShift, kHasMin>(x[i], y[i]));
+  return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+// Q8_0 x Q8_0: |w| (unsigned) times a with w's sign; both quants are within +-127, so the
+// maddubs pairs cannot saturate.
+FERRUM_AVX2 float dot_q8_0(int64_t n, const void* w, const void* act) {
+  const BlockQ8_0* x = static_cast<const BlockQ8_0*>(w);
+  const BlockQ8_0* y = static_cast<const BlockQ8_0*>(act);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  const int64_t nb = n / kQK;
+  int64_t i = 0;
+  auto block = [&](int64_t k) FERRUM_AVX2 {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[k].qs));
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[k].qs));
+    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones16)),
+                         _mm256_set1_ps(h2f(x[k].d) * h2f(y[k].d)));
+  };
+  for (; i + 2 <= nb; i += 2) {
+    acc0 = _mm256_add_ps(acc0, block(i));
+    acc1 = _mm256_add_ps(acc1, block(i + 1));
+  }
+  if (i < nb) acc0 = _mm256_add_ps(acc0, block(i));
+  return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+// ---- k-quants against Q8_K ----
+
+// The 8 six-bit scales (low 64 bits) and mins (high 64 bits) of a Q4_K / Q5_K super-block, one
+// per byte, computed in registers: bytes 0..3 hold scales 0..3 (and the top bits of 4..7),
+// bytes 4..7 the mins 0..3 (and top bits of mins 4..7), bytes 8..11 the low nibbles of 4..7.
+inline void unpack_k4_scales(const uint8_t* packed, uint64_t& scales, uint64_t& mins) {
+  uint32_t a0, a1, a2;
+  std::memcpy(&a0, packed, 4);
+  std::memcpy(&a1, packed + 4, 4);
+  std::memcpy(&a2, packed + 8, 4);
+  const uint32_t sc_hi = (a2 & 0x0f0f0f0f) | (((a0 >> 6) & 0x03030303) << 4);
+  const uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0f) | (((a1 >> 6) & 0x03030303) << 4);
+  scales = (a0 & 0x3f3f3f3f) | (uint64_t(sc_hi) << 32);
+  mins = (a1 & 0x3f3f3f3f) | (uint64_t(m_hi) << 32);
+}
+
+// sum_j mins[j] * (bsums[2j] + bsums[2j + 1]), as 8 int32 lanes.
+FERRUM_AVX2 inline __m256i min_terms(uint64_t mins, const int16_t* bsums) {
+  __m256i m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mins)));
+  m32 = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));  // m_j in both int16 halves
+  return _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums)), m32);
+}
+
+template <bool kFiveBit, class Block>
+FERRUM_AVX2 float dot_k4(int64_t n, const void* w, const void* act) {  // Q4_K and Q5_K
+  const Block* x = static_cast<const Block*>(w);
+  const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
+  const __m256i low4 = _mm256_set1_epi8(15), ones8 = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps(), acc_min = acc;
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    uint64_t scale_bytes, mins;
+    unpack_k4_scales(x[i].scales, scale_bytes, mins);
+    uint8_t scales[8];
+    std::memcpy(scales, &scale_bytes, 8);
+    __m256i qh;
+    if constexpr (kFiveBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
+    __m256i isum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c));
+      __m256i q_lo = _mm256_and_si256(q, low4);
+      __m256i q_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (kFiveBit) {
+        q_lo = _mm256_or_si256(
+            q_lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), ones8), 4));
+        q_hi = _mm256_or_si256(
+            q_hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), ones8), 4));
+      }
+      const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c));
+      const __m256i a_hi =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c + 32));
+      const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(q_lo, a_lo),
+                                             _mm256_set1_epi16(scales[2 * c]));
+      const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(q_hi, a_hi),
+                                             _mm256_set1_epi16(scales[2 * c + 1]));
+      isum = _mm256_add_epi32(isum, _mm256_add_epi32(p_lo, p_hi));
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(x[i].d) * y[i].d), acc);
+    acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_terms(mins, y[i].bsums)),
+                              _mm256_set1_ps(h2f(x[i].dmin) * y[i].d), acc_min);
+  }
+  return hsum(_mm256_sub_ps(acc, acc_min));
+}
+
+// Q6_K: unsigned quants 0..63 times a, scaled per 16 elements; the -32 zero point is removed
+// with the activation block sums: sum_s scale_s * 32 * bsum_s.
+FERRUM_AVX2 float dot_q6_k(int64_t n, const void* w, const void* act) {
+  const BlockQ6_K* x = static_cast<const BlockQ6_K*>(w);
+  const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
+  const __m256i low4 = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    const int8_t* sc = x[i].scales;
+    const __m256i scales16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    const __m256i zero_point = _mm256_slli_epi32(
+        _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums)),
+                          scales16),
+        5);
+    __m256i isum = _mm256_sub_epi32(_mm256_setzero_si256(), zero_point);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = x[i].ql + 64 * h;
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh + 32 * h));
+      const __m256i groups[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, low4),
+                          _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45)),
+          _mm256_or_si256(_mm256_and_si256(l1, low4),
+                          _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                          _mm256_and_si256(qh, bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)),
+      };
+      for (int g = 0; g < 4; ++g) {
+        const int s = 8 * h + 2 * g;  // the group's two 16-element sub-blocks
+        const __m256i a =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 128 * h + 32 * g));
+        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
+        isum = _mm256_add_epi32(isum,
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(groups[g], a), scale));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(x[i].d) * y[i].d), acc);
+  }
+  return hsum(acc);
+}
+
+}  // namespace
+
+DotRowsFn avx2_dot_rows(DType t) {
+  switch (t) {
+    case DType::F32: return for_each_row<dot_float<float, load8_f32, scalar_f32>>;
+    case DType::F16: return for_each_row<dot_float<uint16_t, load8_f16, scalar_f16>>;
+    case DType::BF16: return for_each_row<dot_float<uint16_t, load8_bf16, scalar_bf16>>;
+    case DType::Q4_0: return for_each_row<dot_legacy<BlockQ4_0, 4, 3, false>>;
+    case DType::Q4_1: return for_each_row<dot_legacy<BlockQ4_1, 4, 0, true>>;
+    case DType::Q5_0: return for_each_row<dot_legacy<BlockQ5_0, 5, 4, false>>;
+    case DType::Q5_1: return for_each_row<dot_legacy<BlockQ5_1, 5, 0, true>>;
+    case DType::Q8_0: return for_each_row<dot_q8_0>;
+    case DType::Q4_K: return for_each_row<dot_k4<false, BlockQ4_K>>;
+    case DType::Q5_K: return for_each_row<dot_k4<true, BlockQ5_K>>;
+    case DType::Q6_K: return for_each_row<dot_q6_k>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace ferrum::quant::detail

@@ -1,0 +1,262 @@
+// AVX-512 (F/BW/VL + VNNI) dot kernels. Integer dot products use vpdpbusd (unsigned x signed
+// bytes) with the weight quants kept unsigned and the zero point removed through the activation
+// sum, and vpdpwssd to apply the k-quant sub-block scales.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "quant/formats.h"
+#include "quant/kernels.h"
+
+// GCC 12 reports the intrinsics' deliberately undefined upper lanes as uninitialized.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define FERRUM_AVX512 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+namespace ferrum::quant::detail {
+
+namespace {
+
+FERRUM_AVX512 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+// ---- float weights against f32 activations; the tail is a masked load ----
+
+FERRUM_AVX512 inline __m512 load16_f32(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+FERRUM_AVX512 inline __m512 load16_f16(const uint16_t* p, __mmask16 m) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+FERRUM_AVX512 inline __m512 load16_bf16(const uint16_t* p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+template <class T, __m512 (*Load16)(const T*, __mmask16)>
+FERRUM_AVX512 float dot_float(int64_t n, const void* w, const void* act) {
+  const T* x = static_cast<const T*>(w);
+  const float* a = static_cast<const float*>(act);
+  const __mmask16 all = 0xffff;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    acc0 = _mm512_fmadd_ps(Load16(x + i, all), _mm512_loadu_ps(a + i), acc0);
+    acc1 = _mm512_fmadd_ps(Load16(x + i + 16, all), _mm512_loadu_ps(a + i + 16), acc1);
+    acc2 = _mm512_fmadd_ps(Load16(x + i + 32, all), _mm512_loadu_ps(a + i + 32), acc2);
+    acc3 = _mm512_fmadd_ps(Load16(x + i + 48, all), _mm512_loadu_ps(a + i + 48), acc3);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? all : __mmask16((1u << (n - i)) - 1);
+    acc0 = _mm512_fmadd_ps(Load16(x + i, m), _mm512_maskz_loadu_ps(m, a + i), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
+}
+
+// ---- legacy formats against Q8_0, two blocks per 512-bit register ----
+
+// A block's 32 quants as unsigned bytes in element order (Q8_0: w + 128).
+template <class Block, int kBits>
+FERRUM_AVX512 inline __m256i unsigned_quants(const Block& b) {
+  if constexpr (kBits == 8) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)),
+                            _mm256_set1_epi8(char(0x80)));
+  } else {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+    __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
+    if constexpr (kBits == 5) {
+      uint32_t bits;
+      std::memcpy(&bits, b.qh, 4);
+      q = _mm256_mask_or_epi32(q, 0xff, q, _mm256_maskz_set1_epi8(bits, 0x10));
+    }
+    return q;
+  }
+}
+
+FERRUM_AVX512 inline __m512i pair(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+FERRUM_AVX512 inline __m512 pair(float lo, float hi) {
+  return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+}
+FERRUM_AVX512 inline __m256i load_act(const BlockQ8_0& b) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
+}
+
+// Blocks i and i + 1 (kBoth) or block i against a zero second half (an odd last block).
+// kOffsetShift: log2 of the zero point (8, 16, 128) of the symmetric formats.
+template <class Block, int kBits, int kOffsetShift, bool kHasMin, bool kBoth>
+FERRUM_AVX512 inline void legacy_pair(const Block* x, const BlockQ8_0* y, __m512& acc,
+                                      __m512& acc_min) {
+  const __m256i q1 = kBoth ? unsigned_quants<Block, kBits>(x[1]) : _mm256_setzero_si256();
+  const __m256i a1 = kBoth ? load_act(y[1]) : _mm256_setzero_si256();
+  const __m512i q = pair(unsigned_quants<Block, kBits>(x[0]), q1);
+  const __m512i a = pair(load_act(y[0]), a1);
+  const __m512i sum_qa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a);
+  const __m512i sum_a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), a);
+  const float da0 = h2f(y[0].d), da1 = kBoth ? h2f(y[1].d) : 0.0f;
+  const __m512 scale = pair(h2f(x[0].d) * da0, kBoth ? h2f(x[1].d) * da1 : 0.0f);
+  if constexpr (kHasMin) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), scale, acc);
+    acc_min = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_a),
+                              pair(h2f(x[0].m) * da0, kBoth ? h2f(x[1].m) * da1 : 0.0f), acc_min);
+  } else {
+    const __m512i centred = _mm512_sub_epi32(sum_qa, _mm512_slli_epi32(sum_a, kOffsetShift));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), scale, acc);
+  }
+}
+
+template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+FERRUM_AVX512 float dot_legacy(int64_t n, const void* w, const void* act) {
+  const Block* x = static_cast<const Block*>(w);
+  const BlockQ8_0* y = static_cast<const BlockQ8_0*>(act);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc_min0 = acc0, acc_min1 = acc0;
+  const int64_t nb = n / kQK;
+  int64_t i = 0;
+  for (; i + 4 <= nb; i += 4) {  // two independent accumulator chains
+    legacy_pair<Block, kBits, kOffsetShift, kHasMin, true>(x + i, y + i, acc0, acc_min0);
+    legacy_pair<Block, kBits, kOffsetShift, kHasMin, true>(x + i + 2, y + i + 2, acc1, acc_min1);
+  }
+  for (; i + 2 <= nb; i += 2)
+    legacy_pair<Block, kBits, kOffsetShift, kHasMin, true>(x + i, y + i, acc0, acc_min0);
+  if (i < nb) legacy_pair<Block, kBits, kOffsetShift, kHasMin, false>(x + i, y + i, acc0, acc_min0);
+  return _mm512_reduce_add_ps(
+      _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc_min0, acc_min1)));
+}
+
+// ---- k-quants against Q8_K ----
+
+// The 8 six-bit scales (low 64 bits) and mins (high 64 bits) of a Q4_K / Q5_K super-block, one
+// per byte, computed in registers: bytes 0..3 hold scales 0..3 (and the top bits of 4..7),
+// bytes 4..7 the mins 0..3 (and top bits of mins 4..7), bytes 8..11 the low nibbles of 4..7.
+inline void unpack_k4_scales(const uint8_t* packed, uint64_t& scales, uint64_t& mins) {
+  uint32_t a0, a1, a2;
+  std::memcpy(&a0, packed, 4);
+  std::memcpy(&a1, packed + 4, 4);
+  std::memcpy(&a2, packed + 8, 4);
+  const uint32_t sc_hi = (a2 & 0x0f0f0f0f) | (((a0 >> 6) & 0x03030303) << 4);
+  const uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0f) | (((a1 >> 6) & 0x03030303) << 4);
+  scales = (a0 & 0x3f3f3f3f) | (uint64_t(sc_hi) << 32);
+  mins = (a1 & 0x3f3f3f3f) | (uint64_t(m_hi) << 32);
+}
+
+// sum_j mins[j] * (bsums[2j] + bsums[2j + 1]) as 8 int32 lanes.
+FERRUM_AVX512 inline __m256i min_terms(uint64_t mins, const int16_t* bsums) {
+  __m256i m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mins)));
+  m32 = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
+  return _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums)), m32);
+}
+
+// int16 lane indices selecting scale 2c for the low 16 words and 2c + 1 for the high 16.
+FERRUM_AVX512 inline __m512i scale_pair_index(int c) {
+  return _mm512_inserti64x4(_mm512_set1_epi16(short(2 * c)), _mm256_set1_epi16(short(2 * c + 1)),
+                            1);
+}
+
+// Each 32 bytes of qs are broadcast to both halves and shifted by 0 / 4 per half, which yields
+// sub-blocks 2c and 2c + 1 in element order against 64 contiguous activation bytes.
+template <bool kFiveBit, class Block>
+FERRUM_AVX512 float dot_k4(int64_t n, const void* w, const void* act) {
+  const Block* x = static_cast<const Block*>(w);
+  const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
+  const __m512i low4 = _mm512_set1_epi8(15), fifth = _mm512_set1_epi8(0x10);
+  const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const __m512i index[4] = {scale_pair_index(0), scale_pair_index(1), scale_pair_index(2),
+                            scale_pair_index(3)};
+  __m512 acc = _mm512_setzero_ps();
+  __m256 acc_min = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    uint64_t scales, mins;
+    unpack_k4_scales(x[i].scales, scales, mins);
+    const __m512i scales16 =
+        _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(_mm_cvtsi64_si128(int64_t(scales))));
+    __m512i qh;
+    if constexpr (kFiveBit) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh)));
+    __m512i isum = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m512i both = _mm512_broadcast_i64x4(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c)));
+      __m512i q = _mm512_and_si512(_mm512_srlv_epi16(both, nibble_shift), low4);
+      if constexpr (kFiveBit) {
+        const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << (2 * c))),
+                                               _mm256_set1_epi8(char(2 << (2 * c))), 1);
+        q = _mm512_mask_or_epi32(q, 0xffff, q,
+                                 _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(qh, bit), fifth));
+      }
+      const __m512i a = _mm512_loadu_si512(y[i].qs + 64 * c);
+      const __m512i scale = _mm512_permutexvar_epi16(index[c], scales16);
+      isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q, a), scale);
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(h2f(x[i].d) * y[i].d), acc);
+    acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_terms(mins, y[i].bsums)),
+                              _mm256_set1_ps(h2f(x[i].dmin) * y[i].d), acc_min);
+  }
+  __m256 lo = _mm512_castps512_ps256(acc);
+  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+  const __m256 total = _mm256_sub_ps(_mm256_add_ps(lo, hi), acc_min);
+  return _mm512_reduce_add_ps(_mm512_zextps256_ps512(total));
+}
+
+// Q6_K: per half, 64 ql bytes give groups 0,1 (low nibbles) and 2,3 (high nibbles) in element
+// order; qh is paired with qh >> 2 so each group's 2-bit field sits at the same bit position.
+FERRUM_AVX512 float dot_q6_k(int64_t n, const void* w, const void* act) {
+  const BlockQ6_K* x = static_cast<const BlockQ6_K*>(w);
+  const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
+  const __m512i low4 = _mm512_set1_epi8(15), bits45 = _mm512_set1_epi8(0x30);
+  // Word k of a 64-element group belongs to 16-element sub-block k / 8 of that group.
+  __m512i index[4];
+  for (int k = 0; k < 4; ++k) {
+    alignas(64) int16_t idx[32];
+    for (int j = 0; j < 32; ++j) idx[j] = int16_t(4 * k + j / 8);
+    index[k] = _mm512_load_si512(idx);
+  }
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    const __m256i scales16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
+    const __m256i zero_point = _mm256_slli_epi32(
+        _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums)),
+                          scales16),
+        5);
+    const __m512i scales512 = _mm512_castsi256_si512(scales16);
+    __m512i isum = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(zero_point));
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = _mm512_loadu_si512(x[i].ql + 64 * h);
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh + 32 * h));
+      const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+      const __m512i q_lo = _mm512_or_si512(_mm512_and_si512(ql, low4),
+                                           _mm512_and_si512(_mm512_slli_epi16(qh2, 4), bits45));
+      const __m512i q_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                           _mm512_and_si512(qh2, bits45));
+      const __m512i a_lo = _mm512_loadu_si512(y[i].qs + 128 * h);
+      const __m512i a_hi = _mm512_loadu_si512(y[i].qs + 128 * h + 64);
+      isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q_lo, a_lo),
+                                 _mm512_permutexvar_epi16(index[2 * h], scales512));
+      isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q_hi, a_hi),
+                                 _mm512_permutexvar_epi16(index[2 * h + 1], scales512));
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(h2f(x[i].d) * y[i].d), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+}  // namespace
+
+DotRowsFn avx512_dot_rows(DType t) {
+  switch (t) {
+    case DType::F32: return for_each_row<dot_float<float, load16_f32>>;
+    case DType::F16: return for_each_row<dot_float<uint16_t, load16_f16>>;
+    case DType::BF16: return for_each_row<dot_float<uint16_t, load16_bf16>>;
+    case DType::Q4_0: return for_each_row<dot_legacy<BlockQ4_0, 4, 3, false>>;
+    case DType::Q4_1: return for_each_row<dot_legacy<BlockQ4_1, 4, 0, true>>;
+    case DType::Q5_0: return for_each_row<dot_legacy<BlockQ5_0, 5, 4, false>>;
+    case DType::Q5_1: return for_each_row<dot_legacy<BlockQ5_1, 5, 0, true>>;
+    case DType::Q8_0: return for_each_row<dot_legacy<BlockQ8_0, 8, 7, false>>;
+    case DType::Q4_K: return for_each_row<dot_k4<false, BlockQ4_K>>;
+    case DType::Q5_K: return for_each_row<dot_k4<true, BlockQ5_K>>;
+    case DType::Q6_K: return for_each_row<dot_q6_k>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace ferrum::quant::detail

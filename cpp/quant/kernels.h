@@ -1,0 +1,30 @@
+// Internal: the per-ISA dot kernel tables that dot_kernel.cpp dispatches between.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace ferrum::quant::detail {
+
+using DotRowsFn = void (*)(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
+                           const void* act, float* out);
+
+// The activation format each weight type is dotted with (the same for every ISA).
+DType dot_act_type(DType weight_type);
+
+// nullptr where that ISA file has no kernel for the type. The SIMD tables must only be called
+// when cpu_features() reports the ISA.
+DotRowsFn scalar_dot_rows(DType weight_type);
+DotRowsFn avx2_dot_rows(DType weight_type);
+DotRowsFn avx512_dot_rows(DType weight_type);
+
+// Applies a one-row dot function to each of `rows` rows.
+template <float (*DotRow)(int64_t, const void*, const void*)>
+void for_each_row(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+                  float* out) {
+  const char* row = static_cast<const char*>(w);
+  for (int64_t r = 0; r < rows; ++r, row += w_row_bytes) out[r] = DotRow(n, row, act);
+}
+
+}  // namespace ferrum::quant::detail
