@@ -118,7 +118,7 @@ class Tokenizer:
     def from_llama2c(cls, path) -> "Tokenizer":
         from .tokenizer_llama2c import BOS_ID, EOS_ID, build_llama2c_tokenizer
 
-        hf, _ = build_llama2c_tokenizer(path)
+        hf = build_llama2c_tokenizer(path)
         return cls(HFBackend(hf, "spm"), bos_token_id=BOS_ID, eos_token_id=EOS_ID, add_bos=True)
 
     @classmethod

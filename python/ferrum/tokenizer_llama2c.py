@@ -63,4 +63,4 @@ def llama2c_token_texts_and_types(pieces: list[str]) -> tuple[list[str], list[in
 def build_llama2c_tokenizer(path):
     pieces, scores = read_llama2c_vocab(path)
     texts, types = llama2c_token_texts_and_types(pieces)
-    return build_spm_tokenizer(texts, scores, types, unk_id=UNK_ID), texts
+    return build_spm_tokenizer(texts, scores, types, unk_id=UNK_ID)
