@@ -1,0 +1,35 @@
+# ferrum: the two commands a new user needs are `make demo` and `make test`.
+PY := .venv/bin/python
+JOBS ?= 2
+
+.PHONY: setup setup-test demo test test-cpp test-python test-asan bench clean
+
+setup:            ## system packages, venv, dependencies, build, default model
+	bash scripts/setup.sh
+
+setup-test:
+	bash scripts/setup.sh --test
+
+demo: setup       ## chat with SmolLM2-135M-Instruct
+	.venv/bin/ferrum chat "What is the capital of France? Answer in one sentence." --max-tokens 64 --seed 0
+
+test: setup-test test-cpp test-python   ## the whole suite (what CI runs)
+
+# C++ unit tests (GoogleTest) in their own build tree.
+test-cpp:
+	cmake -S . -B build/cpp-tests -DFERRUM_TESTS=ON -DFERRUM_PYTHON=OFF -DCMAKE_BUILD_TYPE=Release > /dev/null
+	cmake --build build/cpp-tests -j $(JOBS)
+	ctest --test-dir build/cpp-tests --output-on-failure -j $(JOBS)
+
+test-python:
+	$(PY) -m pytest tests -q
+
+# AddressSanitizer + UBSan: a Sanitize build of the extension, then the suite under it.
+test-asan: setup-test
+	bash scripts/test_asan.sh
+
+bench: setup-test ## ferrum vs llama.cpp side by side (see docs/performance.md)
+	$(PY) bench/compare_llamacpp.py
+
+clean:
+	rm -rf build

@@ -1,0 +1,42 @@
+"""`ferrum bench`: llama-bench-style prompt processing (pp) and generation (tg) tokens/s."""
+from __future__ import annotations
+
+import json
+import resource
+import time
+
+import numpy as np
+
+
+def run_bench(args) -> dict:
+    from . import _core
+    from .models import resolve_model
+    path = resolve_model(args.model_path)
+    runner = _core.ModelRunner(str(path), device=args.device, num_threads=args.threads,
+                               max_model_len=max(1024, args.n_prompt + args.n_gen + 16),
+                               kv_cache_tokens=args.n_prompt + args.n_gen + 64, prefix_cache=False)
+    vocab = runner.config["vocab_size"]
+    prompt = [int(t) for t in np.random.default_rng(0).integers(1, vocab, args.n_prompt)]
+    pp = tg = float("inf")
+    for _ in range(args.repetitions):
+        seq = runner.add_sequence()
+        t0 = time.perf_counter()
+        logits = runner.step([(seq, prompt, "last")])
+        pp = min(pp, time.perf_counter() - t0)
+        tok = int(logits[0].argmax())
+        t0 = time.perf_counter()
+        for _ in range(args.n_gen):
+            tok = int(runner.step([(seq, [tok], "last")])[0].argmax())
+        tg = min(tg, time.perf_counter() - t0)
+        runner.release_sequence(seq)
+    result = {"engine": "ferrum", "model": str(path), "device": args.device, "threads": args.threads,
+              "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+              "pp_tok_s": round(args.n_prompt / pp, 2), "tg_tok_s": round(args.n_gen / tg, 2),
+              "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"model: {path.name}  device: {args.device}  threads: {args.threads}")
+        print(f"pp{args.n_prompt}: {result['pp_tok_s']:.2f} tok/s   tg{args.n_gen}: {result['tg_tok_s']:.2f} tok/s   "
+              f"peak RSS: {result['peak_rss_mib']} MiB")
+    return result

