@@ -23,3 +23,24 @@ def backend(request):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+STORIES = os.path.join(MODELS, "stories260K")
+STORIES_FORMATS = {
+    "llama2c": os.path.join(STORIES, "stories260K.bin"),
+    "gguf": os.path.join(STORIES, "stories260K.gguf"),
+    "safetensors": os.path.join(STORIES, "hf-converted"),
+}
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF (fetched by setup through pip)."""
+    from ferrum.models import default_model_path
+    return str(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path):
+    import ferrum
+    return ferrum.LLM(smollm2_path, num_threads=2)
