@@ -68,10 +68,11 @@ LLAMACPP_PROMPTS = [
 ]
 
 
-# Two independent implementations agree on greedy tokens except at numerical near-ties; a
-# divergence is accepted only where our top-2 logits are within this margin (and then the
-# contexts differ, so comparison stops there).
-NEAR_TIE = 0.1
+# llama.cpp quantizes activations to 8 bits in every matmul (prefill too); ferrum's prefill
+# keeps them f32 (like transformers). The two agree on greedy tokens except at near-ties, so
+# the check is teacher-forced over all of llama.cpp's tokens: at every step its token must be
+# our top token or within NEAR_TIE logits of it, and at least 90% of steps must agree exactly.
+NEAR_TIE = 0.35
 
 
 @pytest.mark.parametrize("prompt", LLAMACPP_PROMPTS)
@@ -85,10 +86,10 @@ def test_smollm2_greedy_equals_llama_cpp(smollm2_path, prompt):
     runner = _core.ModelRunner(smollm2_path, num_threads=2, kv_dtype="f32")
     seq = runner.add_sequence()
     logits = runner.step([(seq, peer["prompt_ids"], "last")])[0]
+    agree = 0
     for i, tok in enumerate(peer["generated_ids"]):
         mine = int(logits.argmax())
-        if mine != tok:
-            assert logits[mine] - logits[tok] < NEAR_TIE, f"step {i}: ours {mine}, llama.cpp {tok}"
-            assert i >= 8, f"diverged after only {i} tokens"
-            break
+        agree += mine == tok
+        assert logits[mine] - logits[tok] < NEAR_TIE, f"step {i}: ours {mine}, llama.cpp {tok}"
         logits = runner.step([(seq, [tok], "last")])[0]
+    assert agree >= 0.9 * len(peer["generated_ids"])
