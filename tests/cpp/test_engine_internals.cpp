@@ -1,0 +1,123 @@
+// Internals: thread pool, tensor views, the block allocator and its prefix cache.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <numeric>
+#include <set>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/block_allocator.h"
+
+using namespace ferrum;
+
+TEST(ThreadPool, EveryThreadRunsAndCallerParticipates) {
+  for (int n : {1, 2, 3}) {
+    ThreadPool pool(n);
+    std::atomic<int> mask{0};
+    pool.run([&](int i, int k) {
+      EXPECT_EQ(k, n);
+      mask |= 1 << i;
+    });
+    EXPECT_EQ(mask.load(), (1 << n) - 1);
+  }
+}
+
+TEST(ThreadPool, BarrierOrdersPhases) {
+  ThreadPool pool(2);
+  std::vector<int> data(1000, 0);
+  for (int rep = 0; rep < 200; ++rep) {
+    pool.run([&](int i, int k) {
+      int64_t b, e;
+      split_range(int64_t(data.size()), i, k, &b, &e);
+      for (int64_t j = b; j < e; ++j) data[size_t(j)] = rep;
+      pool.barrier();
+      // after the barrier every element written in this phase is visible to every thread
+      for (int v : data) ASSERT_EQ(v, rep);
+      pool.barrier();
+    });
+  }
+}
+
+TEST(ThreadPool, ExceptionsPropagateAndPoolSurvives) {
+  ThreadPool pool(2);
+  EXPECT_THROW(pool.run([](int i, int) { if (i == 1) throw std::runtime_error("boom"); }), std::runtime_error);
+  std::atomic<int> count{0};
+  pool.run([&](int, int) { count++; });
+  EXPECT_EQ(count.load(), 2);
+}
+
+TEST(SplitRange, CoversEverythingOnce) {
+  for (int64_t n : {0, 1, 7, 100}) {
+    int64_t covered = 0, prev = 0;
+    for (int i = 0; i < 3; ++i) {
+      int64_t b, e;
+      split_range(n, i, 3, &b, &e);
+      EXPECT_EQ(b, prev);
+      covered += e - b;
+      prev = e;
+    }
+    EXPECT_EQ(covered, n);
+  }
+}
+
+TEST(Tensor, SliceAndReshapeKeepStorage) {
+  auto be = make_backend("cpu", 1);
+  Tensor t = be->alloc(DType::F32, {4, 6});
+  Tensor s = t.slice(1, 2);
+  EXPECT_EQ(s.offset, size_t(6 * 4));
+  EXPECT_EQ(s.shape, (Shape{2, 6}));
+  EXPECT_EQ(s.storage, t.storage);
+  EXPECT_EQ(t.reshape({24}).numel(), 24);
+  EXPECT_THROW(t.slice(3, 2), ValueError);
+  EXPECT_THROW(t.reshape({5, 5}), ValueError);
+  Tensor q = be->alloc(DType::Q4_0, {2, 64});
+  EXPECT_EQ(q.nbytes(), size_t(2 * 2 * 18));
+}
+
+TEST(BlockAllocator, AllocateIsAllOrNothing) {
+  BlockAllocator a(4);
+  std::vector<int32_t> got;
+  EXPECT_TRUE(a.allocate(3, &got));
+  EXPECT_EQ(a.num_available(), 1);
+  std::vector<int32_t> more;
+  EXPECT_FALSE(a.allocate(2, &more));
+  EXPECT_TRUE(more.empty());
+  EXPECT_EQ(a.num_available(), 1);
+  a.release(got);
+  EXPECT_EQ(a.num_available(), 4);
+  EXPECT_EQ(std::set<int32_t>(got.begin(), got.end()).size(), 3u);
+  EXPECT_THROW(a.release(got[0]), std::logic_error);  // double free is caught
+}
+
+TEST(BlockAllocator, PrefixCacheSharesRefcountsAndEvictsLru) {
+  BlockAllocator a(3);
+  std::vector<int32_t> b;
+  ASSERT_TRUE(a.allocate(2, &b));
+  a.register_hash(b[0], 11);
+  a.register_hash(b[1], 22);
+  EXPECT_EQ(a.lookup(11), b[0]);  // shared: refcount 2
+  a.release(b[0]);
+  EXPECT_EQ(a.num_available(), 1);  // still held once
+  a.release(b);                     // now both unreferenced but cached
+  EXPECT_EQ(a.num_available(), 3);
+  EXPECT_EQ(a.num_cached(), 2);
+  EXPECT_EQ(a.lookup(22), b[1]);  // revived from the LRU
+  std::vector<int32_t> c;
+  ASSERT_TRUE(a.allocate(2, &c));  // takes the fresh block, then evicts the cached 11
+  EXPECT_EQ(a.lookup(11), -1);
+  EXPECT_EQ(a.num_cached(), 1);
+  a.release(c);
+  a.release(b[1]);
+  EXPECT_EQ(a.num_used(), 0);
+}
+
+TEST(BlockAllocator, ChainHashDependsOnEveryPrecedingToken) {
+  std::vector<int32_t> t(32);
+  std::iota(t.begin(), t.end(), 0);
+  uint64_t h1 = chain_hash(chain_hash(0, t.data(), 16), t.data() + 16, 16);
+  t[3] = 99;
+  uint64_t h2 = chain_hash(chain_hash(0, t.data(), 16), t.data() + 16, 16);
+  EXPECT_NE(h1, h2);
+}

@@ -1,0 +1,134 @@
+"""Rung 5: engine invariants on a real model (stories260K), plus a soak test."""
+import numpy as np
+import pytest
+
+import ferrum
+from conftest import STORIES_FORMATS
+
+GREEDY = ferrum.SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+
+
+def make_llm(**kw):
+    kw.setdefault("kv_dtype", "f32")
+    return ferrum.LLM(STORIES_FORMATS["gguf"], num_threads=2, max_model_len=512, **kw)
+
+
+def prompts(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [[1] + [int(t) for t in rng.integers(3, 512, rng.integers(1, 90))] for _ in range(n)]
+
+
+def greedy_tokens(llm, ps, params=GREEDY):
+    return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=ps, sampling_params=params)]
+
+
+def assert_pool_empty(llm):
+    st = llm.stats()
+    assert st["kv_blocks_used"] == 0 and st["sequences"] == 0 and st["running"] == 0 and st["waiting"] == 0
+
+
+@pytest.fixture(scope="module")
+def alone():
+    llm = make_llm(enable_prefix_caching=False)
+    return {i: greedy_tokens(llm, [p])[0] for i, p in enumerate(prompts(16))}
+
+
+def test_batch_of_16_equals_alone(alone):
+    llm = make_llm(enable_prefix_caching=False)
+    assert greedy_tokens(llm, prompts(16)) == [alone[i] for i in range(16)]
+    assert_pool_empty(llm)
+
+
+def test_chunked_prefill_equals_one_shot(alone):
+    llm = make_llm(enable_prefix_caching=False, max_num_batched_tokens=7)
+    assert greedy_tokens(llm, prompts(16)) == [alone[i] for i in range(16)]
+    assert_pool_empty(llm)
+
+
+def test_prefix_cache_hit_equals_miss():
+    base = prompts(1, seed=5)[0] * 3  # > 3 blocks
+    shared = [base + [7, 8, 9], base + [10], base[:40]]
+    miss = greedy_tokens(make_llm(enable_prefix_caching=False), shared)
+    llm = make_llm()
+    first = greedy_tokens(llm, shared)
+    second = greedy_tokens(llm, shared)  # every prompt now hits cached blocks
+    assert first == miss and second == miss
+    st = llm.stats()
+    assert st["prefix_hit_tokens"] > 0 and 0 < st["prefix_cache_hit_rate"] < 1
+    assert_pool_empty(llm)
+
+
+def test_preempted_and_recomputed_equals_uninterrupted(alone):
+    # 12 blocks of 16 tokens cannot hold 16 sequences of up to ~110 tokens: preemption is forced.
+    llm = make_llm(enable_prefix_caching=False, kv_cache_tokens=12 * 16)
+    assert greedy_tokens(llm, prompts(16)) == [alone[i] for i in range(16)]
+    assert llm.stats()["preemptions"] > 0
+    assert_pool_empty(llm)
+
+
+def test_replay_equals_eager():
+    llm = make_llm()
+    ps = prompts(4, seed=3)
+    replayed = greedy_tokens(llm, ps)
+    llm.runner.set_replay(False)
+    assert greedy_tokens(llm, ps) == replayed
+
+
+@pytest.mark.parametrize("kv_dtype,bound", [("f16", 2e-3), ("int8", 5e-2)])
+def test_low_precision_kv_logits_close_to_f32(kv_dtype, bound):
+    ids = prompts(1, seed=9)[0]
+    ref = make_llm().score(ids)
+    got = make_llm(kv_dtype=kv_dtype).score(ids)
+    # bound on the max abs logit error (logits span about +-15 on this model)
+    assert np.abs(got - ref).max() < bound
+
+
+def test_score_matches_generation_logits():
+    llm = make_llm()
+    ids = prompts(1, seed=2)[0]
+    logits = llm.score(ids)
+    assert logits.shape == (len(ids), llm.config["vocab_size"]) and logits.dtype == np.float32
+    out = llm.generate(prompt_token_ids=[ids], sampling_params=ferrum.SamplingParams(max_tokens=1, temperature=0))
+    assert out[0].outputs[0].token_ids[0] == int(logits[-1].argmax())
+
+
+def test_seeded_sampling_independent_of_batch():
+    llm = make_llm()
+    p = ferrum.SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=42, ignore_eos=True)
+    alone_out = greedy_tokens(llm, [prompts(1, 4)[0]], p)[0]
+    others = ferrum.SamplingParams(max_tokens=16, temperature=1.0)
+    outs = llm.generate(prompt_token_ids=prompts(5, 7)[:2] + [prompts(1, 4)[0]] + prompts(5, 8)[:2],
+                        sampling_params=[others, others, p, others, others])
+    assert outs[2].outputs[0].token_ids == alone_out
+
+
+def test_soak_random_requests_aborts_and_small_pool():
+    """1000 requests, random lengths / params / aborts, a small pool: all end cleanly and every
+    block is free afterwards."""
+    rng = np.random.default_rng(11)
+    llm = make_llm(kv_cache_tokens=40 * 16, max_num_seqs=16)
+    eng = llm.engine
+    pending, finished, aborted = set(), 0, 0
+    submitted = 0
+    while submitted < 1000 or eng.has_unfinished():
+        while submitted < 1000 and len(pending) < 24:
+            n = int(rng.integers(1, 120))
+            params = ferrum.SamplingParams(
+                max_tokens=int(rng.integers(1, 20)), temperature=float(rng.choice([0, 0.5, 1.0])),
+                top_k=int(rng.choice([0, 5])), top_p=float(rng.choice([1.0, 0.9])),
+                seed=int(rng.integers(0, 100)) if rng.random() < 0.5 else None,
+                n=int(rng.choice([1, 1, 2])))
+            pending.add(eng.add_request([1] + [int(t) for t in rng.integers(3, 512, n)], params))
+            submitted += 1
+        for out in eng.step():
+            if out.finished:
+                pending.discard(out.request_id)
+                finished += 1
+                assert all(o.finish_reason in ("stop", "length") for o in out.outputs)
+        if pending and rng.random() < 0.05:
+            victim = sorted(pending)[int(rng.integers(0, len(pending)))]
+            eng.abort(victim)
+            pending.discard(victim)
+            aborted += 1
+    assert finished + aborted == 1000 and not pending
+    assert_pool_empty(llm)
