@@ -23,7 +23,7 @@ import numpy as np
 from .presets import ModelConfig
 
 EMBED_STD = 0.05
-LOGIT_STD = 16.0
+LOGIT_STD = 32.0
 NORM_JITTER = 0.1  # norm weights are 1 + N(0, 0.1): a missing norm weight changes the output
 BIAS_STD = 0.3
 
