@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
 from ferrum.tools import quantize as Q
+from ferrum.tools.gguf_weights import read_gguf_model
 from ferrum.tools.gguf_writer import gguf_name, permute_for_interleaved_rope, tensor_type
 from ferrum.tools.make_model import from_dequantized, main, make_config, make_model
 from ferrum.tools.tokenizer_files import add_vocab_to_gguf, load_tokenizer
@@ -299,6 +300,23 @@ def test_from_dequantized_requantizes(models, tmp_path):
     assert np.abs(y - x).max() < np.abs(x).max() / 127
     with pytest.raises(ValueError, match="missing"):
         from_dequantized({}, cfg, out=tmp_path / "bad.gguf")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_read_gguf_model_round_trip(models, arch):
+    """A GGUF read back to HF-layout float weights (the input of from_dequantized) gives the
+    generating weights exactly: q/k un-permuted, names and config recovered."""
+    kw = dict(tokenizer=None, vocab_size=1000, tie_word_embeddings=arch == "qwen2")
+    path = models(arch, "gguf", **kw)
+    cfg, weights = read_gguf_model(path)
+    expected = make_config(arch, "tiny", **kw)
+    for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                  "intermediate_size", "vocab_size", "tie_word_embeddings", "attention_bias"):
+        assert getattr(cfg, field) == getattr(expected, field), field
+    source = random_source(expected, 7)
+    assert set(weights) == {n for n, _ in tensor_specs(expected)}
+    for name, x in weights.items():
+        np.testing.assert_array_equal(x, source(name), err_msg=name)
 
 
 def test_cli_writes_gguf(tmp_path, capsys):

@@ -370,10 +370,14 @@ def row_bytes(qtype: str, n: int) -> int:
 
 def float_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns (uint16), round to nearest even; NaN stays NaN."""
-    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
-    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16
-    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    return np.where(is_nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    flat, out = x.reshape(-1).view(np.uint32), np.empty(x.size, np.uint16)
+    for i in range(0, flat.size, _CHUNK_ELEMENTS):  # chunks bound the uint32 temporaries
+        bits = flat[i:i + _CHUNK_ELEMENTS]
+        rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16
+        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        out[i:i + _CHUNK_ELEMENTS] = np.where(is_nan, (bits >> 16) | 0x40, rounded)
+    return out.reshape(x.shape)
 
 
 def bf16_bits_to_float(b: np.ndarray) -> np.ndarray:
