@@ -201,6 +201,16 @@ def test_hf_half_precision_dtypes(tmp_path):
         assert np.isfinite(_logits(model.float(), PROMPTS[1])).all()
 
 
+def test_hf_mistral_sliding_window(models):
+    """config.json's sliding_window reaches HF Mistral: positions within the window are
+    unchanged, later ones see less context."""
+    spm = TOKENIZER_OF["mistral"]
+    windowed = _logits(_load_hf(models("mistral", tokenizer=spm, sliding_window=4)), PROMPTS[0])
+    full = _logits(_load_hf(models("mistral", tokenizer=spm)), PROMPTS[0])
+    np.testing.assert_allclose(windowed[:4], full[:4], atol=1e-4)
+    assert np.abs(windowed[8:] - full[8:]).max() > 1.0
+
+
 # --- GGUF output ---------------------------------------------------------------------------
 
 def test_gguf_metadata_and_tensors(models):
