@@ -148,6 +148,31 @@ def test_bf16_rounds_to_nearest_even():
     np.testing.assert_array_equal(back, torch.tensor(x).bfloat16().float().numpy())
 
 
+# --- presets --------------------------------------------------------------------------------
+
+def test_real_presets_follow_the_checkpoints():
+    qwen = TOKENIZERS / "qwen3-0.6b"
+    c = make_config("qwen2", "qwen2.5-0.5b", qwen)
+    assert (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.intermediate_size,
+            c.vocab_size, c.attention_bias, c.tie_word_embeddings, c.rope_theta) == (
+        896, 24, 14, 2, 4864, 151936, True, True, 1e6)  # vocab padded past the 151669 tokens
+    c = make_config("qwen3", "qwen3-0.6b", qwen)
+    assert (c.head_dim, c.q_size, c.qk_norm, c.num_kv_heads) == (128, 2048, True, 8)
+    c = make_config("llama", "smollm2-135m", TOKENIZERS / "smollm2-135m-instruct")
+    assert (c.hidden_size, c.num_heads, c.num_kv_heads, c.vocab_size, c.rope_theta) == (
+        576, 9, 3, 49152, 1e5)
+    assert (c.bos_token_id, c.eos_token_id) == (1, 2)
+    # 576-long rows can't hold 256-element k-quant blocks: llama.cpp's fallbacks apply
+    assert tensor_type("blk.0.attn_q.weight", (576, 576), "q4_k_m", c) == "q5_0"
+    assert tensor_type("token_embd.weight", (49152, 576), "q4_k_m", c) == "q8_0"
+    assert tensor_type("blk.0.ffn_down.weight", (576, 1536), "q4_k_m", c) == "q6_k"
+    c = make_config("llama", "tinyllama-1.1b", TOKENIZERS / "llama2" / "tokenizer.model")
+    assert (c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads, c.intermediate_size,
+            c.vocab_size, c.tie_word_embeddings) == (2048, 22, 32, 4, 5632, 32000, False)
+    with pytest.raises(ValueError):
+        make_config("qwen2", "tiny", qwen, attention_bias=False)
+
+
 # --- HF output -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ARCHS)

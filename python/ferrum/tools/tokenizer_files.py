@@ -26,6 +26,7 @@ class TokenizerInfo:
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     files: list[Path] = field(default_factory=list)
+    unk_token_id: int | None = None
 
     def hf_files(self) -> list[Path]:
         return [p for p in self.files if p.exists()]
@@ -69,7 +70,7 @@ def _load_sentencepiece(directory: Path, path: Path) -> TokenizerInfo:
     sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
     pad = sp.pad_id()
     return TokenizerInfo(directory, "spm", path, sp.get_piece_size(), sp.bos_id(), sp.eos_id(),
-                         pad if pad >= 0 else None, [path])
+                         pad if pad >= 0 else None, [path], sp.unk_id())
 
 
 def hf_tokenizer_config_for_spm(info: TokenizerInfo) -> dict:
@@ -139,7 +140,7 @@ def add_vocab_to_gguf(writer, info: TokenizerInfo, n_vocab: int, pre: str | None
         # A SentencePiece model carries its own special ids; side files may not exist.
         special.special_token_ids.setdefault("bos", info.bos_token_id)
         special.special_token_ids.setdefault("eos", info.eos_token_id)
-        special.special_token_ids.setdefault("unk", 0)
+        special.special_token_ids.setdefault("unk", info.unk_token_id)
         special.add_special_token.setdefault("bos", True)
         special.add_special_token.setdefault("eos", False)
     special.add_to_gguf(writer, quiet=True)
