@@ -68,6 +68,7 @@ class Engine:
         self._generated = 0
         self._started = time.perf_counter()
         self.num_preemptions = 0
+        self._hold_admission = False
 
     # ---- requests ----
     def add_request(self, prompt_ids: List[int], params: SamplingParams, prompt: Optional[str] = None,
@@ -123,11 +124,15 @@ class Engine:
         while True:
             items, owners = self._schedule()
             if not items:
+                if self._running:  # the oldest cannot grow even alone
+                    return self._finish_alone()
                 return []
             try:
                 logits = self.runner.step(items)
+                self._hold_admission = False
                 break
-            except MemoryError:
+            except MemoryError:  # the block count was off: make room, admit nothing new
+                self._hold_admission = True
                 if not self._preempt():
                     # One sequence alone has filled the KV cache: it ends as if at its limit.
                     return self._finish_alone()
@@ -170,45 +175,77 @@ class Engine:
         return outputs
 
     def _schedule(self):
+        """Picks this step's tokens within the token budget and the free KV blocks: decodes
+        first (oldest first, preempting the youngest when blocks run out), then prompt chunks."""
         items, owners = [], []
         budget = self.token_budget
-        # Decodes first: one token each for sequences whose prompt is done.
-        for s in list(self._running):
+        free = self.runner.stats()["kv_blocks_free"]
+        for s in sorted(self._running, key=lambda s: s.arrival):
             if budget == 0:
                 break
-            if s.computed == len(s.tokens) - 1:
-                items.append((s.seq, [s.tokens[-1]], "last"))
-                owners.append(s)
-                budget -= 1
-        # Then prompt chunks: sequences mid-prefill, then newly admitted ones.
-        for s in list(self._running):
+            if s not in self._running or s.computed != len(s.tokens) - 1:
+                continue
+            need = self._blocks_needed(s, 1)
+            while need > free and self._preempt(exclude=s):
+                free = self.runner.stats()["kv_blocks_free"]
+            if need > free:
+                break  # only older sequences remain; they get the blocks first next step
+            items.append((s.seq, [s.tokens[-1]], "last"))
+            owners.append(s)
+            budget -= 1
+            free -= need
+        for s in sorted(self._running, key=lambda s: s.arrival):
             if budget == 0:
                 break
-            if s.computed < len(s.tokens) - 1:
-                self._add_chunk(s, items, owners, budget)
-                budget -= len(items[-1][1])
-        while budget > 0 and self._waiting and len(self._running) < self.max_num_seqs:
-            s = self._waiting.pop(0)
+            if s.computed < len(s.tokens) - 1 and s not in owners:
+                take = self._chunk_size(s, budget, free)
+                if take:
+                    self._add_chunk(s, take, items, owners)
+                    budget -= take
+                    free -= self._blocks_needed(s, take)
+        while (budget > 0 and free > 0 and self._waiting and len(self._running) < self.max_num_seqs
+               and not self._hold_admission):
+            s = self._waiting[0]
             s.seq = self.runner.add_sequence()
             s.computed = self.runner.adopt_prefix(s.seq, s.tokens)
+            free = self.runner.stats()["kv_blocks_free"]  # adopted cached blocks are no longer free
+            take = self._chunk_size(s, budget, free)
+            if take == 0:
+                self.runner.release_sequence(s.seq)
+                s.seq, s.computed = None, 0
+                break
+            self._waiting.pop(0)
             self._running.append(s)
-            self._add_chunk(s, items, owners, budget)
-            budget -= len(items[-1][1])
+            self._add_chunk(s, take, items, owners)
+            budget -= take
+            free -= self._blocks_needed(s, take)
         return items, owners
 
+    def _blocks_needed(self, s: _Sequence, n: int) -> int:
+        bs = self.runner.block_size
+        return -(-(s.computed + n) // bs) - (-(-s.computed // bs))
+
+    def _chunk_size(self, s: _Sequence, budget: int, free: int) -> int:
+        """The most prompt tokens of s that fit the budget and the free blocks."""
+        take = min(len(s.tokens) - s.computed, budget)
+        bs = self.runner.block_size
+        room = (-(-s.computed // bs) + free) * bs - s.computed  # slots in held + free blocks
+        return max(0, min(take, room))
+
     @staticmethod
-    def _add_chunk(s: _Sequence, items, owners, budget: int) -> None:
-        remaining = len(s.tokens) - s.computed
-        take = min(remaining, budget)
-        items.append((s.seq, s.tokens[s.computed:s.computed + take], "last" if take == remaining else "none"))
+    def _add_chunk(s: _Sequence, take: int, items, owners) -> None:
+        last = s.computed + take == len(s.tokens)
+        items.append((s.seq, s.tokens[s.computed:s.computed + take], "last" if last else "none"))
         owners.append(s)
 
-    def _preempt(self) -> bool:
-        """Frees the youngest running sequence, to be recomputed later. False when only one
-        sequence runs (there is nothing to make room with)."""
-        if len(self._running) <= 1:
+    def _preempt(self, exclude: Optional[_Sequence] = None) -> bool:
+        """Frees the youngest running sequence (younger than `exclude`, when given), to be
+        recomputed later. False when there is none."""
+        candidates = [s for s in self._running if s is not exclude and s.seq is not None
+                      and (exclude is None or s.arrival > exclude.arrival)]
+        if not candidates or (exclude is None and len(self._running) <= 1):
             return False
-        victim = max(self._running, key=lambda s: s.arrival)
+        victim = max(candidates, key=lambda s: s.arrival)
         self.runner.release_sequence(victim.seq)
         victim.seq, victim.computed = None, 0
         self._running.remove(victim)
@@ -217,7 +254,9 @@ class Engine:
         return True
 
     def _finish_alone(self) -> List[RequestOutput]:
-        s = self._running[0]
+        """The oldest sequence cannot grow even with every other one preempted: it has filled
+        the KV cache by itself and ends as if it reached its length limit."""
+        s = min(self._running, key=lambda s: s.arrival)
         tail = s.progress.finish("length")
         self._drop(s)
         req = self._requests.get(s.request_id)
