@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The suite under AddressSanitizer + UBSan: a Sanitize build of the library, its C++ tests,
+# and the Python tests run against a sanitized ferrum._core (LD_PRELOAD puts the ASan runtime
+# first, as Python itself is not instrumented; leak checking is off because CPython's own
+# allocations at exit are reported as leaks).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+py=.venv/bin/python
+build=build/asan
+cmake -S . -B $build -DCMAKE_BUILD_TYPE=Sanitize -DFERRUM_TESTS=ON -DFERRUM_PYTHON=ON -DFERRUM_NATIVE=ON \
+  -DPython_EXECUTABLE=$py -Dpybind11_DIR="$($py -m pybind11 --cmakedir)" > /dev/null
+cmake --build $build -j 2
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+ctest --test-dir $build --output-on-failure
+# A package tree holding the sanitized extension next to the Python sources.
+rm -rf $build/pkg && mkdir -p $build/pkg && cp -r python/ferrum $build/pkg/ferrum
+cp $build/_core*.so $build/pkg/ferrum/
+site=$($py -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
+  PYTHONPATH=$build/pkg:$site $py -S -m pytest -q -p no:cacheprovider \
+  tests/test_ops.py tests/test_engine.py tests/test_bad_input.py tests/test_models_real.py -k "not transformers and not llama_cpp" "$@"
