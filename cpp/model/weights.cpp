@@ -58,7 +58,9 @@ class Loader {
   }
   // Small vectors (norms, biases) as f32.
   Tensor f32(const TensorInfo& t) const {
-    std::vector<float> v(size_t(t.shape.empty() ? 1 : Tensor{nullptr, 0, t.dtype, t.shape}.numel()));
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
     quant::dequantize_row(t.dtype, t.data, v.data(), int64_t(v.size()));
     return be_.from_host(v.data(), DType::F32, t.shape);
   }
