@@ -26,7 +26,7 @@ TextOrIds = Union[str, Sequence[int]]
 class PerplexityResult:
     perplexity: float   # exp(nll / num_tokens)
     nll: float          # summed negative log-likelihood of the scored tokens, in nats
-    num_tokens: int     # tokens scored: every token but the first
+    num_tokens: int     # tokens scored (see sliding_windows)
     num_windows: int
 
     @property
@@ -36,9 +36,11 @@ class PerplexityResult:
 
 def sliding_windows(num_tokens: int, window: int, stride: int) -> List[Tuple[int, int, int]]:
     """(begin, end, first_scored) per window, as in Hugging Face's perplexity guide: a window
-    of up to `window` tokens starts every `stride` tokens, and scores only the tokens that no
-    earlier window scored, so each token after the first is scored exactly once, with at least
-    ``window - stride`` tokens of context once the first window is past."""
+    of up to `window` tokens starts every `stride` tokens and scores only the tokens that no
+    earlier window scored, each with at least ``window - stride`` tokens of context once the
+    first window is past. With stride < window every token but the first is scored once; with
+    stride == window (disjoint windows) the first token of each window has no context there
+    and is not scored either."""
     out, scored_to = [], 1
     for begin in range(0, num_tokens, stride):
         end = min(begin + window, num_tokens)
