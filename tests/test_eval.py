@@ -237,3 +237,16 @@ def test_bad_input_raises_value_error(stories, call):
     with pytest.raises(ValueError):
         call(stories)
     assert stories.runner.stats()["sequences"] == 0
+
+
+def test_import_ferrum_needs_no_test_only_package():
+    """torch, transformers, pytest, nbclient... are test dependencies: `import ferrum` (with
+    ferrum.eval) must not load them. Checked in a fresh interpreter."""
+    import subprocess
+    import sys
+    code = ("import sys, ferrum, ferrum.eval, ferrum.scoring; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'torch', 'transformers', 'pytest', '_pytest', 'nbclient', 'nbformat', 'matplotlib'}))")
+    out = subprocess.run([sys.executable, *(["-S"] if sys.flags.no_site else []), "-c", code],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
