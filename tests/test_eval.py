@@ -22,6 +22,16 @@ def gpl3(chars):
     return open(GPL3, encoding="utf-8").read()[:chars]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def torch_one_thread():
+    """The transformers side runs single-threaded: its OpenMP workers spin while waiting, and on
+    a busy 2-core machine two of them take ~10x longer than one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def stories():
     return ferrum.LLM(STORIES_FORMATS["safetensors"], kv_dtype="f32", num_threads=2,
