@@ -103,6 +103,18 @@ def test_perplexity_matches_transformers_smollm2(smollm2_path, smollm2_hf):
     assert abs(got.perplexity / ppl - 1) < 1e-4, (got.perplexity, ppl)
 
 
+def test_short_pairs_scored_together_match_transformers_smollm2(smollm2_path, smollm2_hf):
+    """Forty short (context, continuation) pairs share forwards large enough to run with f32
+    activations, as transformers computes (a lone step of <= 8 tokens would quantize them)."""
+    llm = ferrum.LLM(smollm2_path, kv_dtype="f32", num_threads=2)
+    pairs = [(f"Item {i}: the capital of France is", " Paris") for i in range(40)]
+    results = loglikelihood(llm, pairs)
+    for (context, continuation), r in zip(pairs[::8], results[::8]):
+        ids = llm.tokenizer.encode(context + continuation)
+        start = len(ids) - r.num_tokens
+        assert abs(r.logprob - hf_token_logprobs(smollm2_hf, ids, start).sum()) < 1e-3
+
+
 def test_perplexity_of_text_equals_perplexity_of_its_tokens(stories):
     text = gpl3(1500)
     a = perplexity(stories, text, window=128, stride=64)

@@ -125,8 +125,8 @@ class LLM:
         if _is_batch(token_ids):
             seqs = [self._checked_tokens(t, 1) for t in token_ids]
             rows = [[] for _ in seqs]
-            forward_many(self.runner, self.engine.token_budget, self.engine.max_num_seqs, seqs,
-                         [0] * len(seqs), lambda i, pos, logits: rows[i].append(logits))
+            forward_many(self.runner, self.engine.token_budget, seqs, [0] * len(seqs),
+                         lambda i, pos, logits: rows[i].append(logits))
             return [np.concatenate(r, axis=0) for r in rows]
         toks = [int(t) for t in token_ids]
         if not toks:
@@ -152,10 +152,9 @@ class LLM:
         if len(starts) != len(seqs):
             raise ValueError(f"{len(starts)} starts for {len(seqs)} sequences")
         for s, st in zip(seqs, starts):
-            if not isinstance(st, (int, np.integer)) or not 1 <= st < len(s):
+            if not isinstance(st, (int, np.integer)) or isinstance(st, bool) or not 1 <= st < len(s):
                 raise ValueError(f"start must be an integer in [1, {len(s) - 1}] for {len(s)} tokens, got {st!r}")
-        out = token_logprobs(self.runner, self.engine.token_budget, self.engine.max_num_seqs, seqs,
-                             [int(st) for st in starts])
+        out = token_logprobs(self.runner, self.engine.token_budget, seqs, [int(st) for st in starts])
         return out if batch else out[0]
 
     def stats(self) -> dict:

@@ -2,8 +2,7 @@
 
 Several sequences share each forward, up to the engine's token budget, so a thousand short
 (context, continuation) pairs cost a few large forwards instead of a thousand small ones.
-Tokens before the first position whose logits are wanted run without logits ("none"), and
-cached prefix blocks are adopted, so shared contexts are computed once.
+Cached prefix blocks are adopted, so shared contexts are computed once.
 """
 from __future__ import annotations
 
@@ -40,12 +39,13 @@ class _Job:
     fed: int = 0         # tokens of `feed` whose K/V are in the cache
 
 
-def forward_many(runner, token_budget: int, max_seqs: int, feeds: Sequence[List[int]],
-                 first_rows: Sequence[int], consume: Callable[[int, int, np.ndarray], None]) -> None:
+def forward_many(runner, token_budget: int, feeds: Sequence[List[int]], first_rows: Sequence[int],
+                 consume: Callable[[int, int, np.ndarray], None]) -> None:
     """Runs every `feeds[i]` through the model and calls ``consume(i, pos, logits)`` with the
     logits rows of positions ``pos .. pos + len(logits) - 1`` (all >= ``first_rows[i]``), in
     order, possibly in several pieces. Sequences are admitted while the KV pool has room for
-    them whole, so a step never runs out of blocks."""
+    them whole, so a step never runs out of blocks, and at most `token_budget` at a time (more
+    could not all advance in one step)."""
     total_blocks = runner.stats()["kv_blocks_total"]
     jobs = []
     for i, (feed, first) in enumerate(zip(feeds, first_rows)):
@@ -56,16 +56,18 @@ def forward_many(runner, token_budget: int, max_seqs: int, feeds: Sequence[List[
     pending, active = list(reversed(jobs)), []
     try:
         while pending or active:
-            _admit(runner, pending, active, max_seqs)
+            _admit(runner, pending, active, token_budget)
             items, chunks = [], []
             budget = token_budget
             for job in active:
                 if budget == 0:
                     break
-                # A chunk never straddles first_row, so each item is either all or no logits.
-                end = job.first_row if job.fed < job.first_row else len(job.feed)
-                take = min(end - job.fed, budget)
-                mode = "all" if job.fed >= job.first_row else "none"
+                # Chunks are as long as the budget allows, not cut at first_row: many-token steps
+                # run with f32 activations (tiny ones quantize them to 8 bits on the CPU), so a
+                # sequence is scored alike whatever shares its steps. Rows before first_row
+                # are computed and dropped; a chunk entirely before it asks for none.
+                take = min(len(job.feed) - job.fed, budget)
+                mode = "all" if job.fed + take > job.first_row else "none"
                 items.append((job.seq, job.feed[job.fed:job.fed + take], mode))
                 chunks.append((job, take, mode))
                 budget -= take
@@ -73,7 +75,8 @@ def forward_many(runner, token_budget: int, max_seqs: int, feeds: Sequence[List[
             row = 0
             for job, take, mode in chunks:
                 if mode == "all":
-                    consume(job.index, job.fed, logits[row:row + take])
+                    skip = max(0, job.first_row - job.fed)
+                    consume(job.index, job.fed + skip, logits[row + skip:row + take])
                     row += take
                 job.fed += take
                 if job.fed == len(job.feed):
@@ -104,7 +107,7 @@ def _admit(runner, pending: List[_Job], active: List[_Job], max_seqs: int) -> No
         active.append(job)
 
 
-def token_logprobs(runner, token_budget: int, max_seqs: int, sequences: Sequence[List[int]],
+def token_logprobs(runner, token_budget: int, sequences: Sequence[List[int]],
                    starts: Sequence[int]) -> List[TokenLogprobs]:
     """The log-probability of ``sequences[i][p]`` for every p >= ``starts[i]``."""
     pieces: List[list] = [[] for _ in sequences]
@@ -117,8 +120,7 @@ def token_logprobs(runner, token_budget: int, max_seqs: int, sequences: Sequence
         picked = logits[np.arange(len(targets)), targets]
         pieces[i].append(((picked - log_norm).astype(np.float32), logits.argmax(axis=1) == targets))
 
-    forward_many(runner, token_budget, max_seqs, [s[:-1] for s in sequences], [st - 1 for st in starts],
-                 consume)
+    forward_many(runner, token_budget, [s[:-1] for s in sequences], [st - 1 for st in starts], consume)
     out = []
     for seq, start, parts in zip(sequences, starts, pieces):
         out.append(TokenLogprobs(start, np.asarray(seq[start:], dtype=np.int64),
