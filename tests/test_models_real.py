@@ -45,11 +45,9 @@ def test_stories260k_prompt_continuation(fmt):
     assert out.prompt_token_ids == ref["ids_with_bos"]
 
 
-def test_smollm2_logits_match_transformers_on_the_same_gguf(smollm2_path, smollm2):
-    torch = pytest.importorskip("torch")  # installed by setup (test extra); never missing in CI
-    from transformers import AutoModelForCausalLM
-    d, f = os.path.split(smollm2_path)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+def test_smollm2_logits_match_transformers_on_the_same_gguf(smollm2_path, smollm2, smollm2_hf):
+    import torch
+    model = smollm2_hf
     text = "The quick brown fox jumps over the lazy dog. Paris is the capital of"
     ids = smollm2.tokenizer.encode(text)
     with torch.no_grad():

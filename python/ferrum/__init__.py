@@ -2,6 +2,7 @@
 from .llm import LLM
 from .outputs import CompletionOutput, RequestOutput
 from .sampling import SamplingParams
+from . import eval  # ferrum.eval: perplexity, loglikelihood, exact_match
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]

@@ -12,6 +12,7 @@ from .engine import Engine
 from .models import resolve_model
 from .outputs import RequestOutput
 from .sampling import SamplingParams
+from .scoring import TokenLogprobs, forward_many, token_logprobs
 from .tokenizer import Tokenizer
 
 PromptType = Union[str, Sequence[str], None]
@@ -119,7 +120,14 @@ class LLM:
         return outs[0] if single else outs
 
     def score(self, token_ids: Sequence[int]) -> np.ndarray:
-        """float32 logits [len(token_ids), vocab] at every position (position i predicts i+1)."""
+        """float32 logits [len(token_ids), vocab] at every position (position i predicts i+1).
+        A list of token lists gives a list of arrays, the sequences sharing forwards."""
+        if _is_batch(token_ids):
+            seqs = [self._checked_tokens(t, 1) for t in token_ids]
+            rows = [[] for _ in seqs]
+            forward_many(self.runner, self.engine.token_budget, seqs, [0] * len(seqs),
+                         lambda i, pos, logits: rows[i].append(logits))
+            return [np.concatenate(r, axis=0) for r in rows]
         toks = [int(t) for t in token_ids]
         if not toks:
             raise ValueError("score needs at least one token")
@@ -132,6 +140,22 @@ class LLM:
         finally:
             self.runner.release_sequence(seq)
         return np.concatenate(rows, axis=0)
+
+    def token_logprobs(self, token_ids, start: Union[int, Sequence[int]] = 1
+                       ) -> Union[TokenLogprobs, List[TokenLogprobs]]:
+        """Teacher-forced log-probability of every token from position `start` on, given the
+        tokens before it, and whether it is the greedy (argmax) token there. A list of token
+        lists is scored in shared forwards and gives a list (`start`: one int or one per list)."""
+        batch = _is_batch(token_ids)
+        seqs = [self._checked_tokens(t, 2) for t in (token_ids if batch else [token_ids])]
+        starts = list(start) if isinstance(start, (list, tuple)) else [start] * len(seqs)
+        if len(starts) != len(seqs):
+            raise ValueError(f"{len(starts)} starts for {len(seqs)} sequences")
+        for s, st in zip(seqs, starts):
+            if not isinstance(st, (int, np.integer)) or isinstance(st, bool) or not 1 <= st < len(s):
+                raise ValueError(f"start must be an integer in [1, {len(s) - 1}] for {len(s)} tokens, got {st!r}")
+        out = token_logprobs(self.runner, self.engine.token_budget, seqs, [int(st) for st in starts])
+        return out if batch else out[0]
 
     def stats(self) -> dict:
         """Running / waiting sequences, KV blocks used / free, prefix-cache hit rate, tokens/s."""
@@ -151,6 +175,18 @@ class LLM:
             ids = [ids]
         return [(None, [int(t) for t in toks]) for toks in ids]
 
+    def _checked_tokens(self, token_ids, min_len: int) -> List[int]:
+        toks = [int(t) for t in token_ids]
+        if len(toks) < min_len:
+            raise ValueError(f"need at least {min_len} token(s), got {len(toks)}")
+        if len(toks) > self.runner.max_model_len:
+            raise ValueError(f"{len(toks)} tokens exceed max_model_len {self.runner.max_model_len}")
+        vocab = self.runner.config["vocab_size"]
+        bad = [t for t in toks if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of range [0, {vocab})")
+        return toks
+
     @staticmethod
     def _params_list(sampling_params, n):
         if sampling_params is None:
@@ -161,6 +197,13 @@ class LLM:
         if len(params) != n:
             raise ValueError(f"{len(params)} sampling params for {n} prompts")
         return params
+
+
+def _is_batch(token_ids) -> bool:
+    """A list of token lists (not one list of ids, nor a 1-D array)."""
+    if isinstance(token_ids, np.ndarray):
+        return token_ids.ndim == 2
+    return len(token_ids) > 0 and not isinstance(token_ids[0], (int, np.integer))
 
 
 def _load_tokenizer(path: Path, fmt: str, override) -> Tokenizer:
