@@ -1,0 +1,111 @@
+// linear and embedding over weights in any stored type (weights.cl supplies load_chunk).
+//
+// linear: out[t, n] = x[t, :] . W[n, :] (+ bias[n]). Each work-item owns a register tile of TM
+// tokens x TN weight rows and walks K 32 elements at a time: a chunk of each weight row is
+// dequantized once into two float16 and multiplied into TM x TN float16 accumulators, so
+// dequantization is shared by TM tokens and every activation load by TN rows. Work-items are
+// numbered token-tile fastest, so the work-items of one work-group share weight rows in cache.
+// linear_t1 (TM = 1) is the decode GEMV; linear_t4 (TM = 4) serves everything with T > 1.
+#pragma OPENCL FP_CONTRACT ON
+
+#define TN 4
+
+inline void linear_tile(const int TM, const global float* x, int T, int K,
+                        const global uchar* w, long w_row_bytes, int N,
+                        const global float* bias, int has_bias, global float* out, int ldo) {
+  const int tiles_t = (T + TM - 1) / TM;
+  const int gid = (int)get_global_id(0);
+  const int t0 = (gid % tiles_t) * TM, n0 = (gid / tiles_t) * TN;
+  if (n0 >= N) return;
+
+  const global uchar* wr[TN];
+#pragma unroll
+  for (int i = 0; i < TN; ++i) wr[i] = w + (long)min(n0 + i, N - 1) * w_row_bytes;
+  const global float* xr[4];
+#pragma unroll
+  for (int m = 0; m < TM; ++m) xr[m] = x + (long)min(t0 + m, T - 1) * K;
+
+  float16 acc[4][TN];
+#pragma unroll
+  for (int m = 0; m < TM; ++m)
+#pragma unroll
+    for (int i = 0; i < TN; ++i) acc[m][i] = (float16)(0.0f);
+
+  const int chunks = K / CHUNK;
+  for (int c = 0; c < chunks; ++c) {
+    float16 wl[TN], wh[TN];
+#pragma unroll
+    for (int i = 0; i < TN; ++i) load_chunk(wr[i], c, &wl[i], &wh[i]);
+#pragma unroll
+    for (int m = 0; m < TM; ++m) {
+      const float16 xl = vload16(0, xr[m] + CHUNK * c), xh = vload16(1, xr[m] + CHUNK * c);
+#pragma unroll
+      for (int i = 0; i < TN; ++i) acc[m][i] = fma(xh, wh[i], fma(xl, wl[i], acc[m][i]));
+    }
+  }
+
+#pragma unroll
+  for (int m = 0; m < TM; ++m) {
+    const int t = t0 + m;
+    if (t >= T) break;
+#pragma unroll
+    for (int i = 0; i < TN; ++i) {
+      const int n = n0 + i;
+      if (n >= N) break;
+      float s = sum16(acc[m][i]);
+#ifdef W_FLOAT  // plain floats allow any K: the last K % 32 elements one by one
+      for (int k = chunks * CHUNK; k < K; ++k) s = fma(xr[m][k], load_elem(wr[i], k), s);
+#endif
+      if (has_bias) s += bias[n];
+      out[(long)t * ldo + n] = s;
+    }
+  }
+}
+
+// Offsets are in elements of each pointer's type (bytes for w); out already points at the
+// first column this weight fills (out_col) and ldo is the row stride of the whole output.
+#define LINEAR_ARGS                                                                          \
+  const global float *x, long x_off, int T, int K, const global uchar *w, long w_off,         \
+      long w_row_bytes, int N, const global float *bias, long bias_off, int has_bias,         \
+      global float *out, long out_off, int ldo
+
+kernel void linear_t1(LINEAR_ARGS) {
+  linear_tile(1, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+}
+
+kernel void linear_t4(LINEAR_ARGS) {
+  linear_tile(4, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+}
+
+// out[t, :] = table[ids[t], :] for the table rows [row0, row0 + nrows) this buffer holds (a table
+// larger than one device allocation is several buffers, one launch each). Ids outside the
+// vocabulary give zero rows, written by the launch with zero_invalid set. One work-item per
+// (token, 32-element chunk).
+kernel void embedding_rows(const global int* ids, long ids_off, int T, const global uchar* table,
+                           long table_off, long row_bytes, int row0, int nrows, int vocab, int H,
+                           int zero_invalid, global float* out, long out_off) {
+  const int chunks = (H + CHUNK - 1) / CHUNK;
+  const int gid = (int)get_global_id(0);
+  const int t = gid / chunks, c = gid % chunks;
+  if (t >= T) return;
+  const int id = ids[ids_off + t];
+  global float* o = out + out_off + (long)t * H + CHUNK * c;
+  const int n = min(CHUNK, H - CHUNK * c);
+  if (id < 0 || id >= vocab) {
+    if (zero_invalid)
+      for (int k = 0; k < n; ++k) o[k] = 0.0f;
+    return;
+  }
+  if (id < row0 || id >= row0 + nrows) return;
+  const global uchar* row = table + table_off + (long)(id - row0) * row_bytes;
+  if (n == CHUNK) {
+    float16 lo, hi;
+    load_chunk(row, c, &lo, &hi);
+    vstore16(lo, 0, o);
+    vstore16(hi, 1, o);
+    return;
+  }
+#ifdef W_FLOAT
+  for (int k = 0; k < n; ++k) o[k] = load_elem(row, CHUNK * c + k);
+#endif
+}
