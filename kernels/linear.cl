@@ -2,7 +2,7 @@
 //
 // linear: out[t, n] = x[t, :] . W[n, :] (+ bias[n]). Each work-item owns a register tile of TM
 // tokens x TN weight rows and walks K 32 elements at a time: a chunk of each weight row is
-// dequantized once into two float16 and multiplied into TM x TN float16 accumulators, so
+// dequantized once into two float16 (block scales once per block) and multiplied into TM x TN float16 accumulators, so
 // dequantization is shared by TM tokens and every activation load by TN rows. Work-items are
 // numbered token-tile fastest, so the work-items of one work-group share weight rows in cache.
 // linear_t1 (TM = 1) is the decode GEMV; linear_t4 (TM = 4) serves everything with T > 1.
@@ -31,33 +31,42 @@ inline void linear_tile(const int TM, const global float* x, int T, int K,
 #pragma unroll
     for (int i = 0; i < TN; ++i) acc[m][i] = (float16)(0.0f);
 
-  const int chunks = K / CHUNK;
-  for (int c = 0; c < chunks; ++c) {
-    float16 wl[TN], wh[TN];
+  const int blocks = K / (CHUNK * W_CHUNKS);
+  for (int b = 0; b < blocks; ++b) {
+    wscales sc[TN];
 #pragma unroll
-    for (int i = 0; i < TN; ++i) load_chunk(wr[i], c, &wl[i], &wh[i]);
+    for (int i = 0; i < TN; ++i) sc[i] = block_scales(wr[i] + (long)b * W_BLOCK_BYTES);
 #pragma unroll
-    for (int m = 0; m < TM; ++m) {
-      const float16 xl = vload16(0, xr[m] + CHUNK * c), xh = vload16(1, xr[m] + CHUNK * c);
+    for (int j = 0; j < W_CHUNKS; ++j) {
+      const int k = (b * W_CHUNKS + j) * CHUNK;
+      float16 xl[4], xh[4];
 #pragma unroll
-      for (int i = 0; i < TN; ++i) acc[m][i] = fma(xh, wh[i], fma(xl, wl[i], acc[m][i]));
+      for (int m = 0; m < TM; ++m) {
+        xl[m] = vload16(0, xr[m] + k);
+        xh[m] = vload16(1, xr[m] + k);
+      }
+#pragma unroll
+      for (int i = 0; i < TN; ++i) {
+        float16 wl, wh;
+        block_chunk(wr[i] + (long)b * W_BLOCK_BYTES, sc[i], j, &wl, &wh);
+#pragma unroll
+        for (int m = 0; m < TM; ++m) acc[m][i] = fma(xh[m], wh, fma(xl[m], wl, acc[m][i]));
+      }
     }
   }
 
 #pragma unroll
   for (int m = 0; m < TM; ++m) {
     const int t = t0 + m;
-    if (t >= T) break;
 #pragma unroll
     for (int i = 0; i < TN; ++i) {
       const int n = n0 + i;
-      if (n >= N) break;
       float s = sum16(acc[m][i]);
 #ifdef W_FLOAT  // plain floats allow any K: the last K % 32 elements one by one
-      for (int k = chunks * CHUNK; k < K; ++k) s = fma(xr[m][k], load_elem(wr[i], k), s);
+      for (int k = blocks * CHUNK; k < K; ++k) s = fma(xr[m][k], load_elem(wr[i], k), s);
 #endif
-      if (has_bias) s += bias[n];
-      out[(long)t * ldo + n] = s;
+      if (has_bias) s += bias[min(n, N - 1)];
+      if (t < T && n < N) out[(long)t * ldo + n] = s;
     }
   }
 }
@@ -99,8 +108,9 @@ kernel void embedding_rows(const global int* ids, long ids_off, int T, const glo
   if (id < row0 || id >= row0 + nrows) return;
   const global uchar* row = table + table_off + (long)(id - row0) * row_bytes;
   if (n == CHUNK) {
+    const global uchar* blk = row + (long)(c / W_CHUNKS) * W_BLOCK_BYTES;
     float16 lo, hi;
-    load_chunk(row, c, &lo, &hi);
+    block_chunk(blk, block_scales(blk), c % W_CHUNKS, &lo, &hi);
     vstore16(lo, 0, o);
     vstore16(hi, 1, o);
     return;
