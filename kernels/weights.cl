@@ -200,6 +200,58 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
   *hi = s.d[8 * h + 2 * g + 1] * convert_float16(q1);
 }
 
+#elif defined(W_Q2_K)  // 84 bytes: scales[16], qs[64], d, dmin; x = d*(sc&15)*q - dmin*(sc>>4)
+#define W_CHUNKS 8
+#define W_BLOCK_BYTES 84
+typedef struct {
+  float d[16], m[16];
+} wscales;
+inline wscales block_scales(const global uchar* b) {
+  const uchar16 sc = load_bytes16(b);
+  wscales s;
+  vstore16(load_f16(b + 80) * convert_float16(sc & (uchar)15), 0, s.d);
+  vstore16(load_f16(b + 82) * convert_float16(sc >> (uchar)4), 0, s.m);
+  return s;
+}
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  // Each half (128 elements) is 32 bytes of qs holding four 2-bit planes; chunk j is plane j % 4
+  // of half j / 4, and its two 16-element parts have their own scale / min (sub-blocks 2j, 2j+1).
+  const global uchar* q = b + 16 + 32 * (j >> 2);
+  const uchar shift = (uchar)(2 * (j & 3));
+  *lo = s.d[2 * j] * convert_float16((load_bytes16(q) >> shift) & (uchar)3) - s.m[2 * j];
+  *hi = s.d[2 * j + 1] * convert_float16((load_bytes16(q + 16) >> shift) & (uchar)3) - s.m[2 * j + 1];
+}
+
+#elif defined(W_Q3_K)  // 110 bytes: hmask[32], qs[64], scales[12], d; x = d*(sc-32)*(q-4)
+#define W_CHUNKS 8
+#define W_BLOCK_BYTES 110
+typedef struct {
+  float d[16];
+} wscales;
+typedef uchar8 __attribute__((aligned(1))) uchar8_unaligned;
+typedef uchar4 __attribute__((aligned(1))) uchar4_unaligned;
+inline wscales block_scales(const global uchar* b) {
+  // Sub-block i's 6-bit scale: low 4 bits from the low (i < 8) or high nibble of byte i % 8,
+  // top 2 bits from bits 2 (i / 4) of byte 8 + i % 4 (see q3k_scale in formats.h).
+  const uchar8 low = *(const global uchar8_unaligned*)(b + 96);
+  const uchar4 top = *(const global uchar4_unaligned*)(b + 104);
+  const uchar16 shifts = (uchar16)(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+  const uchar16 sc = (uchar16)(low & (uchar)15, low >> (uchar)4) |
+                     ((((uchar16)(top, top, top, top) >> shifts) & (uchar)3) << (uchar)4);
+  wscales s;
+  vstore16(load_f16(b + 108) * convert_float16(convert_int16(sc) - 32), 0, s.d);
+  return s;
+}
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  // As Q2_K's planes, plus a third bit per element: bit j of hmask[k] set means q, clear q - 4.
+  const global uchar* q = b + 32 + 32 * (j >> 2);
+  const uchar shift = (uchar)(2 * (j & 3)), hb = (uchar)j;
+  const int16 v0 = convert_int16((load_bytes16(q) >> shift) & (uchar)3) - 4 + 4 * convert_int16((load_bytes16(b) >> hb) & (uchar)1);
+  const int16 v1 = convert_int16((load_bytes16(q + 16) >> shift) & (uchar)3) - 4 + 4 * convert_int16((load_bytes16(b + 16) >> hb) & (uchar)1);
+  *lo = s.d[2 * j] * convert_float16(v0);
+  *hi = s.d[2 * j + 1] * convert_float16(v1);
+}
+
 #else
 #error "build with one -DW_<TYPE>"
 #endif

@@ -23,7 +23,8 @@ import pytest
 import reference as R
 from ferrum import _core
 
-WEIGHT_DTYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
+WEIGHT_DTYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
+                 "q5_k", "q6_k"]
 FLOAT_DTYPES = ("f32", "f16", "bf16")
 F32_BOUND = 1e-7
 Q8_ACT_BOUND = 3e-4

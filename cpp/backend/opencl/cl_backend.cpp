@@ -26,6 +26,8 @@ const char* weight_define(DType t) {
     case DType::Q5_0: return "-DW_Q5_0";
     case DType::Q5_1: return "-DW_Q5_1";
     case DType::Q8_0: return "-DW_Q8_0";
+    case DType::Q2_K: return "-DW_Q2_K";
+    case DType::Q3_K: return "-DW_Q3_K";
     case DType::Q4_K: return "-DW_Q4_K";
     case DType::Q5_K: return "-DW_Q5_K";
     case DType::Q6_K: return "-DW_Q6_K";
