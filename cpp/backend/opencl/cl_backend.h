@@ -18,6 +18,7 @@ constexpr int64_t kMaxHeadDim = 256;
 
 class ClBackend : public Backend {
  public:
+  // selector: what follows "opencl" in the device spec ("", ":P" or ":P:D").
   explicit ClBackend(const std::string& selector);
   std::string name() const override { return "opencl"; }
   bool supports(Op op, DType weight_dtype) const override;

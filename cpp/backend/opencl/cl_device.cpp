@@ -98,7 +98,8 @@ size_t max_alloc_override() {
 DeviceContext::DeviceContext(const std::string& selector) {
   std::vector<std::string> parts;
   if (!selector.empty()) {
-    size_t start = 0;
+    size_t start = 1;  // after the leading ':'
+    if (selector[0] != ':') throw ValueError("bad OpenCL device spec 'opencl" + selector + "'");
     for (;;) {
       size_t colon = selector.find(':', start);
       parts.push_back(selector.substr(start, colon == std::string::npos ? std::string::npos : colon - start));
@@ -107,7 +108,7 @@ DeviceContext::DeviceContext(const std::string& selector) {
     }
   }
   if (parts.size() > 2 || std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); }))
-    throw ValueError("bad OpenCL device spec 'opencl:" + selector + "' (expected opencl[:platform[:device]], each an index or a name)");
+    throw ValueError("bad OpenCL device spec 'opencl" + selector + "' (expected opencl[:platform[:device]], each an index or a name)");
 
   std::vector<cl_platform_id> plats = platforms();
   std::vector<std::string> plat_names;

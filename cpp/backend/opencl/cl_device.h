@@ -1,5 +1,6 @@
-// Choosing an OpenCL device from a spec ("", "P", "P:D": platform and device by index or by
-// case-insensitive name substring) and owning its context and in-order command queue.
+// Choosing an OpenCL device from the part of a device spec after "opencl" ("", ":P" or ":P:D":
+// platform and device by index or by case-insensitive name substring) and owning its context
+// and in-order command queue.
 #pragma once
 #include <CL/cl.h>
 
