@@ -28,6 +28,17 @@ inline float kv_load(const global KV_T* pool, const global float* scales, long r
 #endif
 }
 
+// Elements 4 i4 .. 4 i4 + 3 of a pool row.
+inline float4 kv_load4(const global KV_T* pool, const global float* scales, long row, int hd, int i4) {
+#if defined(KV_F32)
+  return vload4(i4, pool + row * hd);
+#elif defined(KV_F16)
+  return vload_half4(i4, pool + row * hd);
+#else
+  return convert_float4(vload4(i4, pool + row * hd)) * scales[row];
+#endif
+}
+
 inline void kv_store(global KV_T* pool, global float* scales, long row, int hd, const float* v) {
 #if defined(KV_F32)
   for (int i = 0; i < hd; ++i) pool[row * hd + i] = v[i];
@@ -143,6 +154,8 @@ kernel void paged_attention(const global float* q, long q_off, global float* out
   k_scale += ks_off;
   v_scale += vs_off;
 
+  // head_dim in float4 steps plus a 2-element tail (head_dim is even).
+  const int hd4 = hd / 4;
   float qv[MAX_HEAD_DIM], acc[MAX_HEAD_DIM];
   const global float* qt = q + q_off + (long)gid * hd;
   for (int i = 0; i < hd; ++i) {
@@ -154,8 +167,10 @@ kernel void paged_attention(const global float* q, long q_off, global float* out
     const int b = table[j / block_size];
     if (b < 0 || b >= num_blocks) continue;  // unmapped block: contributes nothing
     const long row = ((long)b * KV + kvh) * block_size + j % block_size;
-    float dot = 0.0f;
-    for (int i = 0; i < hd; ++i) dot = fma(qv[i], kv_load(k_pool, k_scale, row, hd, i), dot);
+    float4 d4 = (float4)(0.0f);
+    for (int i = 0; i < hd4; ++i) d4 = fma(vload4(i, qv), kv_load4(k_pool, k_scale, row, hd, i), d4);
+    float dot = (d4.x + d4.y) + (d4.z + d4.w);
+    for (int i = 4 * hd4; i < hd; ++i) dot = fma(qv[i], kv_load(k_pool, k_scale, row, hd, i), dot);
     const float sc = dot * scale;
     if (sc > m) {  // new maximum: rescale what was accumulated so far
       const float corr = exp(m - sc);
@@ -165,7 +180,8 @@ kernel void paged_attention(const global float* q, long q_off, global float* out
     }
     const float p = exp(sc - m);
     l += p;
-    for (int i = 0; i < hd; ++i) acc[i] = fma(p, kv_load(v_pool, v_scale, row, hd, i), acc[i]);
+    for (int i = 0; i < hd4; ++i) vstore4(fma((float4)(p), kv_load4(v_pool, v_scale, row, hd, i), vload4(i, acc)), i, acc);
+    for (int i = 4 * hd4; i < hd; ++i) acc[i] = fma(p, kv_load(v_pool, v_scale, row, hd, i), acc[i]);
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   global float* o = out + out_off + (long)gid * hd;

@@ -39,14 +39,22 @@ kernel void add_rms_norm(global float* res, long res_off, const global float* x,
   for (int i = 0; i < d; ++i) out[i] = res[i] * inv * w[i];
 }
 
-// out[r, i] = silu(gu[r, i]) * gu[r, n + i]; one work-item per output element.
+// out[r, i] = silu(gu[r, i]) * gu[r, n + i]; one work-item per 16 elements of a row (vector
+// exp, and no per-element index division).
 kernel void swiglu(const global float* gu, long gu_off, global float* out, long out_off,
                    int rows, int n) {
-  const long i = get_global_id(0);
-  if (i >= (long)rows * n) return;
-  const long r = i / n, j = i % n;
-  const float g = gu[gu_off + r * 2 * n + j];
-  out[out_off + i] = g / (1.0f + exp(-g)) * gu[gu_off + r * 2 * n + n + j];
+  const int chunks = (n + 15) / 16;
+  const int gid = (int)get_global_id(0);
+  if (gid >= rows * chunks) return;
+  const int r = gid / chunks, i = (gid % chunks) * 16;
+  const global float* g = gu + gu_off + (long)r * 2 * n;
+  global float* o = out + out_off + (long)r * n;
+  if (i + 16 <= n) {
+    const float16 gv = vload16(0, g + i);
+    vstore16(gv / (1.0f + exp(-gv)) * vload16(0, g + n + i), 0, o + i);
+    return;
+  }
+  for (int j = i; j < n; ++j) o[j] = g[j] / (1.0f + exp(-g[j])) * g[n + j];
 }
 
 kernel void add(const global float* a, long a_off, const global float* b, long b_off,

@@ -8,9 +8,9 @@
 // linear_t1 (TM = 1) is the decode GEMV; linear_t4 (TM = 4) serves everything with T > 1.
 #pragma OPENCL FP_CONTRACT ON
 
-#define TN 4
+#define MAX_TN 8
 
-inline void linear_tile(const int TM, const global float* x, int T, int K,
+inline void linear_tile(const int TM, const int TN, const global float* x, int T, int K,
                         const global uchar* w, long w_row_bytes, int N,
                         const global float* bias, int has_bias, global float* out, int ldo) {
   const int tiles_t = (T + TM - 1) / TM;
@@ -18,14 +18,14 @@ inline void linear_tile(const int TM, const global float* x, int T, int K,
   const int t0 = (gid % tiles_t) * TM, n0 = (gid / tiles_t) * TN;
   if (n0 >= N) return;
 
-  const global uchar* wr[TN];
+  const global uchar* wr[MAX_TN];
 #pragma unroll
   for (int i = 0; i < TN; ++i) wr[i] = w + (long)min(n0 + i, N - 1) * w_row_bytes;
   const global float* xr[4];
 #pragma unroll
   for (int m = 0; m < TM; ++m) xr[m] = x + (long)min(t0 + m, T - 1) * K;
 
-  float16 acc[4][TN];
+  float16 acc[4][MAX_TN];
 #pragma unroll
   for (int m = 0; m < TM; ++m)
 #pragma unroll
@@ -33,7 +33,7 @@ inline void linear_tile(const int TM, const global float* x, int T, int K,
 
   const int blocks = K / (CHUNK * W_CHUNKS);
   for (int b = 0; b < blocks; ++b) {
-    wscales sc[TN];
+    wscales sc[MAX_TN];
 #pragma unroll
     for (int i = 0; i < TN; ++i) sc[i] = block_scales(wr[i] + (long)b * W_BLOCK_BYTES);
 #pragma unroll
@@ -78,12 +78,36 @@ inline void linear_tile(const int TM, const global float* x, int T, int K,
       long w_row_bytes, int N, const global float *bias, long bias_off, int has_bias,         \
       global float *out, long out_off, int ldo
 
+// One token: one weight row per work-item, read front to back (a single sequential stream per
+// row keeps the hardware prefetchers busy; interleaving several short rows starves them).
 kernel void linear_t1(LINEAR_ARGS) {
-  linear_tile(1, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+  const int n = (int)get_global_id(0);
+  if (n >= N) return;
+  x += x_off;
+  const global uchar* row = w + w_off + (long)n * w_row_bytes;
+  float16 acc = (float16)(0.0f);
+  const int blocks = K / (CHUNK * W_CHUNKS);
+  for (int b = 0; b < blocks; ++b) {
+    const global uchar* blk = row + (long)b * W_BLOCK_BYTES;
+    const wscales sc = block_scales(blk);
+#pragma unroll
+    for (int j = 0; j < W_CHUNKS; ++j) {
+      const int k = (b * W_CHUNKS + j) * CHUNK;
+      float16 wl, wh;
+      block_chunk(blk, sc, j, &wl, &wh);
+      acc = fma(vload16(1, x + k), wh, fma(vload16(0, x + k), wl, acc));
+    }
+  }
+  float s = sum16(acc);
+#ifdef W_FLOAT
+  for (int k = blocks * CHUNK; k < K; ++k) s = fma(x[k], load_elem(row, k), s);
+#endif
+  if (has_bias) s += bias[bias_off + n];
+  out[out_off + n] = s;
 }
 
 kernel void linear_t4(LINEAR_ARGS) {
-  linear_tile(4, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+  linear_tile(4, 4, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
 }
 
 // out[t, :] = table[ids[t], :] for the table rows [row0, row0 + nrows) this buffer holds (a table

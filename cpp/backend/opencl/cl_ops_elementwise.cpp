@@ -27,7 +27,7 @@ void ClBackend::add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x,
 void ClBackend::swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) {
   checks::swiglu(gate_up, out);
   if (out.numel() == 0) return;
-  Launch l = launch(elementwise_program(), "swiglu", out.numel(), 256);
+  Launch l = launch(elementwise_program(), "swiglu", out.rows() * ((out.cols() + 15) / 16), 64);
   KernelArgs(l).tensor(gate_up, "swiglu").tensor(out, "swiglu").i32(out.rows()).i32(out.cols());
   record(s, std::move(l));
 }

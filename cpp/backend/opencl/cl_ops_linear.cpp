@@ -7,7 +7,6 @@
 namespace ferrum::ocl {
 
 namespace {
-constexpr int64_t kRowsPerItem = 4;  // TN in kernels/linear.cl
 constexpr int64_t kChunk = 32;       // elements per load_chunk
 }  // namespace
 
@@ -21,11 +20,12 @@ void ClBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor
   // chunk once for four tokens.
   const bool gemv = T == 1;
   const int64_t token_tiles = gemv ? 1 : (T + 3) / 4;
+  const int64_t rows_per_item = gemv ? 1 : 4;  // weight rows per work-item of linear_t1 / linear_t4
   const BufferView o = single_buffer(out, "linear");
   for (const RowSegment& seg : row_segments(w, "linear")) {
     if (seg.rows == 0) continue;
     Launch l = launch(program, gemv ? "linear_t1" : "linear_t4",
-                      token_tiles * ((seg.rows + kRowsPerItem - 1) / kRowsPerItem));
+                      token_tiles * ((seg.rows + rows_per_item - 1) / rows_per_item), gemv ? 64 : 16);
     KernelArgs a(l);
     a.tensor(x, "linear").i32(T).i32(K);
     a.buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes())).i32(seg.rows);
