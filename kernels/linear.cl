@@ -1,16 +1,18 @@
-// linear and embedding over weights in any stored type (weights.cl supplies load_chunk).
+// linear and embedding over weights in any stored type (weights.cl supplies the block loaders).
 //
-// linear: out[t, n] = x[t, :] . W[n, :] (+ bias[n]). Each work-item owns a register tile of TM
-// tokens x TN weight rows and walks K 32 elements at a time: a chunk of each weight row is
-// dequantized once into two float16 (block scales once per block) and multiplied into TM x TN float16 accumulators, so
-// dequantization is shared by TM tokens and every activation load by TN rows. Work-items are
-// numbered token-tile fastest, so the work-items of one work-group share weight rows in cache.
-// linear_t1 (TM = 1) is the decode GEMV; linear_t4 (TM = 4) serves everything with T > 1.
+// linear: out[t, n] = x[t, :] . W[n, :] (+ bias[n]).
+// - linear_t1 (one token, decode): one weight row per work-item, read front to back.
+// - linear_t4 (more tokens): each work-item owns a register tile of 4 tokens x 4 weight rows and
+//   walks K 32 elements at a time: a chunk of each weight row is dequantized once into two
+//   float16 (block scales once per block) and multiplied into 16 float16 accumulators, so
+//   dequantization is shared by 4 tokens and every activation load by 4 rows. Work-items are
+//   numbered token-tile fastest, so the work-items of one work-group share weight rows in cache.
 #pragma OPENCL FP_CONTRACT ON
 
-#define MAX_TN 8
+#define TM 4
+#define TN 4
 
-inline void linear_tile(const int TM, const int TN, const global float* x, int T, int K,
+inline void linear_tile(const global float* x, int T, int K,
                         const global uchar* w, long w_row_bytes, int N,
                         const global float* bias, int has_bias, global float* out, int ldo) {
   const int tiles_t = (T + TM - 1) / TM;
@@ -18,14 +20,14 @@ inline void linear_tile(const int TM, const int TN, const global float* x, int T
   const int t0 = (gid % tiles_t) * TM, n0 = (gid / tiles_t) * TN;
   if (n0 >= N) return;
 
-  const global uchar* wr[MAX_TN];
+  const global uchar* wr[TN];
 #pragma unroll
   for (int i = 0; i < TN; ++i) wr[i] = w + (long)min(n0 + i, N - 1) * w_row_bytes;
-  const global float* xr[4];
+  const global float* xr[TM];
 #pragma unroll
   for (int m = 0; m < TM; ++m) xr[m] = x + (long)min(t0 + m, T - 1) * K;
 
-  float16 acc[4][MAX_TN];
+  float16 acc[TM][TN];
 #pragma unroll
   for (int m = 0; m < TM; ++m)
 #pragma unroll
@@ -33,13 +35,13 @@ inline void linear_tile(const int TM, const int TN, const global float* x, int T
 
   const int blocks = K / (CHUNK * W_CHUNKS);
   for (int b = 0; b < blocks; ++b) {
-    wscales sc[MAX_TN];
+    wscales sc[TN];
 #pragma unroll
     for (int i = 0; i < TN; ++i) sc[i] = block_scales(wr[i] + (long)b * W_BLOCK_BYTES);
 #pragma unroll
     for (int j = 0; j < W_CHUNKS; ++j) {
       const int k = (b * W_CHUNKS + j) * CHUNK;
-      float16 xl[4], xh[4];
+      float16 xl[TM], xh[TM];
 #pragma unroll
       for (int m = 0; m < TM; ++m) {
         xl[m] = vload16(0, xr[m] + k);
@@ -107,7 +109,7 @@ kernel void linear_t1(LINEAR_ARGS) {
 }
 
 kernel void linear_t4(LINEAR_ARGS) {
-  linear_tile(4, 4, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+  linear_tile(x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
 }
 
 // out[t, :] = table[ids[t], :] for the table rows [row0, row0 + nrows) this buffer holds (a table
