@@ -87,7 +87,8 @@ kernel void linear_t1(LINEAR_ARGS) {
   if (n >= N) return;
   x += x_off;
   const global uchar* row = w + w_off + (long)n * w_row_bytes;
-  float16 acc = (float16)(0.0f);
+  // Two accumulators: one FMA chain per half-chunk, so the loop is not bound by FMA latency.
+  float16 acc_lo = (float16)(0.0f), acc_hi = (float16)(0.0f);
   const int blocks = K / (CHUNK * W_CHUNKS);
   for (int b = 0; b < blocks; ++b) {
     const global uchar* blk = row + (long)b * W_BLOCK_BYTES;
@@ -97,10 +98,11 @@ kernel void linear_t1(LINEAR_ARGS) {
       const int k = (b * W_CHUNKS + j) * CHUNK;
       float16 wl, wh;
       block_chunk(blk, sc, j, &wl, &wh);
-      acc = fma(vload16(1, x + k), wh, fma(vload16(0, x + k), wl, acc));
+      acc_lo = fma(vload16(0, x + k), wl, acc_lo);
+      acc_hi = fma(vload16(1, x + k), wh, acc_hi);
     }
   }
-  float s = sum16(acc);
+  float s = sum16(acc_lo + acc_hi);
 #ifdef W_FLOAT
   for (int k = blocks * CHUNK; k < K; ++k) s = fma(x[k], load_elem(row, k), s);
 #endif
