@@ -86,3 +86,9 @@ def test_llm_device_strings_and_bad_device():
         ferrum.LLM(STORIES_FORMATS["gguf"], device="opencl:9")
     with pytest.raises(ValueError, match="unknown device"):
         ferrum.LLM(STORIES_FORMATS["gguf"], device="cuda")
+
+
+def test_kv_cache_larger_than_the_device_is_memory_error():
+    # 10^9 tokens of f16 K and V: ~64 GB per layer pool, more than the device holds.
+    with pytest.raises(MemoryError, match="cannot allocate"):
+        _core.ModelRunner(STORIES_FORMATS["gguf"], device="opencl", kv_cache_tokens=10**9)
