@@ -20,9 +20,11 @@ import statistics
 import time
 from types import SimpleNamespace
 
-import numpy as np
+# numpy's bundled OpenBLAS keeps its threads spinning after a call, taking cores from pocl's.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import numpy as np  # noqa: E402
 
-from ferrum import _core
+from ferrum import _core  # noqa: E402
 
 GEMV_TARGET_GBS = 20.0
 GEMM_TARGET_GFLOPS = 40.0
