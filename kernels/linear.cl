@@ -2,17 +2,18 @@
 //
 // linear: out[t, n] = x[t, :] . W[n, :] (+ bias[n]).
 // - linear_t1 (one token, decode): one weight row per work-item, read front to back.
-// - linear_t4 (more tokens): each work-item owns a register tile of 4 tokens x 4 weight rows and
-//   walks K 32 elements at a time: a chunk of each weight row is dequantized once into two
-//   float16 (block scales once per block) and multiplied into 16 float16 accumulators, so
-//   dequantization is shared by 4 tokens and every activation load by 4 rows. Work-items are
-//   numbered token-tile fastest, so the work-items of one work-group share weight rows in cache.
+// - linear_t4 / linear_t8 (more tokens): each work-item owns a register tile of 4 tokens x 4
+//   weight rows (or 8 x 2) and walks K 32 elements at a time: a chunk of each weight row is
+//   dequantized once into two float16 (block scales once per block) and multiplied into 16
+//   float16 accumulators, so dequantization is shared by the tile's tokens and every activation
+//   load by its rows. Work-items are numbered token-tile fastest, so the work-items of one
+//   work-group share weight rows in cache.
 #pragma OPENCL FP_CONTRACT ON
 
-#define TM 4
-#define TN 4
+#define MAX_TM 8
+#define MAX_TN 4
 
-inline void linear_tile(const global float* x, int T, int K,
+inline void linear_tile(const int TM, const int TN, const global float* x, int T, int K,
                         const global uchar* w, long w_row_bytes, int N,
                         const global float* bias, int has_bias, global float* out, int ldo) {
   const int tiles_t = (T + TM - 1) / TM;
@@ -20,14 +21,14 @@ inline void linear_tile(const global float* x, int T, int K,
   const int t0 = (gid % tiles_t) * TM, n0 = (gid / tiles_t) * TN;
   if (n0 >= N) return;
 
-  const global uchar* wr[TN];
+  const global uchar* wr[MAX_TN];
 #pragma unroll
   for (int i = 0; i < TN; ++i) wr[i] = w + (long)min(n0 + i, N - 1) * w_row_bytes;
-  const global float* xr[TM];
+  const global float* xr[MAX_TM];
 #pragma unroll
   for (int m = 0; m < TM; ++m) xr[m] = x + (long)min(t0 + m, T - 1) * K;
 
-  float16 acc[TM][TN];
+  float16 acc[MAX_TM][MAX_TN];
 #pragma unroll
   for (int m = 0; m < TM; ++m)
 #pragma unroll
@@ -35,13 +36,13 @@ inline void linear_tile(const global float* x, int T, int K,
 
   const int blocks = K / (CHUNK * W_CHUNKS);
   for (int b = 0; b < blocks; ++b) {
-    wscales sc[TN];
+    wscales sc[MAX_TN];
 #pragma unroll
     for (int i = 0; i < TN; ++i) sc[i] = block_scales(wr[i] + (long)b * W_BLOCK_BYTES);
 #pragma unroll
     for (int j = 0; j < W_CHUNKS; ++j) {
       const int k = (b * W_CHUNKS + j) * CHUNK;
-      float16 xl[TM], xh[TM];
+      float16 xl[MAX_TM], xh[MAX_TM];
 #pragma unroll
       for (int m = 0; m < TM; ++m) {
         xl[m] = vload16(0, xr[m] + k);
@@ -80,6 +81,10 @@ inline void linear_tile(const global float* x, int T, int K,
       long w_row_bytes, int N, const global float *bias, long bias_off, int has_bias,         \
       global float *out, long out_off, int ldo
 
+kernel void linear_t8(LINEAR_ARGS) {
+  linear_tile(8, 2, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+}
+
 // One token: one weight row per work-item, read front to back (a single sequential stream per
 // row keeps the hardware prefetchers busy; interleaving several short rows starves them).
 kernel void linear_t1(LINEAR_ARGS) {
@@ -111,7 +116,7 @@ kernel void linear_t1(LINEAR_ARGS) {
 }
 
 kernel void linear_t4(LINEAR_ARGS) {
-  linear_tile(x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+  linear_tile(4, 4, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
 }
 
 // out[t, :] = table[ids[t], :] for the table rows [row0, row0 + nrows) this buffer holds (a table
