@@ -72,28 +72,43 @@ LLAMACPP_PROMPTS = [
 ]
 
 
-# llama.cpp quantizes activations to 8 bits in every matmul (prefill too); ferrum's prefill
-# keeps them f32 (like transformers). The two agree on greedy tokens except at near-ties, so
-# the check is teacher-forced over all of llama.cpp's tokens: at every step its token must be
-# our top token or within NEAR_TIE logits of it, and at least 90% of steps must agree exactly.
+# llama.cpp quantizes activations to 8 bits in every matmul (prefill too) and rounds the attention's
+# query and probabilities to f16; ferrum's prefill keeps f32 (like transformers, which it matches
+# to 1e-4 above). The two agree on greedy tokens except at near-ties, so the check is
+# teacher-forced over llama.cpp's tokens: at every step its token must be our top token or within
+# NEAR_TIE logits of it, and over all prompts together at least 90% of steps agree exactly (per
+# prompt, 24 steps are too few for a stable rate: one near-tie more or less moves it by 4%).
 NEAR_TIE = 0.35
 
 
-@pytest.mark.parametrize("prompt", LLAMACPP_PROMPTS)
-def test_smollm2_greedy_equals_llama_cpp(smollm2_path, prompt):
+@pytest.fixture(scope="module")
+def llama_cpp_teacher_forced(smollm2_path):
+    """{prompt: [(llama.cpp's token, our logits at that step)]} over 24 generated tokens."""
     run = os.path.join(SHARED, "bench", "llamacpp", "run.sh")
-    env = dict(os.environ, PROMPT_TEXT=prompt)
-    proc = subprocess.run(["bash", run, smollm2_path, "16", "24", "2"], env=env, capture_output=True,
-                          text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    peer = json.loads(proc.stdout.strip().splitlines()[-1])
-    runner = _core.ModelRunner(smollm2_path, num_threads=2, kv_dtype="f32")
-    seq = runner.add_sequence()
-    logits = runner.step([(seq, peer["prompt_ids"], "last")])[0]
-    agree = 0
-    for i, tok in enumerate(peer["generated_ids"]):
+    steps = {}
+    for prompt in LLAMACPP_PROMPTS:
+        proc = subprocess.run(["bash", run, smollm2_path, "16", "24", "2"], env=dict(os.environ, PROMPT_TEXT=prompt),
+                              capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        peer = json.loads(proc.stdout.strip().splitlines()[-1])
+        runner = _core.ModelRunner(smollm2_path, num_threads=2, kv_dtype="f32")
+        seq = runner.add_sequence()
+        logits = runner.step([(seq, peer["prompt_ids"], "last")])[0]
+        steps[prompt] = []
+        for tok in peer["generated_ids"]:
+            steps[prompt].append((tok, logits))
+            logits = runner.step([(seq, [tok], "last")])[0]
+    return steps
+
+
+@pytest.mark.parametrize("prompt", LLAMACPP_PROMPTS)
+def test_smollm2_llama_cpp_tokens_are_ours_or_near_ties(llama_cpp_teacher_forced, prompt):
+    for i, (tok, logits) in enumerate(llama_cpp_teacher_forced[prompt]):
         mine = int(logits.argmax())
-        agree += mine == tok
         assert logits[mine] - logits[tok] < NEAR_TIE, f"step {i}: ours {mine}, llama.cpp {tok}"
-        logits = runner.step([(seq, [tok], "last")])[0]
-    assert agree >= 0.9 * len(peer["generated_ids"])
+
+
+def test_smollm2_greedy_agrees_with_llama_cpp(llama_cpp_teacher_forced):
+    steps = [s for prompt_steps in llama_cpp_teacher_forced.values() for s in prompt_steps]
+    agree = sum(int(logits.argmax()) == tok for tok, logits in steps)
+    assert agree >= 0.9 * len(steps), f"{agree} of {len(steps)}"

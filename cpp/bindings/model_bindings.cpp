@@ -82,7 +82,8 @@ void bind_model(py::module_& m) {
         }
         const int64_t vocab = r.config().vocab;
         py::array_t<float> out({rows, vocab});
-        std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+        if (!logits.empty())  // memcpy from an empty vector's null data() is UB
+          std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
         return out;
       }, py::arg("items"),
          "items: [(seq, tokens, 'last'|'all'|'none')]. Appends the tokens and returns float32 logits "
