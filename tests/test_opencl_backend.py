@@ -142,6 +142,15 @@ def test_tensors_of_another_backend_are_rejected(ocl):
         _core.opencl.device_info(cpu)
 
 
+def test_copy_within_one_buffer(ocl):
+    t = ocl.tensor(np.arange(12, dtype=np.float32).reshape(6, 2))
+    ocl.copy(t.slice(0, 2), t.slice(4, 2))  # disjoint rows of one buffer
+    ocl.copy(t, t)  # onto itself: nothing to do
+    np.testing.assert_array_equal(t.numpy()[4:], [[0, 1], [2, 3]])
+    with pytest.raises(ValueError, match="overlap"):
+        ocl.copy(t.slice(0, 3), t.slice(1, 3))
+
+
 def test_head_dim_beyond_kernel_limit(ocl):
     hd = 512
     x = ocl.empty("f32", [1, 1, hd])

@@ -61,6 +61,11 @@ void ClBackend::copy(Stream& s, const Tensor& src, const Tensor& dst) {
   checks::copy(src, dst);
   if (src.nbytes() == 0) return;
   BufferView a = single_buffer(src, "copy"), b = single_buffer(dst, "copy");
+  if (a.mem == b.mem) {
+    if (a.byte_offset == b.byte_offset) return;  // a tensor onto itself
+    if (a.byte_offset < b.byte_offset + src.nbytes() && b.byte_offset < a.byte_offset + src.nbytes())
+      throw ValueError("copy: source and destination overlap");
+  }
   Launch l;
   l.name = "copy";
   l.copy_src = a.mem;
