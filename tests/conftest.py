@@ -11,7 +11,7 @@ MODELS = os.path.join(SHARED, "models")
 
 
 def backend_names():
-    return ["cpu"]
+    return ["cpu", "opencl"]
 
 
 @pytest.fixture(scope="session", params=backend_names())

@@ -14,9 +14,10 @@ from ferrum import _core
 REFERENCE = json.load(open(os.path.join(STORIES, "reference.json")))
 
 
+@pytest.mark.parametrize("device", ["cpu", "opencl"])
 @pytest.mark.parametrize("fmt", list(STORIES_FORMATS))
-def test_stories260k_greedy_from_bos_and_logits(fmt):
-    runner = _core.ModelRunner(STORIES_FORMATS[fmt], num_threads=2, kv_dtype="f32")
+def test_stories260k_greedy_from_bos_and_logits(fmt, device):
+    runner = _core.ModelRunner(STORIES_FORMATS[fmt], device=device, num_threads=2, kv_dtype="f32")
     assert runner.format == fmt
     expect = REFERENCE["greedy_from_bos"]["generated_ids"]
     ref_logits = np.array(REFERENCE["logits_first_positions_from_bos"]["logits"])
@@ -33,9 +34,10 @@ def test_stories260k_greedy_from_bos_and_logits(fmt):
     np.testing.assert_allclose(np.array(first), ref_logits, atol=1e-4)
 
 
+@pytest.mark.parametrize("device", ["cpu", "opencl"])
 @pytest.mark.parametrize("fmt", list(STORIES_FORMATS))
-def test_stories260k_prompt_continuation(fmt):
-    llm = ferrum.LLM(STORIES_FORMATS[fmt], kv_dtype="f32", tokenizer=os.path.join(STORIES, "tok512.bin")
+def test_stories260k_prompt_continuation(fmt, device):
+    llm = ferrum.LLM(STORIES_FORMATS[fmt], device=device, kv_dtype="f32", tokenizer=os.path.join(STORIES, "tok512.bin")
                      if fmt == "safetensors" else None)
     ref = REFERENCE["prompt_encoding"]
     assert llm.tokenizer.encode(ref["prompt"]) == ref["ids_with_bos"]
@@ -52,11 +54,13 @@ def test_smollm2_logits_match_transformers_on_the_same_gguf(smollm2_path, smollm
     ids = smollm2.tokenizer.encode(text)
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].numpy()
-    # Prefill computes with f32 activations over the dequantized blocks, as transformers does;
-    # with an f32 KV cache the only differences are summation order.
-    got = ferrum.LLM(smollm2_path, kv_dtype="f32", num_threads=2).score(ids)
-    assert np.abs(got - ref).max() < 1e-3, np.abs(got - ref).max()
-    assert (got.argmax(1) == ref.argmax(1)).all()
+    # Prefill computes with f32 activations over the dequantized blocks, as transformers does
+    # (the OpenCL backend at every row count); with an f32 KV cache the only differences are
+    # summation order.
+    for device in ("cpu", "opencl"):
+        got = ferrum.LLM(smollm2_path, device=device, kv_dtype="f32", num_threads=2).score(ids)
+        assert np.abs(got - ref).max() < 1e-3, (device, np.abs(got - ref).max())
+        assert (got.argmax(1) == ref.argmax(1)).all()
 
 
 LLAMACPP_PROMPTS = [
