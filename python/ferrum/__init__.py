@@ -1,7 +1,7 @@
 """ferrum: a C++ LLM inference engine for Python."""
 from .llm import LLM
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionDelta, CompletionOutput, RequestDelta, RequestOutput
 from .sampling import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestDelta", "CompletionDelta"]
