@@ -52,7 +52,7 @@ def ferrum_worker(a):
     for c in a.concurrency:
         prompts = prompt_windows(ids, c, a.p)
         # Warm-up with the same shapes (records the replayed streams), then the timed run.
-        llm.generate(prompt_token_ids=prompt_windows(ids[5000:], c, a.p),
+        llm.generate(prompt_token_ids=prompt_windows(ids[4000:], c, a.p),
                      sampling_params=ferrum.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
         t0 = time.perf_counter()
         outs = llm.generate(prompt_token_ids=prompts, sampling_params=greedy)

@@ -55,7 +55,6 @@ void bind_engine(py::module_& m) {
            "Hands back the tokens sampled for the last step's rows; finished sequences are ended. Returns "
            "the sequences that reached max_model_len (also ended).")
       .def("has_unfinished", &Engine::has_unfinished)
-      .def("tokens", &Engine::tokens, py::arg("seq"))
       .def("stats", [](const Engine& e) {
         EngineStats s = e.stats();
         py::dict d;

@@ -8,11 +8,16 @@
 
 namespace ferrum {
 
-BlockManager::BlockManager(int64_t num_blocks, bool prefix_cache)
-    : alloc_(int32_t(num_blocks)), prefix_cache_(prefix_cache) {
-  if (num_blocks < 1 || num_blocks > INT32_MAX / kBlockSize)
-    throw ValueError("the KV pool needs between 1 and " + std::to_string(INT32_MAX / kBlockSize) + " blocks");
+namespace {
+int32_t checked_block_count(int64_t n) {
+  const int64_t most = INT32_MAX / BlockManager::kBlockSize;  // slots are int32
+  if (n < 1 || n > most) throw ValueError("the KV pool needs between 1 and " + std::to_string(most) + " blocks");
+  return int32_t(n);
 }
+}  // namespace
+
+BlockManager::BlockManager(int64_t num_blocks, bool prefix_cache)
+    : alloc_(checked_block_count(num_blocks)), prefix_cache_(prefix_cache) {}
 
 BlockManager::Table& BlockManager::table(int64_t seq) {
   auto it = seqs_.find(seq);

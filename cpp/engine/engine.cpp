@@ -113,9 +113,4 @@ EngineStats Engine::stats() const {
   return s;
 }
 
-std::vector<int32_t> Engine::tokens(int64_t seq) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return sched_.sequence(seq).tokens;
-}
-
 }  // namespace ferrum

@@ -49,8 +49,6 @@ class Engine {
                               const std::vector<bool>& finished);
   bool has_unfinished() const;
   EngineStats stats() const;
-  // The tokens a sequence holds now (prompt + generated).
-  std::vector<int32_t> tokens(int64_t seq) const;
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -4,10 +4,8 @@
 // and replays a recorded stream whenever the step's shape was seen before.
 #pragma once
 #include <list>
-#include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "engine/block_manager.h"

@@ -190,6 +190,7 @@ TEST(Scheduler, RejectsWhatCanNeverRun) {
   EXPECT_THROW(Scheduler(blocks, SchedulerOptions{0, 16, 100}), ValueError);
   EXPECT_THROW(Scheduler(blocks, SchedulerOptions{4, 0, 100}), ValueError);
   EXPECT_THROW(BlockManager(0, true), ValueError);
+  EXPECT_THROW(BlockManager(-5, true), ValueError);
 }
 
 TEST(Scheduler, AppendTokenOnlyWhenASampleIsDueAndEndsAtMaxModelLen) {
