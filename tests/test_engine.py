@@ -131,10 +131,9 @@ def test_soak_random_requests_aborts_and_small_pool():
     block is free afterwards."""
     rng = np.random.default_rng(11)
     llm = make_llm(kv_cache_tokens=40 * 16, max_num_seqs=16)
-    eng = llm.engine
     pending, finished, aborted = set(), 0, 0
     submitted = 0
-    while submitted < 1000 or eng.has_unfinished():
+    while submitted < 1000 or llm.has_unfinished():
         while submitted < 1000 and len(pending) < 24:
             n = int(rng.integers(1, 120))
             params = ferrum.SamplingParams(
@@ -142,17 +141,140 @@ def test_soak_random_requests_aborts_and_small_pool():
                 top_k=int(rng.choice([0, 5])), top_p=float(rng.choice([1.0, 0.9])),
                 seed=int(rng.integers(0, 100)) if rng.random() < 0.5 else None,
                 n=int(rng.choice([1, 1, 2])))
-            pending.add(eng.add_request([1] + [int(t) for t in rng.integers(3, 512, n)], params))
+            pending.add(llm.add_request([1] + [int(t) for t in rng.integers(3, 512, n)], params))
             submitted += 1
-        for out in eng.step():
-            if out.finished:
+        for out in llm.step():
+            if out.finished and out.request_id in pending:
                 pending.discard(out.request_id)
                 finished += 1
-                assert all(o.finish_reason in ("stop", "length") for o in out.outputs)
+                assert all(o.finish_reason in ("stop", "length") for o in out.output.outputs)
+            elif out.finished:  # one we aborted
+                assert {o.finish_reason for o in out.output.outputs} <= {"abort", "stop", "length"}
         if pending and rng.random() < 0.05:
             victim = sorted(pending)[int(rng.integers(0, len(pending)))]
-            eng.abort(victim)
+            llm.abort(victim)
             pending.discard(victim)
             aborted += 1
     assert finished + aborted == 1000 and not pending
+    assert llm.stats()["preemptions"] > 0
     assert_pool_empty(llm)
+
+
+# ---- the incremental serving API ----
+
+def collect(llm, ids, early=()):
+    """Steps until every request in ids finished; per request, the concatenated text and token
+    deltas of completion 0 (after those in `early`) and the final output."""
+    text = {r: "" for r in ids}
+    tokens = {r: [] for r in ids}
+    final = {}
+    deltas = list(early)
+    while True:
+        for d in deltas:
+            for c in d.outputs:
+                if c.index == 0:
+                    text[d.request_id] += c.text
+                    tokens[d.request_id] += c.token_ids
+            if d.finished:
+                assert d.output.finished and d.output.request_id == d.request_id
+                final[d.request_id] = d.output
+        if len(final) == len(ids):
+            return text, tokens, final
+        deltas = llm.step()
+
+
+def test_requests_added_while_others_run_equal_generate(alone):
+    llm = make_llm()
+    ps = prompts(6)
+    ids = [llm.add_request(ps[0], GREEDY), llm.add_request(ps[1], GREEDY, request_id="second")]
+    assert ids[1] == "second"
+    with pytest.raises(ValueError, match="already in use"):
+        llm.add_request(ps[2], GREEDY, request_id="second")
+    early = llm.step() + llm.step()  # two steps before the rest arrive
+    ids += [llm.add_request(p, GREEDY) for p in ps[2:]]
+    text, tokens, final = collect(llm, ids, early)
+    for i, rid in enumerate(ids):
+        assert tokens[rid] == alone[i] == final[rid].outputs[0].token_ids
+        assert text[rid] == final[rid].outputs[0].text
+        assert final[rid].outputs[0].finish_reason == "length"
+    assert not llm.has_unfinished() and llm.step() == []
+    assert_pool_empty(llm)
+
+
+def test_stream_equals_generate():
+    llm = make_llm()
+    p = prompts(1, seed=12)[0]
+    params = ferrum.SamplingParams(max_tokens=30, temperature=0)
+    whole = llm.generate(prompt_token_ids=[p], sampling_params=params)[0].outputs[0].text
+    assert "".join(llm.stream(p, params)) == whole
+    # two interleaved streams each get their own text
+    a, b = llm.stream(p, params), llm.stream(prompts(1, seed=13)[0], params)
+    got_a, got_b = "", ""
+    for piece_a, piece_b in zip(a, b):
+        got_a, got_b = got_a + piece_a, got_b + piece_b
+    got_a += "".join(a)
+    got_b += "".join(b)
+    assert got_a == whole
+    assert got_b == llm.generate(prompt_token_ids=[prompts(1, seed=13)[0]], sampling_params=params)[0].outputs[0].text
+    assert_pool_empty(llm)
+
+
+def test_abort_mid_prefill_and_mid_decode_frees_blocks():
+    llm = make_llm(max_num_batched_tokens=16)
+    long_prompt = prompts(1, seed=21)[0] * 4  # several 16-token chunks
+    rid = llm.add_request(long_prompt, GREEDY)
+    llm.step()
+    st = llm.stats()
+    assert st["running"] == 1 and st["kv_blocks_used"] > 0  # mid-prefill
+    llm.abort(rid)
+    assert_pool_empty(llm)
+    rid = llm.add_request(prompts(1, seed=22)[0], GREEDY)
+    produced = []
+    while len(produced) < 3:
+        produced += [t for d in llm.step() for c in d.outputs for t in c.token_ids]
+    assert llm.stats()["kv_blocks_used"] > 0  # decoding
+    llm.abort(rid)
+    llm.abort(rid)  # twice is harmless
+    llm.abort("no such request")
+    assert_pool_empty(llm)
+    ends = llm.step()  # (the first one reported its end during the loop above)
+    assert [(d.request_id, d.output.outputs[0].finish_reason) for d in ends] == [(rid, "abort")]
+    assert llm.step() == [] and not llm.has_unfinished()
+
+
+def test_aborted_request_reports_abort_and_the_engine_carries_on():
+    llm = make_llm()
+    params = ferrum.SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    rid = llm.add_request(prompts(1, seed=30)[0], params)
+    llm.step()
+    llm.abort(rid)  # its last delta (finish_reason "abort") goes to step()
+    (d,) = llm.step()
+    assert d.finished and d.output.outputs[0].finish_reason == "abort"
+    outs = llm.generate(prompt_token_ids=prompts(2, seed=31), sampling_params=params)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [20, 20]
+    assert_pool_empty(llm)
+
+
+def test_stats_report_the_engine():
+    llm = make_llm(max_num_seqs=4)
+    ps = prompts(8, seed=40)
+    for p in ps:
+        llm.add_request(p, GREEDY)
+    llm.step()
+    st = llm.stats()
+    assert st["running"] == 4 and st["waiting"] == 4  # max_num_seqs holds the rest back
+    assert st["kv_blocks_used"] > 0 and st["kv_blocks_used"] + st["kv_blocks_free"] == st["kv_blocks_total"]
+    while llm.has_unfinished():
+        llm.step()
+    st = llm.stats()
+    assert st["generated_tokens"] == 8 * GREEDY.max_tokens
+    assert st["generation_tokens_per_s"] > 0 and st["busy_seconds"] > 0
+    assert 0 <= st["prefix_cache_hit_rate"] <= 1
+    assert_pool_empty(llm)
+
+
+def test_kv_pool_sized_by_memory_fraction():
+    small = make_llm(kv_cache_memory_fraction=0.0001)
+    large = make_llm(kv_cache_memory_fraction=0.0002)
+    a, b = small.stats()["kv_blocks_total"], large.stats()["kv_blocks_total"]
+    assert a >= 512 // 16 and abs(b - 2 * a) <= 0.1 * b  # (never below one max_model_len sequence)
