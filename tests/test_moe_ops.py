@@ -79,8 +79,9 @@ def test_moe_experts_float(backend, rng, dtype, T, k):
 
 
 @pytest.mark.parametrize("dtypes", [("q8_0",) * 3, ("q4_0",) * 3, ("q4_k",) * 3,
-                                    ("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q6_k")])
-@pytest.mark.parametrize("T", [1, 6, 50])
+                                    ("q4_k", "q4_k", "q6_k"), ("q5_k", "q8_0", "q6_k"),
+                                    ("f16", "q8_0", "q6_k"), ("q8_0", "bf16", "f32")])
+@pytest.mark.parametrize("T", [1, 4, 6, 50])
 def test_moe_experts_quantized(backend, rng, dtypes, T):
     E, I, H, k = 8, 256, 512, 2
     tensors, values = expert_weights(backend, rng, E, I, H, dtypes)
@@ -92,10 +93,11 @@ def test_moe_experts_quantized(backend, rng, dtypes, T):
 
 
 @pytest.mark.parametrize("dtypes", [("q8_0",) * 3, ("q4_k", "q4_k", "q6_k")])
-def test_moe_experts_dot_path_equals_linear_per_expert(backend, rng, dtypes):
+@pytest.mark.parametrize("T", [3, 5])  # 6 pairs: each thread plans for itself; 10: shared plan
+def test_moe_experts_dot_path_equals_linear_per_expert(backend, rng, dtypes, T):
     """Few tokens per expert: the result equals linear -> swiglu -> linear on each selected
     expert (the same dot kernels and activation quantization), weighted and summed."""
-    E, I, H, k, T = 6, 256, 256, 2, 3
+    E, I, H, k = 6, 256, 256, 2
     shapes = [(E, I, H), (E, I, H), (E, H, I)]
     blocks = [Q.quantize((rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32), d)
               for s, d in zip(shapes, dtypes)]

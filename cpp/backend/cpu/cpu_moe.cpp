@@ -5,8 +5,7 @@
 // moe_experts groups the (token, slot) pairs by expert when the stream runs (routing is data),
 // so each selected expert's weights are read once per call however many tokens chose it, and
 // experts nobody chose are never touched: decode costs the active parameters only.
-//   plan      thread 0 buckets the pairs by expert; meanwhile every thread quantizes its
-//             tokens of x for the gate / up dot kernels;
+//   plan      bucket the pairs by expert; quantize x for the gate / up dot kernels;
 //   gather    x rows copied into expert order (only for experts run as sgemm);
 //   gate_up   act[p] = silu(gate[e] x) * (up[e] x); each thread owns a range of the I rows of
 //             every active expert, so work is balanced however unevenly tokens are routed;
@@ -16,6 +15,8 @@
 // An expert chosen by few tokens runs the dot kernels on its stored (possibly quantized) rows,
 // a chunk of rows at a time so the chunk stays in cache across its tokens; an expert chosen
 // by many tokens dequantizes a tile of rows and runs one sgemm over all its tokens.
+// Small calls (decode: at most kMaxDotPairs pairs) have every thread plan and quantize for
+// itself (a few rows) inside gate_up and down: two commands, one barrier, instead of four.
 #include <cblas.h>
 
 #include <algorithm>
@@ -38,28 +39,39 @@ constexpr int64_t kMaxDotPairs = 8;
 constexpr int64_t kDotChunkRows = 32;   // rows kept hot in cache while every pair is dotted
 constexpr int64_t kGemmTileRows = 64;
 
-// Routing of one call, rebuilt by thread 0 at every submit.
+inline bool uses_gemm(int64_t pairs) { return pairs > kMaxDotPairs; }
+
+// Routing of one call, rebuilt at every submit.
 struct MoePlan {
   std::vector<int32_t> start;       // [E + 1]: pairs of expert e are [start[e], start[e + 1])
   std::vector<int32_t> active;      // experts with at least one pair, ascending
   std::vector<int32_t> pair_token;  // sorted pair -> token
   std::vector<float> pair_weight;   // sorted pair -> routing weight
   std::vector<int32_t> fill;        // scratch for bucketing
+
+  int64_t first(int32_t e) const { return start[size_t(e)]; }
+  int64_t count(int32_t e) const { return start[size_t(e) + 1] - start[size_t(e)]; }
 };
 
-// Per-call scratch, sized at record time for T tokens x k slots.
-struct MoeScratch {
+// A plan and the quantized activations the dot kernels read: one shared copy for large calls,
+// one per thread for small ones.
+struct MoePrep {
   MoePlan plan;
-  std::vector<char> x_gate, x_up;  // x quantized per token for the gate / up dot kernels
-  std::vector<float> xs;           // x rows in expert order [pairs, H] (sgemm experts)
-  std::vector<float> act;          // silu(gate) * up [pairs, I], expert order
-  std::vector<char> act_q;         // act quantized for the down dot kernel
-  std::vector<float> per_thread;   // tile + two [pairs, tile rows] result blocks per thread
+  std::vector<char> x_gate, x_up;  // x per token for the gate / up dot kernels (non-f32 acts)
+  std::vector<char> act_q;         // act per pair for the down dot kernel (non-f32 acts)
+};
+
+struct MoeScratch {
+  bool small = false;
+  MoePrep shared;
+  std::vector<MoePrep> own;      // per thread, small calls
+  std::vector<float> xs;         // x rows in expert order [pairs, H] (sgemm experts)
+  std::vector<float> act;        // silu(gate) * up [pairs, I], expert order
+  std::vector<float> per_thread; // tile + two [pairs, rows] result blocks per thread
   size_t per_thread_floats = 0;
+  MoePrep& prep(int ith) { return small ? own[size_t(ith)] : shared; }
   float* thread_block(int ith) { return per_thread.data() + size_t(ith) * per_thread_floats; }
 };
-
-inline bool uses_gemm(int64_t pairs) { return pairs > kMaxDotPairs; }
 
 // rows [r0, r0 + n) of one expert matrix as f32: in place for f32 weights, else into tile.
 const float* rows_f32(const Tensor& w, const char* expert, int64_t r0, int64_t n, float* tile) {
@@ -87,6 +99,8 @@ void build_plan(MoePlan& p, const int32_t* ids, const float* weights, int64_t pa
     p.start[size_t(e) + 1] += p.start[size_t(e)];
   }
   p.fill.assign(p.start.begin(), p.start.end() - 1);
+  p.pair_token.resize(size_t(pairs));
+  p.pair_weight.resize(size_t(pairs));
   for (int64_t i = 0; i < pairs; ++i) {  // token order within an expert, like transformers
     if (ids[i] < 0 || ids[i] >= E) continue;
     int32_t at = p.fill[size_t(ids[i])]++;
@@ -149,62 +163,73 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
   const size_t aq_bytes = dtype_bytes(kd->act_type, I);
   const size_t gate_bytes = size_t(I) * gate.row_bytes(), up_bytes = size_t(I) * up.row_bytes();
   const size_t down_bytes = size_t(H) * down.row_bytes();
-  const bool any_gemm = uses_gemm(P);
+  const bool quant_gate = kg->act_type != DType::F32;
+  const bool quant_up = ku->act_type != DType::F32 && ku->act_type != kg->act_type;  // else shares x_gate
+  const bool quant_act = kd->act_type != DType::F32;
 
   auto sc = std::make_shared<MoeScratch>();
-  sc->plan.pair_token.resize(size_t(P));
-  sc->plan.pair_weight.resize(size_t(P));
-  if (kg->act_type != DType::F32) sc->x_gate.resize(size_t(T) * xg_bytes);
-  if (ku->act_type != DType::F32 && ku->act_type != kg->act_type) sc->x_up.resize(size_t(T) * xu_bytes);
-  if (any_gemm) sc->xs.resize(size_t(P * H));
+  sc->small = !uses_gemm(P);  // then no expert can have enough pairs for sgemm
+  sc->own.resize(sc->small ? size_t(pool_.size()) : 0);
+  auto size_prep = [&](MoePrep& pr) {
+    if (quant_gate) pr.x_gate.resize(size_t(T) * xg_bytes);
+    if (quant_up) pr.x_up.resize(size_t(T) * xu_bytes);
+    if (quant_act) pr.act_q.resize(size_t(P) * aq_bytes);
+  };
+  if (sc->small) for (MoePrep& pr : sc->own) size_prep(pr);
+  else size_prep(sc->shared);
+  if (!sc->small) sc->xs.resize(size_t(P * H));
   sc->act.resize(size_t(P * I));
-  if (kd->act_type != DType::F32) sc->act_q.resize(size_t(P) * aq_bytes);
-  const int64_t block_rows = std::max(kDotChunkRows, any_gemm ? kGemmTileRows : 0);
-  sc->per_thread_floats = size_t((any_gemm ? block_rows * std::max(H, I) : 0) + 2 * P * block_rows);
+  const int64_t tile_floats = sc->small ? 0 : kGemmTileRows * std::max(H, I);
+  const int64_t block_rows = sc->small ? kDotChunkRows : std::max(kDotChunkRows, kGemmTileRows);
+  sc->per_thread_floats = size_t(tile_floats + 2 * P * block_rows);
   sc->per_thread.resize(sc->per_thread_floats * size_t(pool_.size()));
 
-  // Activation row of token t for a dot kernel: the quantized copy, or x itself (f32 kernels).
-  auto x_act = [=](const quant::DotKernel* kern, const std::vector<char>& q, size_t bytes, int64_t t) {
-    return kern->act_type == DType::F32 ? static_cast<const void*>(host_ptr<float>(x) + t * H)
-                                        : static_cast<const void*>(q.data() + size_t(t) * bytes);
+  // Plans and quantizes x tokens [t0, t1) into pr.
+  auto prepare = [=](MoePrep& pr, bool plan, int64_t t0, int64_t t1) {
+    if (plan) build_plan(pr.plan, host_ptr<int32_t>(ids), host_ptr<float>(weights), P, k, E);
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xr = host_ptr<float>(x) + t * H;
+      if (quant_gate) quant::quantize_row(kg->act_type, xr, pr.x_gate.data() + size_t(t) * xg_bytes, H);
+      if (quant_up) quant::quantize_row(ku->act_type, xr, pr.x_up.data() + size_t(t) * xu_bytes, H);
+    }
+  };
+  // Quantizes act rows of the dot-path pairs in [p0, p1) into pr.
+  auto quantize_act = [=](MoePrep& pr, int64_t p0, int64_t p1) {
+    for (int64_t i = p0; i < p1; ++i)
+      quant::quantize_row(kd->act_type, sc->act.data() + i * I, pr.act_q.data() + size_t(i) * aq_bytes, I);
   };
 
-  cs.record("moe_plan", [=](int ith, int nth) {
-    if (ith == 0) build_plan(sc->plan, host_ptr<int32_t>(ids), host_ptr<float>(weights), P, k, E);
-    int64_t b, e;
-    split_range(T, ith, nth, &b, &e);
-    for (int64_t t = b; t < e; ++t) {
-      const float* xr = host_ptr<float>(x) + t * H;
-      if (!sc->x_gate.empty()) quant::quantize_row(kg->act_type, xr, sc->x_gate.data() + size_t(t) * xg_bytes, H);
-      if (!sc->x_up.empty()) quant::quantize_row(ku->act_type, xr, sc->x_up.data() + size_t(t) * xu_bytes, H);
-    }
-  });
-
-  if (any_gemm) {
+  if (!sc->small) {
+    cs.record("moe_plan", [=](int ith, int nth) {
+      int64_t b, e;
+      split_range(T, ith, nth, &b, &e);
+      prepare(sc->shared, ith == 0, b, e);
+    });
     cs.record("moe_gather", [=](int ith, int nth) {
-      const MoePlan& p = sc->plan;
+      const MoePlan& p = sc->shared.plan;
       for (int32_t e : p.active) {
-        const int64_t p0 = p.start[size_t(e)], n = p.start[size_t(e) + 1] - p0;
-        if (!uses_gemm(n)) continue;
+        if (!uses_gemm(p.count(e))) continue;
         int64_t b, end;
-        split_range(n, ith, nth, &b, &end);
-        for (int64_t i = p0 + b; i < p0 + end; ++i)
+        split_range(p.count(e), ith, nth, &b, &end);
+        for (int64_t i = p.first(e) + b; i < p.first(e) + end; ++i)
           std::memcpy(sc->xs.data() + i * H, host_ptr<float>(x) + p.pair_token[size_t(i)] * H, size_t(H) * 4);
       }
     });
   }
 
   cs.record("moe_gate_up", [=](int ith, int nth) {
-    const MoePlan& p = sc->plan;
+    MoePrep& pr = sc->prep(ith);
+    if (sc->small) prepare(pr, true, 0, T);
+    const MoePlan& p = pr.plan;
     int64_t r0, r1;
     split_range(I, ith, nth, &r0, &r1);
     if (r0 >= r1) return;
     float* tile = sc->thread_block(ith);
-    float* g = tile + (any_gemm ? block_rows * std::max(H, I) : 0);
+    float* g = tile + tile_floats;
     float* u = g + P * block_rows;
-    const std::vector<char>& xu_q = sc->x_up.empty() ? sc->x_gate : sc->x_up;
+    const size_t grb = gate.row_bytes(), urb = up.row_bytes();
     for (int32_t e : p.active) {
-      const int64_t p0 = p.start[size_t(e)], n = p.start[size_t(e) + 1] - p0;
+      const int64_t p0 = p.first(e), n = p.count(e);
       const char* ge = host_ptr<char>(gate) + size_t(e) * gate_bytes;
       const char* ue = host_ptr<char>(up) + size_t(e) * up_bytes;
       if (uses_gemm(n)) {
@@ -221,39 +246,44 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
         const int64_t rows = std::min(kDotChunkRows, r1 - c0);
         for (int64_t i = p0; i < p0 + n; ++i) {
           const int64_t t = p.pair_token[size_t(i)];
-          kg->dot_rows(H, ge + c0 * gate.row_bytes(), gate.row_bytes(), rows, x_act(kg, sc->x_gate, xg_bytes, t), g);
-          ku->dot_rows(H, ue + c0 * up.row_bytes(), up.row_bytes(), rows, x_act(ku, xu_q, xu_bytes, t), u);
+          const float* xr = host_ptr<float>(x) + t * H;
+          const void* ag = quant_gate ? static_cast<const void*>(pr.x_gate.data() + size_t(t) * xg_bytes) : xr;
+          const void* au = quant_up ? static_cast<const void*>(pr.x_up.data() + size_t(t) * xu_bytes)
+                         : ku->act_type == DType::F32 ? static_cast<const void*>(xr) : ag;
+          kg->dot_rows(H, ge + c0 * grb, grb, rows, ag, g);
+          ku->dot_rows(H, ue + c0 * urb, urb, rows, au, u);
           cpu::silu_mul(g, u, sc->act.data() + i * I + c0, rows);
         }
       }
     }
   });
 
-  if (kd->act_type != DType::F32) {
+  if (quant_act && !sc->small) {
     cs.record("moe_quantize_act", [=](int ith, int nth) {
-      const MoePlan& p = sc->plan;
+      const MoePlan& p = sc->shared.plan;
       for (int32_t e : p.active) {
-        const int64_t p0 = p.start[size_t(e)], n = p.start[size_t(e) + 1] - p0;
-        if (uses_gemm(n)) continue;  // sgemm experts read act as f32
+        if (uses_gemm(p.count(e))) continue;  // sgemm experts read act as f32
         int64_t b, end;
-        split_range(n, ith, nth, &b, &end);
-        for (int64_t i = p0 + b; i < p0 + end; ++i)
-          quant::quantize_row(kd->act_type, sc->act.data() + i * I, sc->act_q.data() + size_t(i) * aq_bytes, I);
+        split_range(p.count(e), ith, nth, &b, &end);
+        quantize_act(sc->shared, p.first(e) + b, p.first(e) + end);
       }
     });
   }
 
   cs.record("moe_down", [=](int ith, int nth) {
-    const MoePlan& p = sc->plan;
+    MoePrep& pr = sc->prep(ith);
+    const MoePlan& p = pr.plan;
     int64_t r0, r1;
     split_range(H, ith, nth, &r0, &r1);
     if (r0 >= r1) return;
+    if (quant_act && sc->small) quantize_act(pr, 0, p.start.back());
     float* o = host_ptr<float>(out);
     for (int64_t t = 0; t < T; ++t) std::memset(o + t * H + r0, 0, size_t(r1 - r0) * 4);
     float* tile = sc->thread_block(ith);
-    float* y = tile + (any_gemm ? block_rows * std::max(H, I) : 0);
+    float* y = tile + tile_floats;
+    const size_t drb = down.row_bytes();
     for (int32_t e : p.active) {
-      const int64_t p0 = p.start[size_t(e)], n = p.start[size_t(e) + 1] - p0;
+      const int64_t p0 = p.first(e), n = p.count(e);
       const char* de = host_ptr<char>(down) + size_t(e) * down_bytes;
       const bool gemm = uses_gemm(n);
       const int64_t step = gemm ? kGemmTileRows : kDotChunkRows;
@@ -263,10 +293,9 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
         for (int64_t i = 0; i < n; ++i) {
           float* yi = y + i * rows;
           if (!gemm) {
-            const void* a = kd->act_type == DType::F32
-                                ? static_cast<const void*>(sc->act.data() + (p0 + i) * I)
-                                : static_cast<const void*>(sc->act_q.data() + size_t(p0 + i) * aq_bytes);
-            kd->dot_rows(I, de + c0 * down.row_bytes(), down.row_bytes(), rows, a, yi);
+            const void* a = quant_act ? static_cast<const void*>(pr.act_q.data() + size_t(p0 + i) * aq_bytes)
+                                      : static_cast<const void*>(sc->act.data() + (p0 + i) * I);
+            kd->dot_rows(I, de + c0 * drb, drb, rows, a, yi);
           }
           cpu::axpy_f32(p.pair_weight[size_t(p0 + i)], yi, o + p.pair_token[size_t(p0 + i)] * H + c0, rows);
         }
