@@ -190,3 +190,15 @@ def test_gguf_expert_width_disagreeing_with_tensors(tmp_path):
     path.write_bytes(data[:at + 4] + (48).to_bytes(4, "little") + data[at + 8:])
     with pytest.raises(ValueError, match=r"ffn_gate_exps\.weight' has shape \[8, 32, 64\] but the config needs \[8, 48, 64\]"):
         ferrum.LLM(str(path))
+
+
+def test_cli_writes_moe_config(tmp_path, capsys):
+    from ferrum.tools.make_model import main
+    out = tmp_path / "cli"
+    assert main(["--arch", "qwen3_moe", "--vocab-size", "300", "--num-experts", "6", "--num-experts-per-tok", "3",
+                 "--moe-intermediate-size", "64", "--no-norm-topk-prob", "--mlp-only-layers", "0,2",
+                 "--out", str(out)]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["architectures"], cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
+            cfg["norm_topk_prob"], cfg["mlp_only_layers"]) == (["Qwen3MoeForCausalLM"], 6, 3, 64, False, [0, 2])
+    assert ferrum.LLM(str(out)).runner.config["moe_layers"] == [1]
