@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 import ferrum
 from conftest import MODELS, SHARED
+from ferrum import _core
 from ferrum.tools.make_model import make_model
 
 TOK = f"{MODELS}/tokenizers/smollm2-135m-instruct"
@@ -201,4 +202,4 @@ def test_cli_writes_moe_config(tmp_path, capsys):
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["architectures"], cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
             cfg["norm_topk_prob"], cfg["mlp_only_layers"]) == (["Qwen3MoeForCausalLM"], 6, 3, 64, False, [0, 2])
-    assert ferrum.LLM(str(out)).runner.config["moe_layers"] == [1]
+    assert _core.ModelRunner(str(out)).config["moe_layers"] == [1]  # no tokenizer: the runner alone
