@@ -11,7 +11,7 @@ MODELS = os.path.join(SHARED, "models")
 
 
 def backend_names():
-    return ["cpu"]
+    return ["cpu", "opencl"]
 
 
 @pytest.fixture(scope="session", params=backend_names())
@@ -44,3 +44,13 @@ def smollm2_path():
 def smollm2(smollm2_path):
     import ferrum
     return ferrum.LLM(smollm2_path, num_threads=2)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_path):
+    """transformers' own model loaded from the same GGUF (dequantized to f32): loading it takes
+    tens of seconds on 2 cores, so the suites that compare against it share one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    d, f = os.path.split(smollm2_path)
+    return AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)

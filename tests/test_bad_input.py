@@ -47,6 +47,40 @@ def test_kv_pool_too_small_for_a_prompt():
     assert small.stats()["kv_blocks_used"] == 0
 
 
+def test_incremental_api_rejects_what_can_never_run(llm):
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.add_request([1] * 200)
+    with pytest.raises(ValueError, match="out of range"):
+        llm.add_request([1, 99999])
+    with pytest.raises(ValueError, match="empty"):
+        llm.add_request([])
+    with pytest.raises(TypeError):
+        llm.add_request([1, 2], sampling_params="greedy")
+    assert not llm.has_unfinished()
+    with pytest.raises(ValueError, match="already in use"):
+        llm.add_request([1, 2], request_id="x")
+        llm.add_request([1, 2], request_id="x")
+    llm.abort("x")
+    assert llm.step()[0].output.outputs[0].finish_reason == "abort"
+    assert llm.stats()["kv_blocks_used"] == 0
+
+
+def test_engine_commit_rejects_bad_tokens(llm):
+    eng = llm.engine.core
+    seq = eng.add_sequence([1, 2, 3])
+    out = eng.step()
+    assert list(out["seqs"]) == [seq]
+    with pytest.raises(ValueError, match="out of range"):
+        eng.commit([seq], [10**6], [False])
+    with pytest.raises(ValueError, match="one token"):
+        eng.commit([seq], [1, 2], [False])
+    eng.commit([seq], [5], [False])
+    with pytest.raises(ValueError, match="not waiting"):
+        eng.commit([seq], [5], [False])  # a second token without a step in between
+    eng.abort(seq)
+    assert llm.stats()["kv_blocks_used"] == 0
+
+
 def test_runner_exhaustion_is_memory_error():
     r = _core.ModelRunner(STORIES_FORMATS["gguf"], num_threads=1, max_model_len=512, kv_cache_tokens=32)
     a, b = r.add_sequence(), r.add_sequence()
@@ -67,7 +101,10 @@ def test_nonsense_sampling_params(kw):
 
 
 @pytest.mark.parametrize("kw", [dict(kv_dtype="f8"), dict(num_threads=0), dict(max_model_len=-1),
-                                dict(max_model_len=10**7), dict(device="tpu")])
+                                dict(max_model_len=10**7), dict(device="tpu"), dict(max_num_seqs=0),
+                                dict(max_num_batched_tokens=-4), dict(max_num_seqs=2.5),
+                                dict(kv_cache_memory_fraction=0), dict(kv_cache_memory_fraction=1.5),
+                                dict(kv_cache_tokens=64, kv_cache_memory=10**6)])
 def test_nonsense_llm_options(kw):
     with pytest.raises(ValueError):
         ferrum.LLM(STORIES_FORMATS["gguf"], **kw)

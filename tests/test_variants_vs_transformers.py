@@ -37,10 +37,11 @@ def variant(request, tmp_path_factory):
     return hf, gguf, ref, gen.tolist()
 
 
+@pytest.mark.parametrize("device", ["cpu", "opencl"])
 @pytest.mark.parametrize("layout", ["hf", "gguf"])
-def test_logits_and_greedy_match_transformers(variant, layout):
+def test_logits_and_greedy_match_transformers(variant, layout, device):
     hf, gguf, ref, greedy = variant
-    llm = ferrum.LLM(str(hf if layout == "hf" else gguf), kv_dtype="f32", num_threads=2)
+    llm = ferrum.LLM(str(hf if layout == "hf" else gguf), device=device, kv_dtype="f32", num_threads=2)
     got = llm.score(PROMPT)
     assert np.abs(got - ref).max() < 1e-3
     out = llm.generate(prompt_token_ids=[PROMPT],

@@ -29,7 +29,7 @@ std::shared_ptr<Backend> make_backend(const std::string& spec, int num_threads) 
   if (spec == "cpu") return std::make_shared<CpuBackend>(num_threads);
   if (spec == "opencl" || spec.rfind("opencl:", 0) == 0) {
 #if FERRUM_HAVE_OPENCL
-    return make_opencl_backend(spec.size() > 7 ? spec.substr(7) : "");
+    return make_opencl_backend(spec.substr(6));  // "" or ":platform[:device]"
 #else
     throw ValueError("this build of ferrum has no OpenCL backend");
 #endif

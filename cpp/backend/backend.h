@@ -64,6 +64,12 @@ class Stream {
   virtual void sync() = 0;    // wait until submitted work is done
   virtual void clear() = 0;   // drop recorded commands
   virtual size_t size() const = 0;
+
+  // Set by the recorder when every row of the step is a different sequence's next token (a
+  // batch of decodes): matmuls of up to this many rows may then take the backend's decode path
+  // (the CPU quantizes activations to 8 bits there, as for single-token decodes), so a decode
+  // computes the same whatever its batch; prompts keep the prefill numerics.
+  int64_t decode_rows = 0;
 };
 
 class Backend {

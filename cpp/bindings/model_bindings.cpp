@@ -52,21 +52,22 @@ void bind_model(py::module_& m) {
   py::class_<ModelRunner>(m, "ModelRunner")
       .def(py::init([](const std::string& path, const std::string& device, int num_threads,
                        const std::string& kv_dtype, int64_t max_model_len, int64_t kv_cache_tokens,
-                       int64_t kv_cache_bytes, bool prefix_cache) {
+                       int64_t kv_cache_bytes, double kv_cache_fraction, bool prefix_cache) {
              RunnerOptions o;
              o.device = device;
              o.num_threads = num_threads;
              o.kv_dtype = kv_dtype == "int8" ? DType::I8 : dtype_from_name(kv_dtype);
              o.max_model_len = max_model_len;
              o.kv_cache_tokens = kv_cache_tokens;
-             if (kv_cache_bytes > 0) o.kv_cache_bytes = kv_cache_bytes;
+             if (kv_cache_bytes != 0) o.kv_cache_bytes = kv_cache_bytes;
+             o.kv_cache_fraction = kv_cache_fraction;
              o.prefix_cache = prefix_cache;
              py::gil_scoped_release nogil;
              return std::make_unique<ModelRunner>(path, o);
            }),
            py::arg("path"), py::arg("device") = "cpu", py::arg("num_threads") = 0,
            py::arg("kv_dtype") = "f16", py::arg("max_model_len") = 0, py::arg("kv_cache_tokens") = 0,
-           py::arg("kv_cache_bytes") = 0, py::arg("prefix_cache") = true)
+           py::arg("kv_cache_bytes") = 0, py::arg("kv_cache_fraction") = 0.0, py::arg("prefix_cache") = true)
       .def_property_readonly("config", [](const ModelRunner& r) { return config_dict(r.config()); })
       .def_property_readonly("format", &ModelRunner::format)
       .def_property_readonly("max_model_len", &ModelRunner::max_model_len)
@@ -90,7 +91,8 @@ void bind_model(py::module_& m) {
         }
         const int64_t vocab = r.config().vocab;
         py::array_t<float> out({rows, vocab});
-        std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
+        if (!logits.empty())  // memcpy from an empty vector's null data() is UB
+          std::memcpy(out.mutable_data(), logits.data(), logits.size() * sizeof(float));
         return out;
       }, py::arg("items"),
          "items: [(seq, tokens, 'last'|'all'|'none')]. Appends the tokens and returns float32 logits "

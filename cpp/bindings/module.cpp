@@ -9,6 +9,8 @@ void bind_backend(py::module_& m);  // Backend, Tensor, Stream, ops
 void bind_quant(py::module_& m);    // reference (de)quantizers and dot kernels
 void bind_io(py::module_& m);       // GGUF / safetensors / llama2.c readers
 void bind_model(py::module_& m);    // the decoder and its KV pool
+void bind_opencl(py::module_& m);   // OpenCL device info and launch timings
+void bind_engine(py::module_& m);   // the continuous-batching scheduler
 }  // namespace ferrum::bindings
 
 PYBIND11_MODULE(_core, m) {
@@ -19,4 +21,6 @@ PYBIND11_MODULE(_core, m) {
   bind_quant(m);
   bind_io(m);
   bind_model(m);
+  bind_opencl(m);
+  bind_engine(m);
 }

@@ -60,6 +60,13 @@ int32_t BlockAllocator::lookup(uint64_t hash) {
   return b;
 }
 
+int32_t BlockAllocator::peek(uint64_t hash, bool* unreferenced) const {
+  auto it = by_hash_.find(hash);
+  if (it == by_hash_.end()) return -1;
+  *unreferenced = in_lru_[size_t(it->second)] != 0;
+  return it->second;
+}
+
 void BlockAllocator::register_hash(int32_t b, uint64_t hash) {
   if (has_hash_[size_t(b)] || by_hash_.count(hash)) return;  // first writer wins
   hash_[size_t(b)] = hash;

@@ -27,6 +27,9 @@ class BlockAllocator {
 
   // Prefix cache. lookup() takes a reference on the cached block (or returns -1).
   int32_t lookup(uint64_t hash);
+  // The cached block for `hash` without taking it (-1 when none); *unreferenced says whether it
+  // currently counts as available.
+  int32_t peek(uint64_t hash, bool* unreferenced) const;
   void register_hash(int32_t block, uint64_t hash);
   void clear_cache();  // forget every hash (cached free blocks become fresh)
 

@@ -1,8 +1,10 @@
 #include "engine/model_runner.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
@@ -32,10 +34,26 @@ bool has_gguf_magic(const std::string& p) {
 
 // Token rows are padded up to a bucket so prefills of similar length share a recorded stream.
 int64_t token_bucket(int64_t t) { return t <= 32 ? t : (t + 31) / 32 * 32; }
+
+
+// Bytes the system could hand out now (MemAvailable), for sizing the KV pool by a fraction.
+int64_t available_memory_bytes() {
+  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    long long kib = -1;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+    std::fclose(f);
+    if (kib > 0) return int64_t(kib) * 1024;
+  }
+  return int64_t(sysconf(_SC_AVPHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
+}
 }  // namespace
 
-ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt)
-    : prefix_cache_(opt.prefix_cache) {
+ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) {
+  if (!(opt.kv_cache_fraction >= 0 && opt.kv_cache_fraction <= 1))
+    throw ValueError("kv_cache_fraction must be in (0, 1]");
+  if (opt.kv_cache_tokens < 0 || opt.kv_cache_bytes < 0) throw ValueError("KV cache sizes must be positive");
   if (opt.kv_dtype != DType::F16 && opt.kv_dtype != DType::F32 && opt.kv_dtype != DType::I8)
     throw ValueError("kv_dtype must be f16, f32 or int8");
   be_ = make_backend(opt.device, opt.num_threads);
@@ -68,11 +86,13 @@ ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt)
   const int64_t row = cfg.kv_heads * cfg.head_dim;
   const double elem = opt.kv_dtype == DType::F32 ? 4.0 : opt.kv_dtype == DType::F16 ? 2.0 : 1.0 + 4.0 / double(cfg.head_dim);
   const double bytes_per_token = 2.0 * double(cfg.layers * row) * elem;
-  int64_t tokens = opt.kv_cache_tokens > 0 ? opt.kv_cache_tokens : int64_t(double(opt.kv_cache_bytes) / bytes_per_token);
+  const double bytes = opt.kv_cache_fraction > 0 ? opt.kv_cache_fraction * double(available_memory_bytes())
+                                                 : double(opt.kv_cache_bytes);
+  int64_t tokens = opt.kv_cache_tokens > 0 ? opt.kv_cache_tokens : int64_t(bytes / bytes_per_token);
   if (opt.kv_cache_tokens <= 0) tokens = std::max(tokens, std::min<int64_t>(max_model_len_, 4096));
   int64_t blocks = std::max<int64_t>(1, blocks_for(tokens));
   if (blocks > INT32_MAX / kBlockSize) throw ValueError("kv cache too large");
-  alloc_ = std::make_unique<BlockAllocator>(int32_t(blocks));
+  blocks_ = std::make_unique<BlockManager>(blocks, opt.prefix_cache);
   for (int64_t l = 0; l < cfg.layers; ++l) {
     KvLayer kv;
     Shape shape{blocks, cfg.kv_heads, kBlockSize, cfg.head_dim};
@@ -85,59 +105,7 @@ ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt)
     kv_.push_back(kv);
   }
   decoder_ = std::make_unique<Decoder>(be_, cfg, std::move(w), rope);
-  stats_.kv_blocks_total = blocks;
   stats_.block_size = kBlockSize;
-}
-
-int64_t ModelRunner::add_sequence() {
-  seqs_[next_seq_] = Sequence{};
-  return next_seq_++;
-}
-
-void ModelRunner::release_sequence(int64_t id) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) throw ValueError("unknown sequence " + std::to_string(id));
-  alloc_->release(it->second.blocks);
-  seqs_.erase(it);
-}
-
-int64_t ModelRunner::sequence_length(int64_t id) const {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) throw ValueError("unknown sequence " + std::to_string(id));
-  return int64_t(it->second.tokens.size());
-}
-
-int64_t ModelRunner::adopt_prefix(int64_t id, const std::vector<int32_t>& prompt) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) throw ValueError("unknown sequence " + std::to_string(id));
-  Sequence& s = it->second;
-  if (!s.tokens.empty()) throw ValueError("adopt_prefix needs an empty sequence");
-  stats_.prefix_queries++;
-  stats_.prefix_query_tokens += int64_t(prompt.size());
-  if (!prefix_cache_ || prompt.size() < 2) return 0;
-  // At least the last prompt token is computed, so there are logits to sample from.
-  const int64_t max_blocks = (int64_t(prompt.size()) - 1) / kBlockSize;
-  uint64_t h = 0;
-  for (int64_t b = 0; b < max_blocks; ++b) {
-    uint64_t next = chain_hash(h, prompt.data() + b * kBlockSize, kBlockSize);
-    int32_t block = alloc_->lookup(next);
-    if (block < 0) break;
-    h = next;
-    s.blocks.push_back(block);
-    s.tokens.insert(s.tokens.end(), prompt.begin() + b * kBlockSize, prompt.begin() + (b + 1) * kBlockSize);
-  }
-  s.hashed_blocks = int64_t(s.blocks.size());
-  s.last_hash = h;
-  stats_.prefix_hit_tokens += int64_t(s.tokens.size());
-  return int64_t(s.tokens.size());
-}
-
-void ModelRunner::register_full_blocks(Sequence& s) {
-  const int64_t full = int64_t(s.tokens.size()) / kBlockSize;
-  for (; s.hashed_blocks < full; ++s.hashed_blocks) {
-    s.last_hash = chain_hash(s.last_hash, s.tokens.data() + s.hashed_blocks * kBlockSize, kBlockSize);
-    alloc_->register_hash(s.blocks[size_t(s.hashed_blocks)], s.last_hash);
-  }
 }
 
 ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R) {
@@ -151,6 +119,7 @@ ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R) {
   Graph g;
   g.buffers = decoder_->alloc_step(T, S, R, max_blocks_);
   g.stream = be_->new_stream();
+  g.stream->decode_rows = T == S && R == S ? T : 0;  // one new token per sequence: decodes
   decoder_->record(*g.stream, g.buffers, kv_);
   graphs_.emplace_front(key, std::move(g));
   if (graphs_.size() > kMaxGraphs) graphs_.pop_back();
@@ -159,38 +128,31 @@ ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R) {
 
 std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t* rows_out) {
   const ModelConfig& c = config();
+  BlockManager& bm = *blocks_;
   if (items.empty()) throw ValueError("step needs at least one item");
   // Validate everything before touching any state.
   int64_t T = 0, R = 0, new_blocks = 0;
-  std::vector<Sequence*> seqs;
-  for (const StepItem& it : items) {
-    auto found = seqs_.find(it.seq);
-    if (found == seqs_.end()) throw ValueError("unknown sequence " + std::to_string(it.seq));
-    Sequence* s = &found->second;
-    if (std::find(seqs.begin(), seqs.end(), s) != seqs.end())
-      throw ValueError("sequence " + std::to_string(it.seq) + " appears twice in one step");
+  for (size_t i = 0; i < items.size(); ++i) {
+    const StepItem& it = items[i];
+    const int64_t start = bm.length(it.seq);  // throws for an unknown sequence
+    for (size_t j = 0; j < i; ++j)
+      if (items[j].seq == it.seq) throw ValueError("sequence " + std::to_string(it.seq) + " appears twice in one step");
     if (it.tokens.empty()) throw ValueError("a step item needs at least one token");
     for (int32_t t : it.tokens)
       if (t < 0 || t >= c.vocab)
         throw ValueError("token id " + std::to_string(t) + " is out of range [0, " + std::to_string(c.vocab) + ")");
-    int64_t len = int64_t(s->tokens.size()) + int64_t(it.tokens.size());
+    const int64_t len = start + int64_t(it.tokens.size());
     if (len > max_model_len_)
       throw ValueError("sequence would hold " + std::to_string(len) + " tokens, more than max_model_len " +
                        std::to_string(max_model_len_));
-    new_blocks += blocks_for(len) - int64_t(s->blocks.size());
+    new_blocks += bm.blocks_needed(it.seq, int64_t(it.tokens.size()));
     T += int64_t(it.tokens.size());
     R += it.logits == StepItem::Logits::All ? int64_t(it.tokens.size()) : it.logits == StepItem::Logits::Last ? 1 : 0;
-    seqs.push_back(s);
   }
-  if (new_blocks > alloc_->num_available())
+  if (new_blocks > bm.num_free())
     throw ResourceError("KV cache exhausted: this step needs " + std::to_string(new_blocks) + " more blocks, " +
-                        std::to_string(alloc_->num_available()) + " of " + std::to_string(alloc_->num_blocks()) +
-                        " are free");
-  for (size_t i = 0; i < items.size(); ++i) {
-    Sequence& s = *seqs[i];
-    int64_t need = blocks_for(int64_t(s.tokens.size() + items[i].tokens.size())) - int64_t(s.blocks.size());
-    alloc_->allocate(int32_t(need), &s.blocks);
-  }
+                        std::to_string(bm.num_free()) + " of " + std::to_string(bm.num_blocks()) + " are free");
+  for (const StepItem& it : items) bm.grow(it.seq, int64_t(it.tokens.size()));
 
   const int64_t Tb = token_bucket(T), S = int64_t(items.size()), Rb = std::max<int64_t>(R, 1);
   h_ids_.assign(size_t(Tb), 0);
@@ -201,16 +163,16 @@ std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t
   h_rows_.assign(size_t(Rb), 0);
   int64_t t = 0, r = 0;
   for (size_t i = 0; i < items.size(); ++i) {
-    const Sequence& s = *seqs[i];
-    std::copy(s.blocks.begin(), s.blocks.end(), h_tables_.begin() + int64_t(i) * max_blocks_);
-    const int64_t start = int64_t(s.tokens.size());
+    const std::vector<int32_t>& blocks = bm.blocks(items[i].seq);
+    std::copy(blocks.begin(), blocks.end(), h_tables_.begin() + int64_t(i) * max_blocks_);
+    const int64_t start = bm.length(items[i].seq);
     const auto& toks = items[i].tokens;
     for (size_t j = 0; j < toks.size(); ++j, ++t) {
       int64_t pos = start + int64_t(j);
       h_ids_[size_t(t)] = toks[j];
       h_seq_[size_t(t)] = int32_t(i);
       h_pos_[size_t(t)] = int32_t(pos);
-      h_slot_[size_t(t)] = s.blocks[size_t(pos / kBlockSize)] * int32_t(kBlockSize) + int32_t(pos % kBlockSize);
+      h_slot_[size_t(t)] = blocks[size_t(pos / kBlockSize)] * int32_t(kBlockSize) + int32_t(pos % kBlockSize);
       if (items[i].logits == StepItem::Logits::All ||
           (items[i].logits == StepItem::Logits::Last && j + 1 == toks.size()))
         h_rows_[size_t(r++)] = int32_t(t);
@@ -230,11 +192,7 @@ std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t
   std::vector<float> logits(size_t(R * c.vocab));
   if (R > 0) be_->download(b.logits, logits.data(), logits.size() * 4);
 
-  for (size_t i = 0; i < items.size(); ++i) {
-    Sequence& s = *seqs[i];
-    s.tokens.insert(s.tokens.end(), items[i].tokens.begin(), items[i].tokens.end());
-    if (prefix_cache_) register_full_blocks(s);
-  }
+  for (const StepItem& it : items) bm.append(it.seq, it.tokens.data(), int64_t(it.tokens.size()));
   stats_.steps++;
   *rows_out = R;
   return logits;
@@ -242,9 +200,13 @@ std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t
 
 RunnerStats ModelRunner::stats() const {
   RunnerStats s = stats_;
-  s.kv_blocks_used = alloc_->num_used();
-  s.kv_blocks_cached = alloc_->num_cached();
-  s.sequences = int64_t(seqs_.size());
+  s.kv_blocks_total = blocks_->num_blocks();
+  s.kv_blocks_used = blocks_->num_used();
+  s.kv_blocks_cached = blocks_->num_cached();
+  s.sequences = blocks_->num_sequences();
+  s.prefix_queries = blocks_->prefix_stats().queries;
+  s.prefix_hit_tokens = blocks_->prefix_stats().hit_tokens;
+  s.prefix_query_tokens = blocks_->prefix_stats().query_tokens;
   return s;
 }
 

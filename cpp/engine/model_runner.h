@@ -4,13 +4,11 @@
 // and replays a recorded stream whenever the step's shape was seen before.
 #pragma once
 #include <list>
-#include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
-#include "engine/block_allocator.h"
+#include "engine/block_manager.h"
 #include "model/decoder.h"
 
 namespace ferrum {
@@ -22,6 +20,7 @@ struct RunnerOptions {
   int64_t max_model_len = 0;     // 0: the model's max_position_embeddings
   int64_t kv_cache_tokens = 0;   // 0: sized from kv_cache_bytes
   int64_t kv_cache_bytes = int64_t(1) << 30;
+  double kv_cache_fraction = 0;  // > 0: this fraction of the memory available now (wins over bytes)
   bool prefix_cache = true;
 };
 
@@ -46,14 +45,13 @@ class ModelRunner {
   int64_t block_size() const { return kBlockSize; }
   Backend& backend() { return *be_; }
 
-  int64_t add_sequence();
-  void release_sequence(int64_t seq);
-  int64_t sequence_length(int64_t seq) const;
-  // Adopts the longest cached prefix of `prompt` (whole blocks, always leaving at least one
-  // token to compute); returns how many tokens the sequence now holds. Empty sequences only.
-  int64_t adopt_prefix(int64_t seq, const std::vector<int32_t>& prompt);
-  // Blocks a sequence of this many tokens needs; whether the pool could ever hold it.
-  int64_t blocks_for(int64_t tokens) const { return (tokens + kBlockSize - 1) / kBlockSize; }
+  BlockManager& blocks() { return *blocks_; }
+  const BlockManager& blocks() const { return *blocks_; }
+  int64_t add_sequence() { return blocks_->add_sequence(); }
+  void release_sequence(int64_t seq) { blocks_->release_sequence(seq); }
+  int64_t sequence_length(int64_t seq) const { return blocks_->length(seq); }
+  int64_t adopt_prefix(int64_t seq, const std::vector<int32_t>& prompt) { return blocks_->adopt_prefix(seq, prompt); }
+  int64_t blocks_for(int64_t tokens) const { return BlockManager::blocks_for(tokens); }
 
   // One forward; returns logits [rows, vocab] for the rows asked for, in item order.
   std::vector<float> step(const std::vector<StepItem>& items, int64_t* rows);
@@ -61,31 +59,22 @@ class ModelRunner {
   // Drops recorded streams (e.g. to compare replay with eager execution).
   void set_replay(bool on) { replay_ = on; graphs_.clear(); }
 
-  static constexpr int64_t kBlockSize = 16;
+  static constexpr int64_t kBlockSize = BlockManager::kBlockSize;
 
  private:
-  struct Sequence {
-    std::vector<int32_t> blocks;
-    std::vector<int32_t> tokens;  // every token whose K/V is in the cache
-    int64_t hashed_blocks = 0;    // leading full blocks registered in the prefix cache
-    uint64_t last_hash = 0;
-  };
   struct Graph {
     StepBuffers buffers;
     std::unique_ptr<Stream> stream;
   };
   Graph& graph_for(int64_t tokens, int64_t seqs, int64_t rows);
-  void register_full_blocks(Sequence& s);
 
   std::shared_ptr<Backend> be_;
   std::unique_ptr<Decoder> decoder_;
   std::string format_;
   int64_t max_model_len_ = 0, max_blocks_ = 0;
   std::vector<KvLayer> kv_;
-  std::unique_ptr<BlockAllocator> alloc_;
-  bool prefix_cache_ = true, replay_ = true;
-  std::map<int64_t, Sequence> seqs_;
-  int64_t next_seq_ = 1;
+  std::unique_ptr<BlockManager> blocks_;
+  bool replay_ = true;
   std::list<std::pair<std::string, Graph>> graphs_;  // most recently used first
   RunnerStats stats_{};
   std::vector<int32_t> h_ids_, h_seq_, h_pos_, h_slot_, h_tables_, h_rows_;  // host staging

@@ -3,7 +3,9 @@
 // sum, and vpdpwssd to apply the k-quant sub-block scales.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "quant/formats.h"
 #include "quant/kernels.h"
@@ -124,6 +126,91 @@ FERRUM_AVX512 float dot_legacy(int64_t n, const void* w, const void* act) {
       _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc_min0, acc_min1)));
 }
 
+// ---- legacy formats, many activation rows at once (a batch of decodes) ----
+//
+// The same arithmetic as dot_legacy, in the same order (two accumulator chains over block
+// pairs, the min term in its own pair of chains), so every result is bit-identical to the row
+// kernel's whatever the batch size: a sequence's logits do not depend on its batch. What is
+// shared: the activation side (quants two blocks per 64 bytes, scales, block sums) is prepared
+// once per call, and each weight row is unpacked once for all activation rows.
+
+struct PreparedActs {
+  std::vector<__m512i> quants;  // [T][pairs]: blocks 2p, 2p + 1 (zero past the end)
+  std::vector<__m512> scales;   // [T][pairs]: da of the two blocks, each over 8 lanes
+  std::vector<__m512i> sums;    // [T][pairs]: per-lane sums of the quants (the zero-point term)
+};
+
+FERRUM_AVX512 void prepare_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T,
+                                PreparedActs& p) {
+  const int64_t np = (nb + 1) / 2;
+  p.quants.resize(size_t(T * np));
+  p.scales.resize(size_t(T * np));
+  p.sums.resize(size_t(T * np));
+  for (int64_t t = 0; t < T; ++t) {
+    const BlockQ8_0* y = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
+    for (int64_t i = 0; i < np; ++i) {
+      const bool both = 2 * i + 1 < nb;
+      const size_t k = size_t(t * np + i);
+      p.quants[k] = pair(load_act(y[2 * i]), both ? load_act(y[2 * i + 1]) : _mm256_setzero_si256());
+      p.scales[k] = pair(h2f(y[2 * i].d), both ? h2f(y[2 * i + 1].d) : 0.0f);
+      p.sums[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), p.quants[k]);
+    }
+  }
+}
+
+template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+FERRUM_AVX512 void dot_batch_legacy(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
+                                    const void* act, size_t act_row_bytes, int64_t T, float* out,
+                                    int64_t ldo) {
+  constexpr int kGroup = 4;  // activation rows whose accumulators live in registers together
+  const int64_t nb = n / kQK, np = (nb + 1) / 2;
+  const int64_t two_chain_pairs = nb / 4 * 2;  // dot_legacy's 4-block loop alternates chains
+  thread_local PreparedActs p;
+  thread_local std::vector<__m512i> wq;
+  thread_local std::vector<__m512> wd, wm;
+  prepare_acts(nb, act, act_row_bytes, T, p);
+  wq.resize(size_t(np));
+  wd.resize(size_t(np));
+  wm.resize(size_t(np));
+  for (int64_t r = 0; r < rows; ++r) {
+    // The weight row, unpacked once for every activation row.
+    const Block* x = reinterpret_cast<const Block*>(static_cast<const char*>(w) + r * w_row_bytes);
+    for (int64_t i = 0; i < np; ++i) {
+      const bool both = 2 * i + 1 < nb;
+      wq[size_t(i)] = pair(unsigned_quants<Block, kBits>(x[2 * i]),
+                           both ? unsigned_quants<Block, kBits>(x[2 * i + 1]) : _mm256_setzero_si256());
+      wd[size_t(i)] = pair(h2f(x[2 * i].d), both ? h2f(x[2 * i + 1].d) : 0.0f);
+      if constexpr (kHasMin) wm[size_t(i)] = pair(h2f(x[2 * i].m), both ? h2f(x[2 * i + 1].m) : 0.0f);
+    }
+    for (int64_t t0 = 0; t0 < T; t0 += kGroup) {
+      const int64_t g = std::min<int64_t>(kGroup, T - t0);
+      __m512 acc[kGroup][2], acc_min[kGroup][2];
+      for (int j = 0; j < kGroup; ++j)
+        for (int c = 0; c < 2; ++c) acc[j][c] = acc_min[j][c] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < np; ++i) {
+        const int c = i < two_chain_pairs ? int(i % 2) : 0;
+        const __m512i q = wq[size_t(i)];
+        for (int64_t j = 0; j < g; ++j) {
+          const size_t k = size_t((t0 + j) * np + i);
+          const __m512i sum_qa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, p.quants[k]);
+          const __m512 scale = _mm512_mul_ps(wd[size_t(i)], p.scales[k]);  // = d_w * d_a per lane
+          if constexpr (kHasMin) {
+            acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), scale, acc[j][c]);
+            acc_min[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p.sums[k]),
+                                            _mm512_mul_ps(wm[size_t(i)], p.scales[k]), acc_min[j][c]);
+          } else {
+            const __m512i centred = _mm512_sub_epi32(sum_qa, _mm512_slli_epi32(p.sums[k], kOffsetShift));
+            acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), scale, acc[j][c]);
+          }
+        }
+      }
+      for (int64_t j = 0; j < g; ++j)
+        out[(t0 + j) * ldo + r] = _mm512_reduce_add_ps(_mm512_add_ps(
+            _mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc_min[j][0], acc_min[j][1])));
+    }
+  }
+}
+
 // ---- k-quants against Q8_K ----
 
 // The 8 six-bit scales (low 64 bits) and mins (high 64 bits) of a Q4_K / Q5_K super-block, one
@@ -241,6 +328,17 @@ FERRUM_AVX512 float dot_q6_k(int64_t n, const void* w, const void* act) {
 }
 
 }  // namespace
+
+DotBatchFn avx512_dot_batch(DType t) {
+  switch (t) {
+    case DType::Q4_0: return dot_batch_legacy<BlockQ4_0, 4, 3, false>;
+    case DType::Q4_1: return dot_batch_legacy<BlockQ4_1, 4, 0, true>;
+    case DType::Q5_0: return dot_batch_legacy<BlockQ5_0, 5, 4, false>;
+    case DType::Q5_1: return dot_batch_legacy<BlockQ5_1, 5, 0, true>;
+    case DType::Q8_0: return dot_batch_legacy<BlockQ8_0, 8, 7, false>;
+    default: return nullptr;
+  }
+}
 
 DotRowsFn avx512_dot_rows(DType t) {
   switch (t) {

@@ -39,4 +39,12 @@ const DotKernel* dot_kernel_for_isa(DType weight_type, const char* isa);
 // ISAs with a kernel for t on this CPU, fastest first (empty when t has no dot kernel).
 std::vector<const char*> dot_kernel_isas(DType weight_type);
 
+// Many activation rows (a batch of decodes) against `rows` weight rows, each weight block
+// unpacked once for all of them: out[t * ldo + r] = dot(w row r, act row t) for t < T, with act
+// rows quantized to dot_kernel(t).act_type at stride act_row_bytes. A result does not depend on
+// T. nullptr when this CPU / weight type has none (then call dot_rows once per activation row).
+using DotBatchFn = void (*)(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
+                            const void* act, size_t act_row_bytes, int64_t T, float* out, int64_t ldo);
+DotBatchFn dot_batch_kernel(DType weight_type);
+
 }  // namespace ferrum::quant

@@ -1,7 +1,8 @@
 """ferrum: a C++ LLM inference engine for Python."""
 from .llm import LLM
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionDelta, CompletionOutput, RequestDelta, RequestOutput
 from .sampling import SamplingParams
+from . import eval  # ferrum.eval: perplexity, loglikelihood, exact_match
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestDelta", "CompletionDelta"]

@@ -29,14 +29,44 @@ def run_bench(args) -> dict:
             tok = int(runner.step([(seq, [tok], "last")])[0].argmax())
         tg = min(tg, time.perf_counter() - t0)
         runner.release_sequence(seq)
+    tokenize = _tokenizer_times(path, runner.format)
     result = {"engine": "ferrum", "model": str(path), "device": args.device, "threads": args.threads,
               "n_prompt": args.n_prompt, "n_gen": args.n_gen,
               "pp_tok_s": round(args.n_prompt / pp, 2), "tg_tok_s": round(args.n_gen / tg, 2),
-              "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+              "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+              **tokenize}
+    # Tokenizing must never dominate: its cost per token as a share of the model's.
+    result["encode_vs_pp"] = round(tokenize["encode_us_per_tok"] * 1e-6 * args.n_prompt / pp, 4)
+    result["decode_vs_tg"] = round(tokenize["decode_us_per_tok"] * 1e-6 * args.n_gen / tg, 4)
     if args.json:
         print(json.dumps(result))
     else:
         print(f"model: {path.name}  device: {args.device}  threads: {args.threads}")
         print(f"pp{args.n_prompt}: {result['pp_tok_s']:.2f} tok/s   tg{args.n_gen}: {result['tg_tok_s']:.2f} tok/s   "
               f"peak RSS: {result['peak_rss_mib']} MiB")
+        print(f"tokenizer: encode {result['encode_us_per_tok']:.2f} us/tok ({100 * result['encode_vs_pp']:.2f}% of pp), "
+              f"streaming decode {result['decode_us_per_tok']:.2f} us/tok ({100 * result['decode_vs_tg']:.2f}% of tg)")
     return result
+
+
+# English prose for the tokenizer timing (repeated to a few thousand tokens).
+_TEXT = ("The quick brown fox jumps over the lazy dog while the committee, after much deliberation, "
+         "decided that 42 apples and 3.5 litres of cider were enough for everyone's picnic. ")
+
+
+def _tokenizer_times(path, fmt: str) -> dict:
+    """Encode and streaming-decode cost per token with the model's own tokenizer."""
+    from .llm import _load_tokenizer
+    from .tokenizer import IncrementalDecoder
+    tok = _load_tokenizer(path, fmt, None)
+    text = _TEXT * 40
+    t0 = time.perf_counter()
+    ids = tok.encode(text)
+    encode = (time.perf_counter() - t0) / len(ids)
+    dec = IncrementalDecoder(tok)
+    t0 = time.perf_counter()
+    for t in ids:  # one token at a time, as a stream delivers them
+        dec.push(t)
+    dec.flush()
+    decode = (time.perf_counter() - t0) / len(ids)
+    return {"encode_us_per_tok": round(encode * 1e6, 3), "decode_us_per_tok": round(decode * 1e6, 3)}

@@ -95,20 +95,26 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ferrum", description="ferrum: LLM inference from Python and the shell")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    g = sub.add_parser("generate", help="continue a prompt and print the text as it is generated")
+    g = sub.add_parser("generate", help="continue a prompt and print the text as it is generated",
+                       description="Continue PROMPT and print the text as it is generated (greedy by default).")
     g.add_argument("prompt", help="the text to continue")
     _add_model_args(g)
     _add_sampling_args(g, temperature=0.0)
     g.set_defaults(fn=cmd_generate)
 
-    c = sub.add_parser("chat", help="chat through the model's chat template (interactive, keeps history)")
+    c = sub.add_parser("chat", help="chat through the model's chat template (interactive, keeps history)",
+                       description="Chat through the model's chat template. Interactive by default: the "
+                                   "conversation history is kept, /clear starts over, Ctrl-D quits. With "
+                                   "MESSAGE, answer it once and exit.")
     c.add_argument("message", nargs="?", default=None, help="answer this one message and exit")
     c.add_argument("--system", default=None, help="system prompt")
     _add_model_args(c)
     _add_sampling_args(c, temperature=0.7)
     c.set_defaults(fn=cmd_chat)
 
-    b = sub.add_parser("bench", help="llama-bench-style pp / tg tokens/s and peak RSS")
+    b = sub.add_parser("bench", help="llama-bench-style pp / tg tokens/s and peak RSS",
+                       description="Prompt processing (pp) and generation (tg) tokens/s, peak RSS and "
+                                   "the tokenizer's cost per token, best of R runs.")
     b.add_argument("model_path", nargs="?", default=None, help="model (default: the default model)")
     b.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens (default: 128)")
     b.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (default: 128)")

@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _core
 from .engine import Engine
 from .models import resolve_model
-from .outputs import RequestOutput
+from .outputs import RequestDelta, RequestOutput
 from .sampling import SamplingParams
+from .scoring import TokenLogprobs, forward_many, token_logprobs
 from .tokenizer import Tokenizer
 
 PromptType = Union[str, Sequence[str], None]
@@ -24,29 +25,51 @@ class LLM:
       (``org/name`` or ``org/name/file.gguf``), or None for the default SmolLM2-135M-Instruct.
     device: "cpu" or "opencl[:platform[:device]]".
     kv_dtype: "f16" (default), "f32" or "int8" for the paged KV cache.
-    kv_cache_tokens / kv_cache_memory: size the KV pool by tokens or bytes (default 1 GiB).
+    kv_cache_tokens / kv_cache_memory / kv_cache_memory_fraction: size the KV pool by tokens,
+      bytes, or a fraction of the memory available when it is created (default 1 GiB).
+    enable_prefix_caching: reuse the KV blocks of earlier prompts' full 16-token blocks.
+    max_num_seqs / max_num_batched_tokens: at most this many sequences run at once and this
+      many tokens (decodes plus prompt chunks) go into one forward.
+
+    ``generate`` runs a list of prompts concurrently; ``stream`` yields one completion's text;
+    ``add_request`` / ``step`` / ``abort`` / ``has_unfinished`` serve requests that arrive at
+    any time (a server loop calls ``step()`` and forwards each request's delta).
     """
 
     def __init__(self, model: Union[str, os.PathLike, None] = None, device: str = "cpu",
                  kv_dtype: str = "f16", num_threads: Optional[int] = None,
                  max_model_len: Optional[int] = None, *, tokenizer: Union[str, os.PathLike, None] = None,
                  kv_cache_tokens: Optional[int] = None, kv_cache_memory: Optional[int] = None,
+                 kv_cache_memory_fraction: Optional[float] = None,
                  enable_prefix_caching: bool = True, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 512):
         if kv_dtype not in ("f16", "f32", "int8"):
             raise ValueError(f"kv_dtype must be 'f16', 'f32' or 'int8', got {kv_dtype!r}")
         for name, v in (("num_threads", num_threads), ("max_model_len", max_model_len),
-                        ("kv_cache_tokens", kv_cache_tokens), ("kv_cache_memory", kv_cache_memory)):
-            if v is not None and (not isinstance(v, int) or v < 1):
+                        ("kv_cache_tokens", kv_cache_tokens), ("kv_cache_memory", kv_cache_memory),
+                        ("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        fraction = kv_cache_memory_fraction
+        if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+                                     or not 0 < fraction <= 1):
+            raise ValueError(f"kv_cache_memory_fraction must be in (0, 1], got {fraction!r}")
+        if sum(v is not None for v in (kv_cache_tokens, kv_cache_memory, fraction)) > 1:
+            raise ValueError("size the KV cache with one of kv_cache_tokens, kv_cache_memory, "
+                             "kv_cache_memory_fraction")
         path = resolve_model(model)
         self.model_path = path
         self.runner = _core.ModelRunner(
             str(path), device=device, num_threads=num_threads or 0, kv_dtype=kv_dtype,
             max_model_len=max_model_len or 0, kv_cache_tokens=kv_cache_tokens or 0,
-            kv_cache_bytes=kv_cache_memory or 0, prefix_cache=enable_prefix_caching)
+            kv_cache_bytes=kv_cache_memory or 0, kv_cache_fraction=float(fraction or 0),
+            prefix_cache=enable_prefix_caching)
         self.tokenizer = _load_tokenizer(path, self.runner.format, tokenizer)
         self.engine = Engine(self.runner, self.tokenizer, max_num_seqs, max_num_batched_tokens)
+        # Deltas of requests that generate() / stream() drive, until they pick them up; and of
+        # requests added with add_request(), until step() hands them out.
+        self._mailboxes: Dict[str, List[RequestDelta]] = {}
+        self._unclaimed: List[RequestDelta] = []
 
     @property
     def config(self) -> dict:
@@ -61,30 +84,29 @@ class LLM:
         reqs = self._prepare(prompts, prompt_token_ids)
         params = self._params_list(sampling_params, len(reqs))
         ids = []
+        bar = _progress(len(reqs)) if use_tqdm else None
         try:
             for (text, toks), p in zip(reqs, params):
                 ids.append(self.engine.add_request(toks, p, prompt=text))
-        except BaseException:
-            for rid in ids:
-                self.engine.abort(rid)
-            raise
-        done = {}
-        bar = _progress(len(ids)) if use_tqdm else None
-        try:
-            while self.engine.has_unfinished():
-                for out in self.engine.step():
-                    if out.finished:
-                        done[out.request_id] = out
-                        if bar:
-                            bar.update(1)
-        except BaseException:
-            for rid in ids:
-                self.engine.abort(rid)
-            raise
+                self._mailboxes[ids[-1]] = []
+            done: Dict[str, RequestOutput] = {}
+            while True:
+                for rid in ids:
+                    for d in self._mailboxes[rid]:
+                        if d.finished:
+                            done[rid] = d.output
+                            if bar:
+                                bar.update(1)
+                    self._mailboxes[rid].clear()
+                if len(done) == len(ids):
+                    return [done[r] for r in ids]
+                self._advance()
         finally:
+            for rid in ids:
+                self._mailboxes.pop(rid, None)
+                self.engine.abort(rid)  # no-op for finished ones; frees the rest on errors
             if bar:
                 bar.close()
-        return [done[r] for r in ids]
 
     def stream(self, prompt: Union[str, Sequence[int]],
                sampling_params: Optional[SamplingParams] = None) -> Iterator[str]:
@@ -92,19 +114,58 @@ class LLM:
         characters; text that might begin a stop string is held until it is decided)."""
         (text, toks), = self._prepare([prompt] if isinstance(prompt, str) else None,
                                       None if isinstance(prompt, str) else [prompt])
-        params = sampling_params or SamplingParams()
-        rid = self.engine.add_request(toks, params, prompt=text)
+        rid = self.engine.add_request(toks, sampling_params or SamplingParams(), prompt=text)
+        box = self._mailboxes[rid] = []
         try:
-            while self.engine.has_unfinished():
-                for out in self.engine.step():
-                    if out.request_id == rid:
-                        delta = out.delta.get(0, "")
-                        if delta:
-                            yield delta
-                        if out.finished:
-                            return
+            while True:
+                while box:
+                    d = box.pop(0)
+                    if d.text(0):
+                        yield d.text(0)
+                    if d.finished:
+                        return
+                self._advance()
         finally:
+            self._mailboxes.pop(rid, None)
             self.engine.abort(rid)
+
+    # ---- incremental serving API ----
+    def add_request(self, prompt: Union[str, Sequence[int]], sampling_params: Optional[SamplingParams] = None,
+                    request_id: Optional[str] = None) -> str:
+        """Queues a request (text or token ids) at any time; returns its id. Its progress comes
+        out of step(). ValueError when it could never run (too long, bigger than the KV pool)."""
+        (text, toks), = self._prepare([prompt] if isinstance(prompt, str) else None,
+                                      None if isinstance(prompt, str) else [prompt])
+        return self.engine.add_request(toks, sampling_params or SamplingParams(), prompt=text,
+                                       request_id=request_id)
+
+    def step(self) -> List[RequestDelta]:
+        """Runs one engine step; returns a RequestDelta for each request added with add_request()
+        that progressed: new text and token ids per completion, finished / finish_reason, and the
+        whole RequestOutput once finished."""
+        if not self._unclaimed and self.engine.has_unfinished():
+            self._advance()
+        out, self._unclaimed = self._unclaimed, []
+        return out
+
+    def abort(self, request_id: str) -> None:
+        """Stops a request wherever it is and frees its KV blocks. Its last delta (finish_reason
+        "abort") comes out of the next step() (or ends the generate() / stream() driving it)."""
+        delta = self.engine.abort(request_id)
+        if delta is not None:
+            self._mailboxes.get(delta.request_id, self._unclaimed).append(delta)
+
+    def has_unfinished(self) -> bool:
+        """Whether any request is still waiting or running (or has progress not yet handed out)."""
+        return bool(self._unclaimed) or self.engine.has_unfinished()
+
+    def _advance(self) -> None:
+        """One engine step; each delta goes to the mailbox of whoever drives its request."""
+        if not self.engine.has_unfinished():
+            raise RuntimeError("the engine has no unfinished request to advance")
+        for d in self.engine.step():
+            box = self._mailboxes.get(d.request_id)
+            (self._unclaimed if box is None else box).append(d)
 
     def chat(self, messages, sampling_params: Optional[SamplingParams] = None, *,
              add_generation_prompt: bool = True, chat_template_kwargs: Optional[dict] = None,
@@ -119,7 +180,14 @@ class LLM:
         return outs[0] if single else outs
 
     def score(self, token_ids: Sequence[int]) -> np.ndarray:
-        """float32 logits [len(token_ids), vocab] at every position (position i predicts i+1)."""
+        """float32 logits [len(token_ids), vocab] at every position (position i predicts i+1).
+        A list of token lists gives a list of arrays, the sequences sharing forwards."""
+        if _is_batch(token_ids):
+            seqs = [self._checked_tokens(t, 1) for t in token_ids]
+            rows = [[] for _ in seqs]
+            forward_many(self.runner, self.engine.token_budget, seqs, [0] * len(seqs),
+                         lambda i, pos, logits: rows[i].append(logits))
+            return [np.concatenate(r, axis=0) for r in rows]
         toks = [int(t) for t in token_ids]
         if not toks:
             raise ValueError("score needs at least one token")
@@ -133,8 +201,25 @@ class LLM:
             self.runner.release_sequence(seq)
         return np.concatenate(rows, axis=0)
 
+    def token_logprobs(self, token_ids, start: Union[int, Sequence[int]] = 1
+                       ) -> Union[TokenLogprobs, List[TokenLogprobs]]:
+        """Teacher-forced log-probability of every token from position `start` on, given the
+        tokens before it, and whether it is the greedy (argmax) token there. A list of token
+        lists is scored in shared forwards and gives a list (`start`: one int or one per list)."""
+        batch = _is_batch(token_ids)
+        seqs = [self._checked_tokens(t, 2) for t in (token_ids if batch else [token_ids])]
+        starts = list(start) if isinstance(start, (list, tuple)) else [start] * len(seqs)
+        if len(starts) != len(seqs):
+            raise ValueError(f"{len(starts)} starts for {len(seqs)} sequences")
+        for s, st in zip(seqs, starts):
+            if not isinstance(st, (int, np.integer)) or isinstance(st, bool) or not 1 <= st < len(s):
+                raise ValueError(f"start must be an integer in [1, {len(s) - 1}] for {len(s)} tokens, got {st!r}")
+        out = token_logprobs(self.runner, self.engine.token_budget, seqs, [int(st) for st in starts])
+        return out if batch else out[0]
+
     def stats(self) -> dict:
-        """Running / waiting sequences, KV blocks used / free, prefix-cache hit rate, tokens/s."""
+        """Running / waiting sequences, KV blocks used / free, prefix-cache hit rate, generated
+        tokens per second of busy time (while requests were unfinished), preemptions."""
         return self.engine.stats()
 
     # ---- helpers ----
@@ -151,6 +236,18 @@ class LLM:
             ids = [ids]
         return [(None, [int(t) for t in toks]) for toks in ids]
 
+    def _checked_tokens(self, token_ids, min_len: int) -> List[int]:
+        toks = [int(t) for t in token_ids]
+        if len(toks) < min_len:
+            raise ValueError(f"need at least {min_len} token(s), got {len(toks)}")
+        if len(toks) > self.runner.max_model_len:
+            raise ValueError(f"{len(toks)} tokens exceed max_model_len {self.runner.max_model_len}")
+        vocab = self.runner.config["vocab_size"]
+        bad = [t for t in toks if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of range [0, {vocab})")
+        return toks
+
     @staticmethod
     def _params_list(sampling_params, n):
         if sampling_params is None:
@@ -161,6 +258,13 @@ class LLM:
         if len(params) != n:
             raise ValueError(f"{len(params)} sampling params for {n} prompts")
         return params
+
+
+def _is_batch(token_ids) -> bool:
+    """A list of token lists (not one list of ids, nor a 1-D array)."""
+    if isinstance(token_ids, np.ndarray):
+        return token_ids.ndim == 2
+    return len(token_ids) > 0 and not isinstance(token_ids[0], (int, np.integer))
 
 
 def _load_tokenizer(path: Path, fmt: str, override) -> Tokenizer:

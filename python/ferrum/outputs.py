@@ -57,3 +57,31 @@ class RequestOutput:
     prompt_token_ids: List[int]
     outputs: List[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+
+
+@dataclass
+class CompletionDelta:
+    """What one completion produced in one engine step: the new token ids, the text that became
+    safe to show (whole characters, nothing that might still turn into a stop string), and the
+    finish reason once it ends."""
+
+    index: int
+    text: str
+    token_ids: List[int]
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+@dataclass
+class RequestDelta:
+    """One request's progress in one engine step (``LLM.step()``). ``outputs`` holds only the
+    completions that changed; ``output`` is the complete ``RequestOutput`` once ``finished``."""
+
+    request_id: str
+    outputs: List[CompletionDelta]
+    finished: bool = False
+    output: Optional[RequestOutput] = None
+
+    def text(self, index: int = 0) -> str:
+        """New text of completion ``index`` in this step ("" when it produced none)."""
+        return "".join(d.text for d in self.outputs if d.index == index)

@@ -1,11 +1,13 @@
 // linear on the CPU: out[T, N] = x[T, K] @ w[N, K]^T (+ bias).
-//   - few rows (decode): each thread takes a contiguous range of output rows and runs the
-//     weight type's dot kernel straight from the stored (possibly quantized) rows; activations
-//     are first quantized once to the kernel's activation type.
+//   - few rows (up to kMaxDotTokens, or a batch of decodes): each thread takes a contiguous range of output
+//     rows and runs the weight type's dot kernel straight from the stored (possibly quantized)
+//     rows, the batched kernel where there is one; activations are first quantized once to the
+//     kernel's activation type.
 //   - many rows (prefill): f32 weights go to sgemm on each thread's slice of N; other types
 //     are dequantized a tile of rows at a time into per-thread scratch, then sgemm.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -17,9 +19,13 @@
 namespace ferrum {
 
 namespace {
-// Above this many rows a tile dequantize + sgemm beats per-row dot kernels.
+// Up to this many rows the integer dot kernels are used for any matmul; a batch of decodes
+// (Stream::decode_rows) uses them up to kMaxDecodeRows, where the batched kernel, unpacking each
+// weight block once for all rows, still beats a tile dequantize + sgemm.
 constexpr int64_t kMaxDotTokens = 8;
+constexpr int64_t kMaxDecodeRows = 64;
 constexpr int64_t kTileRows = 64;
+constexpr size_t kDotTileBytes = 16 * 1024;  // weight rows dotted with every activation row at once
 
 // out points at column 0 of this weight's columns; ldo is the row stride of out.
 void add_bias(const Tensor& bias, float* out, int64_t tokens, int64_t ldo, int64_t r0, int64_t r1) {
@@ -37,7 +43,8 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const int64_t T = x.rows(), K = x.cols(), N = w.dim(0), ldo = out.cols();
   const size_t w_row_bytes = w.row_bytes();
 
-  if (T > kMaxDotTokens || (w.dtype == DType::F32 && T > 1)) {
+  const bool decodes = T <= std::min(s.decode_rows, kMaxDecodeRows);
+  if ((T > kMaxDotTokens && !decodes) || (w.dtype == DType::F32 && T > 1)) {
     // GEMM path. f32 weights are used in place; others are dequantized per tile.
     const bool dequant = w.dtype != DType::F32;
     auto tiles = std::make_shared<std::vector<float>>(dequant ? size_t(pool_.size() * kTileRows * K) : 0);
@@ -78,16 +85,28 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
         quant::quantize_row(kernel->act_type, host_ptr<float>(x) + t * K, act->data() + t * act_row_bytes, K);
     });
   }
+  // A batch of decodes: the batched kernel unpacks each weight block once for all rows. Else
+  // weight rows go in tiles that stay in L1 while every activation row is dotted with them.
+  const quant::DotBatchFn batch = act ? quant::dot_batch_kernel(w.dtype) : nullptr;
+  const int64_t tile_rows = std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes));
   cs.record("linear_dot", [=](int ith, int nth) {
     int64_t r0, r1;
     split_range(N, ith, nth, &r0, &r1);
     if (r0 >= r1) return;
-    const char* wp = host_ptr<char>(w) + r0 * w_row_bytes;
     float* op = host_ptr<float>(out) + out_col;
-    for (int64_t t = 0; t < T; ++t) {
-      const void* a = act ? static_cast<const void*>(act->data() + t * act_row_bytes)
-                          : static_cast<const void*>(host_ptr<float>(x) + t * K);
-      kernel->dot_rows(K, wp, w_row_bytes, r1 - r0, a, op + t * ldo + r0);
+    if (batch) {
+      batch(K, host_ptr<char>(w) + r0 * w_row_bytes, w_row_bytes, r1 - r0, act->data(), act_row_bytes, T,
+            op + r0, ldo);
+    } else {
+      for (int64_t tr = r0; tr < r1; tr += tile_rows) {
+        const int64_t rows = std::min(tile_rows, r1 - tr);
+        const char* wp = host_ptr<char>(w) + tr * w_row_bytes;
+        for (int64_t t = 0; t < T; ++t) {
+          const void* a = act ? static_cast<const void*>(act->data() + t * act_row_bytes)
+                              : static_cast<const void*>(host_ptr<float>(x) + t * K);
+          kernel->dot_rows(K, wp, w_row_bytes, rows, a, op + t * ldo + tr);
+        }
+      }
     }
     add_bias(bias, op, T, ldo, r0, r1);
   });

@@ -1,0 +1,71 @@
+// The OpenCL backend: device buffers (split when larger than one allocation), streams of
+// prepared kernel launches, and the op set as kernels in kernels/*.cl. Ops validate with
+// backend/op_checks.h, then record launches; nothing runs before Stream::submit().
+#pragma once
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "backend/opencl/cl_device.h"
+#include "backend/opencl/cl_memory.h"
+#include "backend/opencl/cl_programs.h"
+#include "backend/opencl/cl_stream.h"
+
+namespace ferrum::ocl {
+
+// Largest head_dim the attention kernels keep in private memory.
+constexpr int64_t kMaxHeadDim = 256;
+
+class ClBackend : public Backend {
+ public:
+  // selector: what follows "opencl" in the device spec ("", ":P" or ":P:D").
+  explicit ClBackend(const std::string& selector);
+  std::string name() const override { return "opencl"; }
+  bool supports(Op op, DType weight_dtype) const override;
+  const DeviceInfo& device_info() const { return dc_->info(); }
+  ProgramCache& programs() { return *programs_; }
+
+  Tensor alloc(DType dtype, Shape shape) override;
+  Tensor from_host(const void* data, DType dtype, Shape shape,
+                   std::shared_ptr<const void> keepalive) override;
+  void upload(const Tensor& dst, const void* src, size_t bytes) override;
+  void download(const Tensor& src, void* dst, size_t bytes) override;
+  std::unique_ptr<Stream> new_stream() override { return std::make_unique<ClStream>(dc_); }
+
+  void embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) override;
+  void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
+              const Tensor& out, int64_t out_col) override;
+  void rms_norm(Stream& s, const Tensor& x, const Tensor& w, float eps, const Tensor& out) override;
+  void add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x, const Tensor& w, float eps,
+                    const Tensor& out) override;
+  void rope(Stream& s, const Tensor& x, const Tensor& positions, const RopeTable& rope) override;
+  void qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                    float eps, const RopeTable& rope, const AttnBatch& batch, const AttnParams& p,
+                    const Tensor& q_out, const KvLayer& kv) override;
+  void paged_attention(Stream& s, const Tensor& q, const KvLayer& kv, const AttnBatch& batch,
+                       const AttnParams& p, const Tensor& out) override;
+  void swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) override;
+  void add(Stream& s, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) override;
+  void argmax(Stream& s, const Tensor& x, const Tensor& out) override;
+  void copy(Stream& s, const Tensor& src, const Tensor& dst) override;
+
+ private:
+  // Programs: kernels/common.cl + the op family's file, built per weight / KV dtype.
+  cl_program elementwise_program();
+  cl_program attention_program(DType kv_dtype);
+  cl_program linear_program(DType weight_dtype);
+  // A launch of `kernel` over `work_items` work-items (1-D), in work-groups of up to max_local.
+  Launch launch(cl_program program, const char* kernel, int64_t work_items, int64_t max_local = 16);
+  void record(Stream& s, Launch&& l);
+  void check_owned(const Tensor& t, const char* op) const;
+  // Stands in for an absent optional tensor (bias, QK-norm weights, int8 scales).
+  const Tensor& placeholder() const { return placeholder_; }
+
+  std::shared_ptr<DeviceContext> dc_;
+  std::shared_ptr<BufferPool> pool_;
+  std::unique_ptr<ProgramCache> programs_;
+  Tensor placeholder_;
+};
+
+}  // namespace ferrum::ocl

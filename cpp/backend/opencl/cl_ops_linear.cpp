@@ -1,0 +1,68 @@
+// linear and embedding: one launch per device buffer of the weight (a weight larger than the
+// device's maximum allocation is split by rows; each piece fills its own output columns).
+#include "backend/op_checks.h"
+#include "backend/opencl/cl_backend.h"
+#include "core/error.h"
+
+namespace ferrum::ocl {
+
+namespace {
+constexpr int64_t kChunk = 32;  // elements per block_chunk
+
+// The legacy 4/5-bit types cost the most to dequantize: an 8 tokens x 2 rows tile shares each
+// dequantized chunk among 8 tokens (measured 1.5x on Q4_1 at T = 128), while for the others the
+// 4 x 4 tile's reuse of activation loads wins.
+bool wide_tile_pays(DType w) {
+  return w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1;
+}
+}  // namespace
+
+void ClBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
+                       const Tensor& out, int64_t out_col) {
+  checks::linear(x, w, bias, out, out_col);
+  const int64_t T = x.rows(), K = x.cols(), N = w.dim(0);
+  if (T == 0 || N == 0) return;
+  cl_program program = linear_program(w.dtype);
+  // One token: the GEMV kernel (a row per work-item). More: register tiles of tokens x rows,
+  // dequantizing each weight chunk once per tile.
+  const bool gemv = T == 1, wide = T >= 8 && wide_tile_pays(w.dtype);
+  const int64_t tokens_per_item = gemv ? 1 : wide ? 8 : 4;
+  const int64_t rows_per_item = gemv ? 1 : wide ? 2 : 4;  // the register tile of each kernel
+  const char* kernel = gemv ? "linear_t1" : wide ? "linear_t8" : "linear_t4";
+  const int64_t token_tiles = (T + tokens_per_item - 1) / tokens_per_item;
+  const BufferView o = single_buffer(out, "linear");
+  for (const RowSegment& seg : row_segments(w, "linear")) {
+    if (seg.rows == 0) continue;
+    Launch l = launch(program, kernel,
+                      token_tiles * ((seg.rows + rows_per_item - 1) / rows_per_item), gemv ? 64 : 16);
+    KernelArgs a(l);
+    a.tensor(x, "linear").i32(T).i32(K);
+    a.buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes())).i32(seg.rows);
+    if (bias.defined()) a.tensor(bias.slice(seg.first_row, seg.rows), "linear").i32(1);
+    else a.tensor(placeholder(), "linear").i32(0);
+    a.buffer(o.mem, int64_t(o.byte_offset / 4) + out_col + seg.first_row, out.storage).i32(out.cols());
+    record(s, std::move(l));
+  }
+}
+
+void ClBackend::embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) {
+  checks::embedding(ids, table, out);
+  const int64_t T = ids.numel(), H = table.cols();
+  if (T == 0 || H == 0) return;
+  cl_program program = linear_program(table.dtype);
+  const int64_t chunks = (H + kChunk - 1) / kChunk;
+  bool first = true;
+  for (const RowSegment& seg : row_segments(table, "embedding")) {
+    Launch l = launch(program, "embedding_rows", T * chunks, 64);
+    KernelArgs(l)
+        .tensor(ids, "embedding").i32(T)
+        .buffer(seg.mem, int64_t(seg.byte_offset), table.storage).i64(int64_t(table.row_bytes()))
+        .i32(seg.first_row).i32(seg.rows).i32(table.dim(0)).i32(H)
+        .i32(first ? 1 : 0)  // one launch writes the zero rows of out-of-range ids
+        .tensor(out, "embedding");
+    first = false;
+    record(s, std::move(l));
+  }
+}
+
+}  // namespace ferrum::ocl

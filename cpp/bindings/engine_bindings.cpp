@@ -1,0 +1,72 @@
+// Engine: the continuous-batching scheduler over a ModelRunner. Python samples between step()
+// and commit(); the GIL is released while the forward runs.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "engine/engine.h"
+
+namespace py = pybind11;
+
+namespace ferrum::bindings {
+
+namespace {
+// Hands a vector to numpy without copying: the array owns it through a capsule.
+template <typename T>
+py::array_t<T> to_numpy(std::vector<T>&& v, std::vector<py::ssize_t> shape) {
+  auto* owned = new std::vector<T>(std::move(v));
+  py::capsule free_it(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(shape, owned->data(), free_it);
+}
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  py::class_<Engine>(m, "Engine", "Continuous batching over a ModelRunner (which must outlive it).")
+      .def(py::init([](ModelRunner& runner, int64_t max_num_seqs, int64_t max_num_batched_tokens) {
+             EngineOptions o;
+             o.max_num_seqs = max_num_seqs;
+             o.max_num_batched_tokens = max_num_batched_tokens;
+             return std::make_unique<Engine>(runner, o);
+           }),
+           py::arg("runner"), py::arg("max_num_seqs") = 32, py::arg("max_num_batched_tokens") = 512,
+           py::keep_alive<1, 2>())
+      .def("add_sequence", &Engine::add_sequence, py::arg("prompt"),
+           "Queues a sequence; returns its id. ValueError when it could never run.")
+      .def("abort", &Engine::abort, py::arg("seq"))
+      .def("step", [](Engine& e) {
+             EngineStep s;
+             {
+               py::gil_scoped_release nogil;
+               s = e.step();
+             }
+             const auto rows = py::ssize_t(s.sample_seqs.size());
+             const py::ssize_t vocab = rows ? py::ssize_t(s.logits.size()) / rows : 0;
+             py::dict d;
+             d["seqs"] = to_numpy(std::move(s.sample_seqs), {rows});
+             d["logits"] = to_numpy(std::move(s.logits), {rows, vocab});
+             d["ended"] = s.ended;
+             d["num_tokens"] = s.num_tokens;
+             d["num_preempted"] = s.num_preempted;
+             return d;
+           },
+           "Schedules and runs one forward. Returns {'seqs': int64[rows], 'logits': float32[rows, vocab], "
+           "'ended': [seq] (ended by the engine: the KV pool is full), 'num_tokens', 'num_preempted'}.")
+      .def("commit", &Engine::commit, py::arg("seqs"), py::arg("tokens"), py::arg("finished"),
+           "Hands back the tokens sampled for the last step's rows; finished sequences are ended. Returns "
+           "the sequences that reached max_model_len (also ended).")
+      .def("has_unfinished", &Engine::has_unfinished)
+      .def("stats", [](const Engine& e) {
+        EngineStats s = e.stats();
+        py::dict d;
+        d["running"] = s.running;
+        d["waiting"] = s.waiting;
+        d["preemptions"] = s.preemptions;
+        d["engine_steps"] = s.steps;
+        d["generated_tokens"] = s.generated_tokens;
+        d["computed_tokens"] = s.computed_tokens;
+        d["busy_seconds"] = s.busy_seconds;
+        return d;
+      });
+}
+
+}  // namespace ferrum::bindings

@@ -1,0 +1,111 @@
+#include "engine/block_manager.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "core/error.h"
+
+namespace ferrum {
+
+namespace {
+int32_t checked_block_count(int64_t n) {
+  const int64_t most = INT32_MAX / BlockManager::kBlockSize;  // slots are int32
+  if (n < 1 || n > most) throw ValueError("the KV pool needs between 1 and " + std::to_string(most) + " blocks");
+  return int32_t(n);
+}
+}  // namespace
+
+BlockManager::BlockManager(int64_t num_blocks, bool prefix_cache)
+    : alloc_(checked_block_count(num_blocks)), prefix_cache_(prefix_cache) {}
+
+BlockManager::Table& BlockManager::table(int64_t seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw ValueError("unknown sequence " + std::to_string(seq));
+  return it->second;
+}
+
+const BlockManager::Table& BlockManager::table(int64_t seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) throw ValueError("unknown sequence " + std::to_string(seq));
+  return it->second;
+}
+
+int64_t BlockManager::add_sequence() {
+  seqs_[next_seq_] = Table{};
+  return next_seq_++;
+}
+
+void BlockManager::release_sequence(int64_t seq) {
+  alloc_.release(table(seq).blocks);
+  seqs_.erase(seq);
+}
+
+int64_t BlockManager::length(int64_t seq) const { return int64_t(table(seq).tokens.size()); }
+
+const std::vector<int32_t>& BlockManager::blocks(int64_t seq) const { return table(seq).blocks; }
+
+int64_t BlockManager::adoptable_blocks(const std::vector<int32_t>& tokens) {
+  return tokens.size() < 2 ? 0 : (int64_t(tokens.size()) - 1) / kBlockSize;
+}
+
+void BlockManager::probe_prefix(const std::vector<int32_t>& tokens, int64_t* blocks, int64_t* blocks_now_free) const {
+  *blocks = *blocks_now_free = 0;
+  if (!prefix_cache_) return;
+  uint64_t h = 0;
+  for (int64_t b = 0; b < adoptable_blocks(tokens); ++b) {
+    h = chain_hash(h, tokens.data() + b * kBlockSize, kBlockSize);
+    bool unreferenced = false;
+    if (alloc_.peek(h, &unreferenced) < 0) break;
+    ++*blocks;
+    *blocks_now_free += unreferenced;
+  }
+}
+
+int64_t BlockManager::adopt_prefix(int64_t seq, const std::vector<int32_t>& tokens) {
+  Table& t = table(seq);
+  if (!t.tokens.empty()) throw ValueError("adopt_prefix needs an empty sequence");
+  prefix_stats_.queries++;
+  prefix_stats_.query_tokens += int64_t(tokens.size());
+  if (!prefix_cache_) return 0;
+  uint64_t h = 0;
+  for (int64_t b = 0; b < adoptable_blocks(tokens); ++b) {
+    uint64_t next = chain_hash(h, tokens.data() + b * kBlockSize, kBlockSize);
+    int32_t block = alloc_.lookup(next);
+    if (block < 0) break;
+    h = next;
+    t.blocks.push_back(block);
+    t.tokens.insert(t.tokens.end(), tokens.begin() + b * kBlockSize, tokens.begin() + (b + 1) * kBlockSize);
+  }
+  t.hashed_blocks = int64_t(t.blocks.size());
+  t.last_hash = h;
+  prefix_stats_.hit_tokens += int64_t(t.tokens.size());
+  return int64_t(t.tokens.size());
+}
+
+int64_t BlockManager::blocks_needed(int64_t seq, int64_t extra) const {
+  const Table& t = table(seq);
+  return std::max<int64_t>(0, blocks_for(int64_t(t.tokens.size()) + extra) - int64_t(t.blocks.size()));
+}
+
+void BlockManager::grow(int64_t seq, int64_t extra) {
+  const int64_t need = blocks_needed(seq, extra);
+  if (need > num_free())
+    throw ResourceError("KV cache exhausted: " + std::to_string(need) + " more blocks needed, " +
+                        std::to_string(num_free()) + " of " + std::to_string(num_blocks()) + " are free");
+  alloc_.allocate(int32_t(need), &table(seq).blocks);
+}
+
+void BlockManager::append(int64_t seq, const int32_t* tokens, int64_t n) {
+  Table& t = table(seq);
+  if (blocks_for(int64_t(t.tokens.size()) + n) > int64_t(t.blocks.size()))
+    throw std::logic_error("BlockManager::append past the blocks the sequence holds");
+  t.tokens.insert(t.tokens.end(), tokens, tokens + n);
+  if (!prefix_cache_) return;
+  for (const int64_t full = int64_t(t.tokens.size()) / kBlockSize; t.hashed_blocks < full; ++t.hashed_blocks) {
+    t.last_hash = chain_hash(t.last_hash, t.tokens.data() + t.hashed_blocks * kBlockSize, kBlockSize);
+    alloc_.register_hash(t.blocks[size_t(t.hashed_blocks)], t.last_hash);
+  }
+}
+
+}  // namespace ferrum

@@ -1,0 +1,116 @@
+#include "engine/engine.h"
+
+#include <string>
+
+#include "core/error.h"
+
+namespace ferrum {
+
+namespace {
+SchedulerOptions scheduler_options(const ModelRunner& runner, const EngineOptions& opt) {
+  SchedulerOptions s;
+  s.max_num_seqs = opt.max_num_seqs;
+  s.max_num_batched_tokens = opt.max_num_batched_tokens;
+  s.max_model_len = runner.max_model_len();
+  return s;
+}
+}  // namespace
+
+Engine::Engine(ModelRunner& runner, const EngineOptions& opt)
+    : runner_(runner), sched_(runner.blocks(), scheduler_options(runner, opt)) {}
+
+void Engine::note_busy() {
+  const bool busy = sched_.has_unfinished();
+  if (busy == busy_) return;
+  const Clock::time_point now = Clock::now();
+  if (busy) busy_since_ = now;
+  else busy_seconds_ += std::chrono::duration<double>(now - busy_since_).count();
+  busy_ = busy;
+}
+
+int64_t Engine::add_sequence(const std::vector<int32_t>& prompt) {
+  const int64_t vocab = runner_.config().vocab;
+  for (int32_t t : prompt)
+    if (t < 0 || t >= vocab)
+      throw ValueError("token id " + std::to_string(t) + " is out of range [0, " + std::to_string(vocab) + ")");
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t id = sched_.add(prompt);
+  note_busy();
+  return id;
+}
+
+void Engine::abort(int64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sched_.finish(seq);
+  note_busy();
+}
+
+EngineStep Engine::step() {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStep result;
+  SchedulerOutput plan = sched_.schedule();
+  result.ended = plan.ended;
+  result.num_preempted = int64_t(plan.preempted.size());
+  if (!plan.chunks.empty()) {
+    std::vector<StepItem> items;
+    items.reserve(plan.chunks.size());
+    for (const ScheduledChunk& c : plan.chunks) {
+      const std::vector<int32_t>& toks = sched_.sequence(c.seq).tokens;
+      items.push_back(StepItem{c.kv, std::vector<int32_t>(toks.begin() + c.start, toks.begin() + c.start + c.count),
+                               c.sample ? StepItem::Logits::Last : StepItem::Logits::None});
+      if (c.sample) result.sample_seqs.push_back(c.seq);
+    }
+    int64_t rows = 0;
+    result.logits = runner_.step(items, &rows);
+    sched_.computed(plan);
+    result.num_tokens = plan.num_tokens;
+    computed_ += plan.num_tokens;
+    steps_++;
+  }
+  note_busy();
+  return result;
+}
+
+std::vector<int64_t> Engine::commit(const std::vector<int64_t>& seqs, const std::vector<int32_t>& tokens,
+                                    const std::vector<bool>& finished) {
+  if (seqs.size() != tokens.size() || seqs.size() != finished.size())
+    throw ValueError("commit needs one token and one finished flag per sequence");
+  const int64_t vocab = runner_.config().vocab;
+  for (int32_t t : tokens)
+    if (t < 0 || t >= vocab)
+      throw ValueError("token id " + std::to_string(t) + " is out of range [0, " + std::to_string(vocab) + ")");
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> ended;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (!sched_.contains(seqs[i])) continue;  // aborted since the step
+    generated_++;
+    if (finished[i]) {
+      sched_.finish(seqs[i]);
+    } else if (sched_.append_token(seqs[i], tokens[i])) {
+      sched_.finish(seqs[i]);
+      ended.push_back(seqs[i]);
+    }
+  }
+  note_busy();
+  return ended;
+}
+
+bool Engine::has_unfinished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sched_.has_unfinished();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  EngineStats s;
+  s.running = int64_t(sched_.running().size());
+  s.waiting = int64_t(sched_.waiting().size());
+  s.preemptions = sched_.num_preemptions();
+  s.steps = steps_;
+  s.generated_tokens = generated_;
+  s.computed_tokens = computed_;
+  s.busy_seconds = busy_seconds_ + (busy_ ? std::chrono::duration<double>(Clock::now() - busy_since_).count() : 0.0);
+  return s;
+}
+
+}  // namespace ferrum

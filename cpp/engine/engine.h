@@ -1,0 +1,66 @@
+// The serving engine: a Scheduler over a ModelRunner. step() schedules and runs one varlen
+// forward and hands back the logits rows that need sampling; the caller samples (sampling,
+// stop strings and detokenisation live in Python) and hands the tokens back with commit(),
+// saying which sequences are finished so their blocks return to the pool (and, full ones, to
+// the prefix cache). Every method locks, so a server thread may add or abort meanwhile.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "engine/model_runner.h"
+#include "engine/scheduler.h"
+
+namespace ferrum {
+
+struct EngineOptions {
+  int64_t max_num_seqs = 32;
+  int64_t max_num_batched_tokens = 512;
+};
+
+struct EngineStep {
+  std::vector<int64_t> sample_seqs;  // the sequence of each logits row, in row order
+  std::vector<float> logits;         // [sample_seqs.size(), vocab]
+  std::vector<int64_t> ended;        // sequences the engine ended ("length": the pool is full)
+  int64_t num_tokens = 0;            // tokens computed by this forward
+  int64_t num_preempted = 0;
+};
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0, preemptions = 0, steps = 0;
+  int64_t generated_tokens = 0, computed_tokens = 0;
+  double busy_seconds = 0;  // wall time with unfinished sequences in the engine
+};
+
+class Engine {
+ public:
+  Engine(ModelRunner& runner, const EngineOptions& opt);
+
+  // Queues a sequence; ValueError when it could never run. Returns its id.
+  int64_t add_sequence(const std::vector<int32_t>& prompt);
+  // Ends a sequence wherever it is (waiting, mid-prefill, decoding); unknown ids are ignored.
+  void abort(int64_t seq);
+  EngineStep step();
+  // Tokens sampled for the rows of the last step (any subset, any order). A finished sequence
+  // is ended instead of extended. Returns the sequences that thereby reached max_model_len
+  // and were ended too.
+  std::vector<int64_t> commit(const std::vector<int64_t>& seqs, const std::vector<int32_t>& tokens,
+                              const std::vector<bool>& finished);
+  bool has_unfinished() const;
+  EngineStats stats() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void note_busy();  // keeps busy_seconds in step with has_unfinished
+
+  mutable std::mutex mu_;
+  ModelRunner& runner_;
+  Scheduler sched_;
+  int64_t steps_ = 0, generated_ = 0, computed_ = 0;
+  bool busy_ = false;
+  Clock::time_point busy_since_{};
+  double busy_seconds_ = 0;
+};
+
+}  // namespace ferrum

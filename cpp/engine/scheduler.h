@@ -1,0 +1,89 @@
+// Continuous batching: decides, step by step, which tokens of which sequences go into the next
+// varlen forward.
+//
+// Per step, within max_num_batched_tokens tokens and max_num_seqs running sequences:
+//   1. running sequences with one token left (decodes), oldest first;
+//   2. running sequences mid-prompt, oldest first, a chunk each (chunked prefill);
+//   3. waiting sequences, oldest first: adopt their cached prefix, then a first chunk.
+// Blocks are taken as chunks are scheduled. A running sequence that cannot get a block takes
+// them from the youngest running sequence younger than itself, which is preempted (blocks
+// freed, recomputed later from its tokens); so the oldest always progresses, and the oldest
+// alone filling the pool ends ("length") instead of waiting forever. Admission needs blocks
+// for the whole sequence plus one generated token, and is held in any step that had to
+// preempt or defer, so new work does not push out running work.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/sequence.h"
+
+namespace ferrum {
+
+struct SchedulerOptions {
+  int64_t max_num_seqs = 32;
+  int64_t max_num_batched_tokens = 512;
+  int64_t max_model_len = 0;  // a sequence ends ("length") when it holds this many tokens
+};
+
+// One sequence's share of a step: tokens [start, start + count) of its tokens.
+struct ScheduledChunk {
+  int64_t seq = 0;    // Sequence id
+  int64_t kv = 0;     // its BlockManager sequence
+  int64_t start = 0, count = 0;
+  bool sample = false;  // reaches its last token: the step yields logits to sample from
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledChunk> chunks;  // in order: decodes, prompt chunks, admissions
+  std::vector<int64_t> ended;          // sequences that filled the KV pool alone; now finished
+  std::vector<int64_t> preempted;
+  int64_t num_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(BlockManager& blocks, const SchedulerOptions& opt);
+
+  // Queues a sequence; ValueError when it could never run (empty, too long, too big for the pool).
+  int64_t add(const std::vector<int32_t>& prompt);
+  // Ends a sequence (finished or aborted) and frees its blocks; full blocks stay in the prefix
+  // cache. Unknown ids are ignored, so aborting twice is harmless.
+  void finish(int64_t seq);
+
+  SchedulerOutput schedule();
+  // The forward of `out` ran: every chunk's tokens now have K/V in the cache.
+  void computed(const SchedulerOutput& out);
+  // Appends a token sampled for `seq` (which must be waiting for one); true when the sequence
+  // now holds max_model_len tokens and has to end.
+  bool append_token(int64_t seq, int32_t token);
+
+  bool contains(int64_t seq) const { return seqs_.count(seq) != 0; }
+  const Sequence& sequence(int64_t seq) const;
+  const std::set<int64_t>& running() const { return running_; }
+  const std::set<int64_t>& waiting() const { return waiting_; }
+  bool has_unfinished() const { return !seqs_.empty(); }
+  int64_t num_preemptions() const { return preemptions_; }
+  const SchedulerOptions& options() const { return opt_; }
+
+ private:
+  Sequence& seq(int64_t id);
+  // Most of `want` next tokens of s whose blocks fit in what is free now.
+  int64_t fitting_tokens(const Sequence& s, int64_t want) const;
+  void schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out);
+  // Preempts the youngest running sequence younger than `than`; false when there is none.
+  bool preempt_younger(int64_t than, SchedulerOutput* out, int64_t* budget);
+  bool try_admit(Sequence& s, int64_t budget, SchedulerOutput* out);
+
+  BlockManager& blocks_;
+  SchedulerOptions opt_;
+  std::map<int64_t, Sequence> seqs_;  // every unfinished sequence
+  std::set<int64_t> running_;         // hold blocks; ids ascend with age, oldest first
+  std::set<int64_t> waiting_;         // no blocks: new, or preempted (then older than any new)
+  int64_t next_id_ = 1;
+  int64_t preemptions_ = 0;
+};
+
+}  // namespace ferrum

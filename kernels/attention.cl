@@ -1,0 +1,189 @@
+// RoPE, the paged KV write and paged attention. Built with one -DKV_F32 / -DKV_F16 / -DKV_I8
+// (the pool's element type) and -DMAX_HEAD_DIM. Pools are [blocks, kv_heads, block_size,
+// head_dim]; i8 pools keep one f32 scale per (block, kv_head, slot) row. Offsets are in
+// elements. Semantics follow the CPU backend (cpp/backend/cpu/cpu_kernels.cpp).
+
+#if defined(KV_F32)
+#define KV_T float
+#elif defined(KV_F16)
+#define KV_T half
+#elif defined(KV_I8)
+#define KV_T char
+#else
+#error "build with one -DKV_<TYPE>"
+#endif
+
+// Pool row of (slot, kv_head).
+inline long pool_row(int slot, int kvh, int kv_heads, int bs) {
+  return ((long)(slot / bs) * kv_heads + kvh) * bs + slot % bs;
+}
+
+inline float kv_load(const global KV_T* pool, const global float* scales, long row, int hd, int i) {
+#if defined(KV_F32)
+  return pool[row * hd + i];
+#elif defined(KV_F16)
+  return vload_half(row * hd + i, pool);
+#else
+  return (float)pool[row * hd + i] * scales[row];
+#endif
+}
+
+// Elements 4 i4 .. 4 i4 + 3 of a pool row.
+inline float4 kv_load4(const global KV_T* pool, const global float* scales, long row, int hd, int i4) {
+#if defined(KV_F32)
+  return vload4(i4, pool + row * hd);
+#elif defined(KV_F16)
+  return vload_half4(i4, pool + row * hd);
+#else
+  return convert_float4(vload4(i4, pool + row * hd)) * scales[row];
+#endif
+}
+
+inline void kv_store(global KV_T* pool, global float* scales, long row, int hd, const float* v) {
+#if defined(KV_F32)
+  for (int i = 0; i < hd; ++i) pool[row * hd + i] = v[i];
+#elif defined(KV_F16)
+  for (int i = 0; i < hd; ++i) vstore_half_rte(v[i], row * hd + i, pool);
+#else
+  // Symmetric int8, one scale per row: the row's largest magnitude maps to 127.
+  float amax = 0.0f;
+  for (int i = 0; i < hd; ++i) amax = fmax(amax, fabs(v[i]));
+  const float scale = amax / 127.0f;
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  for (int i = 0; i < hd; ++i) pool[row * hd + i] = convert_char_sat_rte(v[i] * inv);
+  scales[row] = scale;
+#endif
+}
+
+inline void rms_norm_head(float* v, const global float* w, float eps, int hd) {
+  float ss = 0.0f;
+  for (int i = 0; i < hd; ++i) ss = fma(v[i], v[i], ss);
+  const float inv = 1.0f / sqrt(ss / (float)hd + eps);
+  for (int i = 0; i < hd; ++i) v[i] = v[i] * inv * w[i];
+}
+
+// Rotates one head in place: pairs (i, i + rot_half) or (2i, 2i + 1).
+inline void rope_head(float* v, const global float* c, const global float* s, int rot_half,
+                      int interleaved) {
+  const int stride = interleaved ? 1 : rot_half, step = interleaved ? 2 : 1;
+  for (int i = 0; i < rot_half; ++i) {
+    const int ia = i * step, ib = ia + stride;
+    const float a = v[ia], b = v[ib];
+    v[ia] = a * c[i] - b * s[i];
+    v[ib] = b * c[i] + a * s[i];
+  }
+}
+
+// x [T, H, hd] rotated in place by positions[t]; one work-item per (token, head).
+kernel void rope(global float* x, long x_off, const global int* positions, long pos_off,
+                 const global float* cos_t, long cos_off, const global float* sin_t, long sin_off,
+                 int T, int H, int hd, int rot_half, int max_pos, int interleaved) {
+  const int gid = (int)get_global_id(0);
+  if (gid >= T * H) return;
+  const int pos = positions[pos_off + gid / H];
+  if (pos < 0 || pos >= max_pos) return;  // validated by the model; memory safety only
+  global float* head = x + x_off + (long)gid * hd;
+  float v[MAX_HEAD_DIM];
+  for (int i = 0; i < hd; ++i) v[i] = head[i];
+  rope_head(v, cos_t + cos_off + (long)pos * rot_half, sin_t + sin_off + (long)pos * rot_half,
+            rot_half, interleaved);
+  for (int i = 0; i < hd; ++i) head[i] = v[i];
+}
+
+// qkv [T, (H + 2 KV) * hd] -> q_out [T, H, hd] and the pool rows at slot_mapping[t]; optional
+// per-head RMS norm of q and k (QK-norm), RoPE of q and k. One work-item per (token, head).
+kernel void qkv_to_cache(const global float* qkv, long qkv_off, const global float* q_norm,
+                         long qn_off, const global float* k_norm, long kn_off, int has_norm,
+                         float eps, const global float* cos_t, long cos_off,
+                         const global float* sin_t, long sin_off, int rot_half, int max_pos,
+                         int interleaved, const global int* token_pos, long pos_off,
+                         const global int* slot_mapping, long slot_off, int T, int H, int KV,
+                         int hd, global float* q_out, long q_off, global KV_T* k_pool, long k_off,
+                         global KV_T* v_pool, long v_off, global float* k_scale, long ks_off,
+                         global float* v_scale, long vs_off, int block_size, int total_slots) {
+  const int heads_all = H + 2 * KV;
+  const int gid = (int)get_global_id(0);
+  if (gid >= T * heads_all) return;
+  const int t = gid / heads_all, h = gid % heads_all;
+  const global float* src = qkv + qkv_off + (long)t * heads_all * hd + (long)h * hd;
+  const int pos = token_pos[pos_off + t];
+  const bool rotate = pos >= 0 && pos < max_pos;
+  const global float* c = cos_t + cos_off + (long)(rotate ? pos : 0) * rot_half;
+  const global float* s = sin_t + sin_off + (long)(rotate ? pos : 0) * rot_half;
+  float v[MAX_HEAD_DIM];
+  for (int i = 0; i < hd; ++i) v[i] = src[i];
+
+  if (h < H) {  // query head -> q_out
+    if (has_norm) rms_norm_head(v, q_norm + qn_off, eps, hd);
+    if (rotate) rope_head(v, c, s, rot_half, interleaved);
+    global float* dst = q_out + q_off + ((long)t * H + h) * hd;
+    for (int i = 0; i < hd; ++i) dst[i] = v[i];
+    return;
+  }
+  const int slot = slot_mapping[slot_off + t];
+  if (slot < 0 || slot >= total_slots) return;  // padding token
+  if (h < H + KV) {  // key head: norm, rotate, store
+    if (has_norm) rms_norm_head(v, k_norm + kn_off, eps, hd);
+    if (rotate) rope_head(v, c, s, rot_half, interleaved);
+    kv_store(k_pool + k_off, k_scale + ks_off, pool_row(slot, h - H, KV, block_size), hd, v);
+  } else {
+    kv_store(v_pool + v_off, v_scale + vs_off, pool_row(slot, h - H - KV, KV, block_size), hd, v);
+  }
+}
+
+// Causal GQA attention of q [T, H, hd] over the pool: the token at position p of sequence
+// token_seq[t] sees positions max(0, p - window + 1) .. p through its block table. One
+// work-item per (token, head), one pass with a running maximum (online softmax).
+kernel void paged_attention(const global float* q, long q_off, global float* out, long out_off,
+                            const global int* token_seq, long seq_off, const global int* token_pos,
+                            long pos_off, const global int* block_tables, long bt_off,
+                            int max_blocks, const global KV_T* k_pool, long k_off,
+                            const global KV_T* v_pool, long v_off, const global float* k_scale,
+                            long ks_off, const global float* v_scale, long vs_off, int num_blocks,
+                            int block_size, int T, int H, int KV, int hd, float scale, int window) {
+  const int gid = (int)get_global_id(0);
+  if (gid >= T * H) return;
+  const int t = gid / H, h = gid % H;
+  const int pos = token_pos[pos_off + t];
+  if (pos < 0 || pos >= max_blocks * block_size) return;  // padding token
+  const int kvh = h / (H / KV);
+  const int first = window > 0 ? max(0, pos - window + 1) : 0;
+  const global int* table = block_tables + bt_off + (long)token_seq[seq_off + t] * max_blocks;
+  k_pool += k_off;
+  v_pool += v_off;
+  k_scale += ks_off;
+  v_scale += vs_off;
+
+  // head_dim in float4 steps plus a 2-element tail (head_dim is even).
+  const int hd4 = hd / 4;
+  float qv[MAX_HEAD_DIM], acc[MAX_HEAD_DIM];
+  const global float* qt = q + q_off + (long)gid * hd;
+  for (int i = 0; i < hd; ++i) {
+    qv[i] = qt[i];
+    acc[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int j = first; j <= pos; ++j) {
+    const int b = table[j / block_size];
+    if (b < 0 || b >= num_blocks) continue;  // unmapped block: contributes nothing
+    const long row = ((long)b * KV + kvh) * block_size + j % block_size;
+    float4 d4 = (float4)(0.0f);
+    for (int i = 0; i < hd4; ++i) d4 = fma(vload4(i, qv), kv_load4(k_pool, k_scale, row, hd, i), d4);
+    float dot = (d4.x + d4.y) + (d4.z + d4.w);
+    for (int i = 4 * hd4; i < hd; ++i) dot = fma(qv[i], kv_load(k_pool, k_scale, row, hd, i), dot);
+    const float sc = dot * scale;
+    if (sc > m) {  // new maximum: rescale what was accumulated so far
+      const float corr = exp(m - sc);
+      l *= corr;
+      for (int i = 0; i < hd; ++i) acc[i] *= corr;
+      m = sc;
+    }
+    const float p = exp(sc - m);
+    l += p;
+    for (int i = 0; i < hd4; ++i) vstore4(fma((float4)(p), kv_load4(v_pool, v_scale, row, hd, i), vload4(i, acc)), i, acc);
+    for (int i = 4 * hd4; i < hd; ++i) acc[i] = fma(p, kv_load(v_pool, v_scale, row, hd, i), acc[i]);
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  global float* o = out + out_off + (long)gid * hd;
+  for (int i = 0; i < hd; ++i) o[i] = acc[i] * inv;
+}

@@ -1,0 +1,15 @@
+// Helpers every program includes first. OpenCL C 1.2 without cl_khr_fp16: f16 data is only
+// touched through vload_half / vstore_half, which are core functions.
+
+// Tensors arrive as (buffer, offset) pairs: offsets are in elements of the pointer's type, so
+// one cl_mem can back many views (weight slices, reshaped activations) without sub-buffers.
+#define AT(p, off) ((p) + (off))
+
+inline float bf16_to_f32(ushort u) { return as_float(((uint)u) << 16); }
+
+inline float sum16(float16 v) {
+  float8 a = v.lo + v.hi;
+  float4 b = a.lo + a.hi;
+  float2 c = b.lo + b.hi;
+  return c.x + c.y;
+}

@@ -1,0 +1,115 @@
+// Row and element kernels: norms, SwiGLU, add, row gather, argmax. Offsets are in elements.
+
+inline float rms_inv(const global float* x, int d, float eps) {
+  float16 acc = (float16)(0.0f);
+  int i = 0;
+  for (; i + 16 <= d; i += 16) {
+    const float16 v = vload16(0, x + i);
+    acc = fma(v, v, acc);
+  }
+  float ss = sum16(acc);
+  for (; i < d; ++i) ss = fma(x[i], x[i], ss);
+  return 1.0f / sqrt(ss / (float)d + eps);
+}
+
+// One work-group per row: the rows are short (hidden size), a row's loop is cheap.
+kernel void rms_norm(const global float* x, long x_off, const global float* w, long w_off,
+                     float eps, global float* out, long out_off, int rows, int d) {
+  const int r = (int)get_global_id(0);
+  if (r >= rows) return;
+  x += x_off + (long)r * d;
+  w += w_off;
+  out += out_off + (long)r * d;
+  const float inv = rms_inv(x, d, eps);
+  for (int i = 0; i < d; ++i) out[i] = x[i] * inv * w[i];
+}
+
+// residual += x; out = rms_norm(residual) * w.
+kernel void add_rms_norm(global float* res, long res_off, const global float* x, long x_off,
+                         const global float* w, long w_off, float eps, global float* out,
+                         long out_off, int rows, int d) {
+  const int r = (int)get_global_id(0);
+  if (r >= rows) return;
+  res += res_off + (long)r * d;
+  x += x_off + (long)r * d;
+  w += w_off;
+  out += out_off + (long)r * d;
+  for (int i = 0; i < d; ++i) res[i] += x[i];
+  const float inv = rms_inv(res, d, eps);
+  for (int i = 0; i < d; ++i) out[i] = res[i] * inv * w[i];
+}
+
+// out[r, i] = silu(gu[r, i]) * gu[r, n + i]; one work-item per 16 elements of a row (vector
+// exp, and no per-element index division).
+kernel void swiglu(const global float* gu, long gu_off, global float* out, long out_off,
+                   int rows, int n) {
+  const int chunks = (n + 15) / 16;
+  const int gid = (int)get_global_id(0);
+  if (gid >= rows * chunks) return;
+  const int r = gid / chunks, i = (gid % chunks) * 16;
+  const global float* g = gu + gu_off + (long)r * 2 * n;
+  global float* o = out + out_off + (long)r * n;
+  if (i + 16 <= n) {
+    const float16 gv = vload16(0, g + i);
+    vstore16(gv / (1.0f + exp(-gv)) * vload16(0, g + n + i), 0, o + i);
+    return;
+  }
+  for (int j = i; j < n; ++j) o[j] = g[j] / (1.0f + exp(-g[j])) * g[n + j];
+}
+
+kernel void add(const global float* a, long a_off, const global float* b, long b_off,
+                global float* out, long out_off, long n) {
+  const long i = get_global_id(0);
+  if (i < n) out[out_off + i] = a[a_off + i] + b[b_off + i];
+}
+
+// out[r, :] = x[idx[r], :]; rows outside x become zeros.
+kernel void gather_rows(const global float* x, long x_off, int x_rows, const global int* idx,
+                        long idx_off, global float* out, long out_off, int rows, int d) {
+  const long i = get_global_id(0);
+  if (i >= (long)rows * d) return;
+  const int r = (int)(i / d), j = (int)(i % d);
+  const int src = idx[idx_off + r];
+  out[out_off + i] = (src >= 0 && src < x_rows) ? x[x_off + (long)src * d + j] : 0.0f;
+}
+
+// out[r] = first index of the maximum of row r. Sixteen lanes each keep their own running
+// maximum (first occurrence), then the lanes are merged preferring the lower index on ties.
+kernel void argmax_rows(const global float* x, long x_off, global int* out, long out_off,
+                        int rows, int d) {
+  const int r = (int)get_global_id(0);
+  if (r >= rows) return;
+  x += x_off + (long)r * d;
+  float best = x[0];
+  int best_i = 0;
+  int i = 0;
+  if (d >= 16) {
+    float16 bv = vload16(0, x);
+    int16 bi = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int16 idx = bi;
+    for (i = 16; i + 16 <= d; i += 16) {
+      idx += 16;
+      const float16 v = vload16(0, x + i);
+      const int16 gt = isgreater(v, bv);
+      bv = select(bv, v, gt);
+      bi = select(bi, idx, gt);
+    }
+    float lanes_v[16];
+    int lanes_i[16];
+    vstore16(bv, 0, lanes_v);
+    vstore16(bi, 0, lanes_i);
+    best = lanes_v[0];
+    best_i = lanes_i[0];
+    for (int l = 1; l < 16; ++l)
+      if (lanes_v[l] > best || (lanes_v[l] == best && lanes_i[l] < best_i)) {
+        best = lanes_v[l];
+        best_i = lanes_i[l];
+      }
+  }
+  for (; i < d; ++i)
+    if (x[i] > best) {
+      best = x[i];
+      best_i = i;
+    }
+  out[out_off + r] = best_i;
+}

@@ -1,0 +1,154 @@
+// linear and embedding over weights in any stored type (weights.cl supplies the block loaders).
+//
+// linear: out[t, n] = x[t, :] . W[n, :] (+ bias[n]).
+// - linear_t1 (one token, decode): one weight row per work-item, read front to back.
+// - linear_t4 / linear_t8 (more tokens): each work-item owns a register tile of 4 tokens x 4
+//   weight rows (or 8 x 2) and walks K 32 elements at a time: a chunk of each weight row is
+//   dequantized once into two float16 (block scales once per block) and multiplied into 16
+//   float16 accumulators, so dequantization is shared by the tile's tokens and every activation
+//   load by its rows. Work-items are numbered token-tile fastest, so the work-items of one
+//   work-group share weight rows in cache.
+#pragma OPENCL FP_CONTRACT ON
+
+#define MAX_TM 8
+#define MAX_TN 4
+
+inline void linear_tile(const int TM, const int TN, const global float* x, int T, int K,
+                        const global uchar* w, long w_row_bytes, int N,
+                        const global float* bias, int has_bias, global float* out, int ldo) {
+  const int tiles_t = (T + TM - 1) / TM;
+  const int gid = (int)get_global_id(0);
+  const int t0 = (gid % tiles_t) * TM, n0 = (gid / tiles_t) * TN;
+  if (n0 >= N) return;
+
+  const global uchar* wr[MAX_TN];
+#pragma unroll
+  for (int i = 0; i < TN; ++i) wr[i] = w + (long)min(n0 + i, N - 1) * w_row_bytes;
+  const global float* xr[MAX_TM];
+#pragma unroll
+  for (int m = 0; m < TM; ++m) xr[m] = x + (long)min(t0 + m, T - 1) * K;
+
+  float16 acc[MAX_TM][MAX_TN];
+#pragma unroll
+  for (int m = 0; m < TM; ++m)
+#pragma unroll
+    for (int i = 0; i < TN; ++i) acc[m][i] = (float16)(0.0f);
+
+  const int blocks = K / (CHUNK * W_CHUNKS);
+  for (int b = 0; b < blocks; ++b) {
+    wscales sc[MAX_TN];
+#pragma unroll
+    for (int i = 0; i < TN; ++i) sc[i] = block_scales(wr[i] + (long)b * W_BLOCK_BYTES);
+#pragma unroll
+    for (int j = 0; j < W_CHUNKS; ++j) {
+      const int k = (b * W_CHUNKS + j) * CHUNK;
+      float16 xl[MAX_TM], xh[MAX_TM];
+#pragma unroll
+      for (int m = 0; m < TM; ++m) {
+        xl[m] = vload16(0, xr[m] + k);
+        xh[m] = vload16(1, xr[m] + k);
+      }
+#pragma unroll
+      for (int i = 0; i < TN; ++i) {
+        float16 wl, wh;
+        block_chunk(wr[i] + (long)b * W_BLOCK_BYTES, sc[i], j, &wl, &wh);
+#pragma unroll
+        for (int m = 0; m < TM; ++m) acc[m][i] = fma(xh[m], wh, fma(xl[m], wl, acc[m][i]));
+      }
+    }
+  }
+
+#pragma unroll
+  for (int m = 0; m < TM; ++m) {
+    const int t = t0 + m;
+#pragma unroll
+    for (int i = 0; i < TN; ++i) {
+      const int n = n0 + i;
+      float s = sum16(acc[m][i]);
+#ifdef W_FLOAT  // plain floats allow any K: the last K % 32 elements one by one
+      for (int k = blocks * CHUNK; k < K; ++k) s = fma(xr[m][k], load_elem(wr[i], k), s);
+#endif
+      if (has_bias) s += bias[min(n, N - 1)];
+      if (t < T && n < N) out[(long)t * ldo + n] = s;
+    }
+  }
+}
+
+// Offsets are in elements of each pointer's type (bytes for w); out already points at the
+// first column this weight fills (out_col) and ldo is the row stride of the whole output.
+#define LINEAR_ARGS                                                                          \
+  const global float *x, long x_off, int T, int K, const global uchar *w, long w_off,         \
+      long w_row_bytes, int N, const global float *bias, long bias_off, int has_bias,         \
+      global float *out, long out_off, int ldo
+
+kernel void linear_t8(LINEAR_ARGS) {
+  linear_tile(8, 2, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+}
+
+// One token: one weight row per work-item, read front to back (a single sequential stream per
+// row keeps the hardware prefetchers busy; interleaving several short rows starves them).
+kernel void linear_t1(LINEAR_ARGS) {
+  const int n = (int)get_global_id(0);
+  if (n >= N) return;
+  x += x_off;
+  const global uchar* row = w + w_off + (long)n * w_row_bytes;
+  // Two accumulators: one FMA chain per half-chunk, so the loop is not bound by FMA latency.
+  float16 acc_lo = (float16)(0.0f), acc_hi = (float16)(0.0f);
+  const int blocks = K / (CHUNK * W_CHUNKS);
+  for (int b = 0; b < blocks; ++b) {
+    const global uchar* blk = row + (long)b * W_BLOCK_BYTES;
+    const wscales sc = block_scales(blk);
+#pragma unroll
+    for (int j = 0; j < W_CHUNKS; ++j) {
+      const int k = (b * W_CHUNKS + j) * CHUNK;
+      float16 wl, wh;
+      block_chunk(blk, sc, j, &wl, &wh);
+      acc_lo = fma(vload16(0, x + k), wl, acc_lo);
+      acc_hi = fma(vload16(1, x + k), wh, acc_hi);
+    }
+  }
+  float s = sum16(acc_lo + acc_hi);
+#ifdef W_FLOAT
+  for (int k = blocks * CHUNK; k < K; ++k) s = fma(x[k], load_elem(row, k), s);
+#endif
+  if (has_bias) s += bias[bias_off + n];
+  out[out_off + n] = s;
+}
+
+kernel void linear_t4(LINEAR_ARGS) {
+  linear_tile(4, 4, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+}
+
+// out[t, :] = table[ids[t], :] for the table rows [row0, row0 + nrows) this buffer holds (a table
+// larger than one device allocation is several buffers, one launch each). Ids outside the
+// vocabulary give zero rows, written by the launch with zero_invalid set. One work-item per
+// (token, 32-element chunk).
+kernel void embedding_rows(const global int* ids, long ids_off, int T, const global uchar* table,
+                           long table_off, long row_bytes, int row0, int nrows, int vocab, int H,
+                           int zero_invalid, global float* out, long out_off) {
+  const int chunks = (H + CHUNK - 1) / CHUNK;
+  const int gid = (int)get_global_id(0);
+  const int t = gid / chunks, c = gid % chunks;
+  if (t >= T) return;
+  const int id = ids[ids_off + t];
+  global float* o = out + out_off + (long)t * H + CHUNK * c;
+  const int n = min(CHUNK, H - CHUNK * c);
+  if (id < 0 || id >= vocab) {
+    if (zero_invalid)
+      for (int k = 0; k < n; ++k) o[k] = 0.0f;
+    return;
+  }
+  if (id < row0 || id >= row0 + nrows) return;
+  const global uchar* row = table + table_off + (long)(id - row0) * row_bytes;
+  if (n == CHUNK) {
+    const global uchar* blk = row + (long)(c / W_CHUNKS) * W_BLOCK_BYTES;
+    float16 lo, hi;
+    block_chunk(blk, block_scales(blk), c % W_CHUNKS, &lo, &hi);
+    vstore16(lo, 0, o);
+    vstore16(hi, 1, o);
+    return;
+  }
+#ifdef W_FLOAT
+  for (int k = 0; k < n; ++k) o[k] = load_elem(row, CHUNK * c + k);
+#endif
+}

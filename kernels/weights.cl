@@ -1,0 +1,257 @@
+// Weight rows in their stored layout (plain floats or GGUF blocks, see cpp/quant/formats.h).
+// The program is built with exactly one -DW_<TYPE>, which defines:
+//   W_CHUNKS       32-element chunks per block (1 for plain floats and the 32-element formats,
+//                  8 for the 256-element k-quants), W_BLOCK_BYTES the block size in bytes;
+//   wscales        a block's scales, decoded once per block by block_scales(block);
+//   block_chunk    chunk j of a block as two float16 (lo = its first 16 elements).
+// Decoding the scales once per block and not once per chunk is what makes the k-quants fast.
+//
+// Dequantization keeps the operation order of cpp/quant/dequantize.cpp and is not contracted
+// into FMAs, so embedding rows equal the reference dequantizer bit for bit.
+#pragma OPENCL FP_CONTRACT OFF
+
+#define CHUNK 32  // elements per block_chunk
+
+// 16 bytes from any address. vload16 on uchar is split into byte loads by some compilers
+// (pocl among them); an under-aligned vector type gives one unaligned vector load.
+typedef uchar16 __attribute__((aligned(1))) uchar16_unaligned;
+inline uchar16 load_bytes16(const global uchar* p) { return *(const global uchar16_unaligned*)p; }
+
+// The f16 pair (d, m) at p.
+inline float2 load_f16x2(const global uchar* p) {
+  const uint2 h = (uint2)(((const global ushort*)p)[0], ((const global ushort*)p)[1]);
+  return as_float2(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 0x1p112f;
+}
+
+inline uint load_u32_bytes(const global uchar* p) {
+  return (uint)p[0] | ((uint)p[1] << 8) | ((uint)p[2] << 16) | ((uint)p[3] << 24);
+}
+// A block's f16 scale. The float's exponent field is re-biased by one multiply, exact for every
+// finite half including subnormals (quantizers never write inf / NaN scales); pocl's scalar
+// vload_half is a branchy software routine that cost more than the whole block's math.
+inline float load_f16(const global uchar* p) {
+  const uint h = *(const global ushort*)p;
+  return as_float(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 0x1p112f;
+}
+
+// Bit j of qh, for j = base .. base + 15, as 0 / 1 per lane.
+inline int16 bits16(uint qh, int base) {
+  const uint16 lane = (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return convert_int16(((uint16)(qh) >> (lane + (uint)base)) & 1u);
+}
+
+// The eight 6-bit scales and mins of a Q4_K / Q5_K super-block (see k4_scale_min in formats.h):
+// sub-blocks 0-3 in the low 6 bits of bytes 0-3 / 4-7, sub-blocks 4-7 in bytes 8-11 plus the top
+// two bits of bytes 0-3 / 4-7. Multiplied by d / dmin as the reference does.
+typedef struct {
+  float d[8], m[8];
+} k4_scales;
+inline k4_scales k4_block_scales(const global uchar* b) {
+  const uchar16 s = load_bytes16(b + 4);  // bytes 4..15 are the scales; 16..19 belong to qs
+  const uchar4 lo = s.s0123, mid = s.s4567, hi = s.s89ab;
+  const uchar8 sc = (uchar8)(lo & (uchar)63, (hi & (uchar)15) | ((lo >> (uchar)6) << (uchar)4));
+  const uchar8 mn = (uchar8)(mid & (uchar)63, (hi >> (uchar)4) | ((mid >> (uchar)6) << (uchar)4));
+  k4_scales r;
+  vstore8(load_f16(b) * convert_float8(sc), 0, r.d);
+  vstore8(load_f16(b + 2) * convert_float8(mn), 0, r.m);
+  return r;
+}
+
+#if defined(W_F32)
+#define W_CHUNKS 1
+#define W_BLOCK_BYTES 128
+#define W_FLOAT 1
+typedef int wscales;
+inline wscales block_scales(const global uchar* b) { return 0; }
+inline float load_elem(const global uchar* row, int k) { return ((const global float*)row)[k]; }
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  *lo = vload16(0, (const global float*)b);
+  *hi = vload16(1, (const global float*)b);
+}
+
+#elif defined(W_F16)
+#define W_CHUNKS 1
+#define W_BLOCK_BYTES 64
+#define W_FLOAT 1
+typedef int wscales;
+inline wscales block_scales(const global uchar* b) { return 0; }
+inline float load_elem(const global uchar* row, int k) { return vload_half(k, (const global half*)row); }
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  *lo = vload_half16(0, (const global half*)b);
+  *hi = vload_half16(1, (const global half*)b);
+}
+
+#elif defined(W_BF16)
+#define W_CHUNKS 1
+#define W_BLOCK_BYTES 64
+#define W_FLOAT 1
+typedef int wscales;
+inline wscales block_scales(const global uchar* b) { return 0; }
+inline float load_elem(const global uchar* row, int k) { return bf16_to_f32(((const global ushort*)row)[k]); }
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  *lo = as_float16(convert_uint16(vload16(0, (const global ushort*)b)) << 16);
+  *hi = as_float16(convert_uint16(vload16(1, (const global ushort*)b)) << 16);
+}
+
+#elif defined(W_Q4_0)  // 18 bytes: d, qs[16]; x = d * (q - 8)
+#define W_CHUNKS 1
+#define W_BLOCK_BYTES 18
+typedef float wscales;
+inline wscales block_scales(const global uchar* b) { return load_f16(b); }
+inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
+  const uchar16 q = load_bytes16(b + 2);
+  *lo = convert_float16(convert_int16(q & (uchar)15) - 8) * d;
+  *hi = convert_float16(convert_int16(q >> (uchar)4) - 8) * d;
+}
+
+#elif defined(W_Q4_1)  // 20 bytes: d, m, qs[16]; x = d * q + m
+#define W_CHUNKS 1
+#define W_BLOCK_BYTES 20
+typedef float2 wscales;
+inline wscales block_scales(const global uchar* b) { return load_f16x2(b); }
+inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, float16* hi) {
+  const uchar16 q = load_bytes16(b + 4);
+  *lo = convert_float16(q & (uchar)15) * dm.x + dm.y;
+  *hi = convert_float16(q >> (uchar)4) * dm.x + dm.y;
+}
+
+#elif defined(W_Q5_0)  // 22 bytes: d, qh[4], qs[16]; x = d * (q - 16)
+#define W_CHUNKS 1
+#define W_BLOCK_BYTES 22
+typedef float wscales;
+inline wscales block_scales(const global uchar* b) { return load_f16(b); }
+inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
+  const uint qh = load_u32_bytes(b + 2);
+  const uchar16 q = load_bytes16(b + 6);
+  *lo = convert_float16((convert_int16(q & (uchar)15) | (bits16(qh, 0) << 4)) - 16) * d;
+  *hi = convert_float16((convert_int16(q >> (uchar)4) | (bits16(qh, 16) << 4)) - 16) * d;
+}
+
+#elif defined(W_Q5_1)  // 24 bytes: d, m, qh[4], qs[16]; x = d * q + m
+#define W_CHUNKS 1
+#define W_BLOCK_BYTES 24
+typedef float2 wscales;
+inline wscales block_scales(const global uchar* b) { return load_f16x2(b); }
+inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, float16* hi) {
+  const uint qh = load_u32_bytes(b + 4);
+  const uchar16 q = load_bytes16(b + 8);
+  *lo = convert_float16(convert_int16(q & (uchar)15) | (bits16(qh, 0) << 4)) * dm.x + dm.y;
+  *hi = convert_float16(convert_int16(q >> (uchar)4) | (bits16(qh, 16) << 4)) * dm.x + dm.y;
+}
+
+#elif defined(W_Q8_0)  // 34 bytes: d, qs[32]; x = d * q
+#define W_CHUNKS 1
+#define W_BLOCK_BYTES 34
+typedef float wscales;
+inline wscales block_scales(const global uchar* b) { return load_f16(b); }
+inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
+  *lo = convert_float16(as_char16(load_bytes16(b + 2))) * d;
+  *hi = convert_float16(as_char16(load_bytes16(b + 18))) * d;
+}
+
+#elif defined(W_Q4_K)  // 144 bytes: d, dmin, scales[12], qs[128]; x = d*sc*q - dmin*m
+#define W_CHUNKS 8
+#define W_BLOCK_BYTES 144
+typedef k4_scales wscales;
+inline wscales block_scales(const global uchar* b) { return k4_block_scales(b); }
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  // Chunks 2i and 2i + 1 are the low and high nibbles of qs[32i .. 32i + 31].
+  const global uchar* q = b + 16 + 32 * (j >> 1);
+  const uchar shift = (uchar)(4 * (j & 1));
+  *lo = s.d[j] * convert_float16((load_bytes16(q) >> shift) & (uchar)15) - s.m[j];
+  *hi = s.d[j] * convert_float16((load_bytes16(q + 16) >> shift) & (uchar)15) - s.m[j];
+}
+
+#elif defined(W_Q5_K)  // 176 bytes: d, dmin, scales[12], qh[32], qs[128]
+#define W_CHUNKS 8
+#define W_BLOCK_BYTES 176
+typedef k4_scales wscales;
+inline wscales block_scales(const global uchar* b) { return k4_block_scales(b); }
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  const global uchar* q = b + 48 + 32 * (j >> 1);
+  const uchar shift = (uchar)(4 * (j & 1)), hb = (uchar)j;  // element l's fifth bit: bit j of qh[l]
+  const uchar16 q0 = ((load_bytes16(q) >> shift) & (uchar)15) | (((load_bytes16(b + 16) >> hb) & (uchar)1) << (uchar)4);
+  const uchar16 q1 = ((load_bytes16(q + 16) >> shift) & (uchar)15) | (((load_bytes16(b + 32) >> hb) & (uchar)1) << (uchar)4);
+  *lo = s.d[j] * convert_float16(q0) - s.m[j];
+  *hi = s.d[j] * convert_float16(q1) - s.m[j];
+}
+
+#elif defined(W_Q6_K)  // 210 bytes: ql[128], qh[64], scales[16] (int8), d; x = d*sc*(q - 32)
+#define W_CHUNKS 8
+#define W_BLOCK_BYTES 210
+typedef struct {
+  float d[16];
+} wscales;
+inline wscales block_scales(const global uchar* b) {
+  wscales s;
+  vstore16(load_f16(b + 208) * convert_float16(as_char16(load_bytes16(b + 192))), 0, s.d);
+  return s;
+}
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  // Each half (128 elements) takes 64 bytes of ql and 32 of qh; its four chunks g = 0..3 use the
+  // low / high nibbles of ql[0..31] / ql[32..63] and the 2-bit fields 2g of qh.
+  const int h = j >> 2, g = j & 3;
+  const global uchar* ql = b + 64 * h + 32 * (g & 1);
+  const global uchar* qh = b + 128 + 32 * h;
+  const uchar ls = (uchar)(4 * (g >> 1)), hs = (uchar)(2 * g);
+  const int16 q0 = convert_int16(((load_bytes16(ql) >> ls) & (uchar)15) | (((load_bytes16(qh) >> hs) & (uchar)3) << (uchar)4)) - 32;
+  const int16 q1 = convert_int16(((load_bytes16(ql + 16) >> ls) & (uchar)15) | (((load_bytes16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - 32;
+  *lo = s.d[8 * h + 2 * g] * convert_float16(q0);
+  *hi = s.d[8 * h + 2 * g + 1] * convert_float16(q1);
+}
+
+#elif defined(W_Q2_K)  // 84 bytes: scales[16], qs[64], d, dmin; x = d*(sc&15)*q - dmin*(sc>>4)
+#define W_CHUNKS 8
+#define W_BLOCK_BYTES 84
+typedef struct {
+  float d[16], m[16];
+} wscales;
+inline wscales block_scales(const global uchar* b) {
+  const uchar16 sc = load_bytes16(b);
+  wscales s;
+  vstore16(load_f16(b + 80) * convert_float16(sc & (uchar)15), 0, s.d);
+  vstore16(load_f16(b + 82) * convert_float16(sc >> (uchar)4), 0, s.m);
+  return s;
+}
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  // Each half (128 elements) is 32 bytes of qs holding four 2-bit planes; chunk j is plane j % 4
+  // of half j / 4, and its two 16-element parts have their own scale / min (sub-blocks 2j, 2j+1).
+  const global uchar* q = b + 16 + 32 * (j >> 2);
+  const uchar shift = (uchar)(2 * (j & 3));
+  *lo = s.d[2 * j] * convert_float16((load_bytes16(q) >> shift) & (uchar)3) - s.m[2 * j];
+  *hi = s.d[2 * j + 1] * convert_float16((load_bytes16(q + 16) >> shift) & (uchar)3) - s.m[2 * j + 1];
+}
+
+#elif defined(W_Q3_K)  // 110 bytes: hmask[32], qs[64], scales[12], d; x = d*(sc-32)*(q-4)
+#define W_CHUNKS 8
+#define W_BLOCK_BYTES 110
+typedef struct {
+  float d[16];
+} wscales;
+typedef uchar8 __attribute__((aligned(1))) uchar8_unaligned;
+typedef uchar4 __attribute__((aligned(1))) uchar4_unaligned;
+inline wscales block_scales(const global uchar* b) {
+  // Sub-block i's 6-bit scale: low 4 bits from the low (i < 8) or high nibble of byte i % 8,
+  // top 2 bits from bits 2 (i / 4) of byte 8 + i % 4 (see q3k_scale in formats.h).
+  const uchar8 low = *(const global uchar8_unaligned*)(b + 96);
+  const uchar4 top = *(const global uchar4_unaligned*)(b + 104);
+  const uchar16 shifts = (uchar16)(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+  const uchar16 sc = (uchar16)(low & (uchar)15, low >> (uchar)4) |
+                     ((((uchar16)(top, top, top, top) >> shifts) & (uchar)3) << (uchar)4);
+  wscales s;
+  vstore16(load_f16(b + 108) * convert_float16(convert_int16(sc) - 32), 0, s.d);
+  return s;
+}
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  // As Q2_K's planes, plus a third bit per element: bit j of hmask[k] set means q, clear q - 4.
+  const global uchar* q = b + 32 + 32 * (j >> 2);
+  const uchar shift = (uchar)(2 * (j & 3)), hb = (uchar)j;
+  const int16 v0 = convert_int16((load_bytes16(q) >> shift) & (uchar)3) - 4 + 4 * convert_int16((load_bytes16(b) >> hb) & (uchar)1);
+  const int16 v1 = convert_int16((load_bytes16(q + 16) >> shift) & (uchar)3) - 4 + 4 * convert_int16((load_bytes16(b + 16) >> hb) & (uchar)1);
+  *lo = s.d[2 * j] * convert_float16(v0);
+  *hi = s.d[2 * j + 1] * convert_float16(v1);
+}
+
+#else
+#error "build with one -DW_<TYPE>"
+#endif

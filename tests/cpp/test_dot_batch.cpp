@@ -1,0 +1,101 @@
+// The batched dot kernel (many activation rows per weight block): equal to the dequantized
+// reference within float rounding, bit-identical to the row kernel, whatever the batch size.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "quant/quant.h"
+
+namespace ferrum::quant {
+namespace {
+
+std::vector<float> random_row(std::mt19937& rng, int64_t n) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> x(static_cast<size_t>(n));
+  float amp = 1, shift = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i % 32 == 0) amp = std::exp(2 * u(rng)), shift = 0.3f * u(rng);
+    x[size_t(i)] = amp * (u(rng) + shift);
+  }
+  return x;
+}
+
+struct Case {
+  std::vector<uint8_t> w, act;
+  std::vector<float> wf, af;  // dequantized weights [rows, n] and activations [T, n]
+  size_t w_row_bytes = 0, act_row_bytes = 0;
+};
+
+Case make_case(DType wt, int64_t n, int64_t rows, int64_t T, std::mt19937& rng) {
+  Case c;
+  const DType at = dot_kernel(wt).act_type;
+  c.w_row_bytes = dtype_bytes(wt, n);
+  c.act_row_bytes = dtype_bytes(at, n);
+  c.w.resize(c.w_row_bytes * size_t(rows));
+  c.wf.resize(size_t(rows * n));
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> x = random_row(rng, n);
+    quantize_row(wt, x.data(), c.w.data() + r * c.w_row_bytes, n);
+    dequantize_row(wt, c.w.data() + r * c.w_row_bytes, c.wf.data() + r * n, n);
+  }
+  c.act.resize(c.act_row_bytes * size_t(T));
+  c.af.resize(size_t(T * n));
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> a = random_row(rng, n);
+    quantize_row(at, a.data(), c.act.data() + t * c.act_row_bytes, n);
+    dequantize_row(at, c.act.data() + t * c.act_row_bytes, c.af.data() + t * n, n);
+  }
+  return c;
+}
+
+const DType kLegacy[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0};
+
+TEST(DotBatch, MatchesDequantizedReferenceAndIgnoresBatchSize) {
+  const CpuFeatures& f = cpu_features();
+  const bool expected = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni;
+  std::mt19937 rng(3);
+  for (DType wt : kLegacy) {
+    DotBatchFn batch = dot_batch_kernel(wt);
+    EXPECT_EQ(batch != nullptr, expected) << dtype_name(wt);
+    if (!batch) continue;
+    for (int64_t n : {32, 64, 96, 576, 1536 + 32}) {  // odd block counts too
+      const int64_t rows = 5, T = 19;                 // more than one group of 8 rows, plus a tail
+      SCOPED_TRACE(std::string(dtype_name(wt)) + " n=" + std::to_string(n));
+      Case c = make_case(wt, n, rows, T, rng);
+      const int64_t ldo = rows + 3;
+      std::vector<float> out(size_t(T * ldo), -7.0f);
+      batch(n, c.w.data(), c.w_row_bytes, rows, c.act.data(), c.act_row_bytes, T, out.data(), ldo);
+      for (int64_t t = 0; t < T; ++t) {
+        double sum_abs_a = 0;
+        for (int64_t i = 0; i < n; ++i) sum_abs_a += std::fabs(c.af[size_t(t * n + i)]);
+        for (int64_t r = 0; r < rows; ++r) {
+          double ref = 0, wmax = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            ref += double(c.wf[size_t(r * n + i)]) * c.af[size_t(t * n + i)];
+            wmax = std::max(wmax, double(std::fabs(c.wf[size_t(r * n + i)])));
+          }
+          EXPECT_NEAR(out[size_t(t * ldo + r)], ref, 2e-5 * wmax * sum_abs_a) << "t " << t << " r " << r;
+        }
+        for (int64_t r = rows; r < ldo; ++r) EXPECT_EQ(out[size_t(t * ldo + r)], -7.0f);  // untouched
+      }
+      // Each activation row alone, and the row kernel, give bit-identical results to the batch.
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<float> one(static_cast<size_t>(rows)), by_row(static_cast<size_t>(rows));
+        const uint8_t* a = c.act.data() + t * c.act_row_bytes;
+        batch(n, c.w.data(), c.w_row_bytes, rows, a, c.act_row_bytes, 1, one.data(), rows);
+        dot_kernel(wt).dot_rows(n, c.w.data(), c.w_row_bytes, rows, a, by_row.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_EQ(one[size_t(r)], out[size_t(t * ldo + r)]);
+          EXPECT_EQ(by_row[size_t(r)], out[size_t(t * ldo + r)]);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(dot_batch_kernel(DType::F32), nullptr);  // the row kernels serve the other types
+}
+
+}  // namespace
+}  // namespace ferrum::quant

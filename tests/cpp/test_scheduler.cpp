@@ -1,0 +1,309 @@
+// The scheduler's invariants, with a real BlockManager and no model: a "forward" here records
+// the scheduled tokens as cached (what ModelRunner::step does after computing them), and
+// "sampling" appends a token derived from the sequence.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+
+#include "core/error.h"
+#include "engine/block_manager.h"
+#include "engine/scheduler.h"
+
+using namespace ferrum;
+
+namespace {
+
+constexpr int64_t kBs = BlockManager::kBlockSize;
+
+std::vector<int32_t> prompt_of(int64_t n, int32_t first = 1) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = first + int32_t(i % 97);
+  return p;
+}
+
+struct Harness {
+  BlockManager blocks;
+  Scheduler sched;
+  std::map<int64_t, int64_t> generated;  // per sequence
+  std::map<int64_t, int64_t> max_tokens;
+
+  Harness(int64_t num_blocks, int64_t max_seqs, int64_t budget, int64_t max_model_len = 4096, bool prefix = false)
+      : blocks(num_blocks, prefix), sched(blocks, SchedulerOptions{max_seqs, budget, max_model_len}) {}
+
+  int64_t add(int64_t prompt_len, int64_t max_new, int32_t first = 1) {
+    int64_t id = sched.add(prompt_of(prompt_len, first));
+    max_tokens[id] = max_new;
+    return id;
+  }
+
+  // One step: schedule, "compute", then sample every row; returns the plan.
+  SchedulerOutput step() {
+    SchedulerOutput out = sched.schedule();
+    for (const ScheduledChunk& c : out.chunks) {
+      const auto& toks = sched.sequence(c.seq).tokens;
+      blocks.append(c.kv, toks.data() + c.start, c.count);
+    }
+    sched.computed(out);
+    for (const ScheduledChunk& c : out.chunks) {
+      if (!c.sample) continue;
+      const Sequence& s = sched.sequence(c.seq);
+      const int32_t token = int32_t((c.seq * 31 + s.length()) % 500 + 3);
+      if (++generated[c.seq] >= max_tokens[c.seq] || sched.append_token(c.seq, token)) sched.finish(c.seq);
+    }
+    return out;
+  }
+
+  void run_to_end(int64_t max_steps = 100000) {
+    for (int64_t i = 0; i < max_steps && sched.has_unfinished(); ++i) step();
+    ASSERT_FALSE(sched.has_unfinished());
+  }
+};
+
+}  // namespace
+
+TEST(Scheduler, DecodesFirstThenPromptChunksWithinTheTokenBudget) {
+  Harness h(64, 8, 8);
+  const int64_t a = h.add(3, 100);
+  SchedulerOutput s1 = h.step();
+  ASSERT_EQ(s1.chunks.size(), 1u);
+  EXPECT_EQ(s1.chunks[0].count, 3);
+  EXPECT_TRUE(s1.chunks[0].sample);
+  const int64_t b = h.add(20, 100);
+  for (int64_t start : {0, 7}) {
+    SchedulerOutput s = h.step();
+    ASSERT_EQ(s.chunks.size(), 2u);
+    EXPECT_EQ(s.chunks[0].seq, a);
+    EXPECT_EQ(s.chunks[0].count, 1);
+    EXPECT_EQ(s.chunks[1].seq, b);
+    EXPECT_EQ(s.chunks[1].start, start);
+    EXPECT_EQ(s.chunks[1].count, 7);
+    EXPECT_FALSE(s.chunks[1].sample);
+    EXPECT_EQ(s.num_tokens, 8);
+  }
+  SchedulerOutput s4 = h.step();
+  ASSERT_EQ(s4.chunks.size(), 2u);
+  EXPECT_EQ(s4.chunks[1].count, 6);
+  EXPECT_TRUE(s4.chunks[1].sample);  // the prompt is complete: its last row is sampled
+  h.sched.finish(a);
+  h.sched.finish(b);
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
+
+TEST(Scheduler, NeverMoreThanMaxNumSeqsRunning) {
+  Harness h(256, 3, 64);
+  for (int i = 0; i < 10; ++i) h.add(5 + i, 4);
+  while (h.sched.has_unfinished()) {
+    SchedulerOutput s = h.step();
+    EXPECT_LE(h.sched.running().size(), 3u);
+    EXPECT_LE(s.chunks.size(), 3u);
+  }
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
+
+TEST(Scheduler, PreemptsTheYoungestAndRecomputesItsTokens) {
+  // 4 blocks: three sequences of 15-token prompts fit at first and then outgrow the pool.
+  Harness h(4, 8, 64);
+  const int64_t ids[] = {h.add(15, 40), h.add(15, 40, 7), h.add(15, 40, 9)};
+  bool seen = false;
+  for (int step = 0; step < 200 && h.sched.has_unfinished(); ++step) {
+    std::set<int64_t> running_before = h.sched.running();
+    std::map<int64_t, std::vector<int32_t>> tokens_before;
+    std::set<int64_t> preempted_before;
+    for (int64_t id : ids)
+      if (h.sched.contains(id)) {
+        tokens_before[id] = h.sched.sequence(id).tokens;
+        if (h.sched.sequence(id).preemptions > 0) preempted_before.insert(id);
+      }
+    SchedulerOutput s = h.step();
+    for (int64_t victim : s.preempted) {
+      seen = true;
+      // The youngest of those running, and none of those still running is younger.
+      EXPECT_TRUE(running_before.count(victim));
+      for (int64_t r : h.sched.running()) EXPECT_LT(r, victim);
+      const Sequence& v = h.sched.sequence(victim);
+      EXPECT_EQ(v.kv, -1);
+      EXPECT_EQ(v.computed, 0);
+      EXPECT_EQ(v.tokens, tokens_before[victim]);  // what it generated is kept, to recompute
+      EXPECT_TRUE(h.sched.waiting().count(victim));
+      for (const ScheduledChunk& c : s.chunks) EXPECT_NE(c.seq, victim);
+    }
+    // A readmitted sequence recomputes everything it holds in one chunk and samples its next token.
+    for (const ScheduledChunk& c : s.chunks)
+      if (preempted_before.count(c.seq) && c.start == 0) {
+        EXPECT_EQ(c.count, int64_t(tokens_before[c.seq].size()));
+        EXPECT_TRUE(c.sample);
+      }
+    EXPECT_LE(h.blocks.num_used(), 4);
+  }
+  EXPECT_TRUE(seen);
+  EXPECT_FALSE(h.sched.has_unfinished());
+  for (int64_t id : ids) EXPECT_EQ(h.generated[id], 40);  // every one got all its tokens
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
+
+TEST(Scheduler, OldestAloneFillingThePoolEnds) {
+  Harness h(2, 8, 64);
+  const int64_t a = h.add(5, 1000);
+  int64_t ended_at = -1;
+  for (int step = 0; step < 100 && ended_at < 0; ++step) {
+    SchedulerOutput s = h.step();
+    if (!s.ended.empty()) {
+      EXPECT_EQ(s.ended, std::vector<int64_t>{a});
+      ended_at = step;
+    }
+  }
+  ASSERT_GE(ended_at, 0);
+  EXPECT_FALSE(h.sched.contains(a));
+  EXPECT_EQ(h.generated[a], 2 * kBs - 5 + 1);  // every slot was used, then one more token sampled
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
+
+TEST(Scheduler, AdmissionWaitsUntilTheWholeSequenceFits) {
+  Harness h(3, 8, 64);
+  const int64_t a = h.add(40, 3);  // needs all 3 blocks (41 tokens)
+  const int64_t b = h.add(5, 3);
+  SchedulerOutput s1 = h.step();
+  ASSERT_EQ(s1.chunks.size(), 1u);
+  EXPECT_EQ(s1.chunks[0].seq, a);
+  EXPECT_TRUE(h.sched.waiting().count(b));
+  while (h.sched.contains(a)) {
+    SchedulerOutput s = h.step();
+    for (const ScheduledChunk& c : s.chunks) EXPECT_EQ(c.seq, a);
+  }
+  SchedulerOutput s = h.step();
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].seq, b);
+  h.run_to_end();
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
+
+TEST(Scheduler, RejectsWhatCanNeverRun) {
+  BlockManager blocks(4, true);
+  Scheduler s(blocks, SchedulerOptions{4, 16, 100});
+  EXPECT_THROW(s.add({}), ValueError);
+  EXPECT_THROW(s.add(prompt_of(100)), ValueError);  // no room for a generated token
+  EXPECT_THROW(s.add(prompt_of(64)), ValueError);   // 65 tokens need 5 blocks of 4
+  EXPECT_NO_THROW(s.add(prompt_of(63)));
+  EXPECT_THROW(Scheduler(blocks, SchedulerOptions{0, 16, 100}), ValueError);
+  EXPECT_THROW(Scheduler(blocks, SchedulerOptions{4, 0, 100}), ValueError);
+  EXPECT_THROW(BlockManager(0, true), ValueError);
+  EXPECT_THROW(BlockManager(-5, true), ValueError);
+}
+
+TEST(Scheduler, AppendTokenOnlyWhenASampleIsDueAndEndsAtMaxModelLen) {
+  Harness h(16, 4, 64, /*max_model_len=*/8);
+  const int64_t a = h.add(6, 100);
+  EXPECT_THROW(h.sched.append_token(a, 5), ValueError);  // not computed yet
+  SchedulerOutput s = h.sched.schedule();
+  for (const ScheduledChunk& c : s.chunks) h.blocks.append(c.kv, h.sched.sequence(c.seq).tokens.data(), c.count);
+  h.sched.computed(s);
+  EXPECT_FALSE(h.sched.append_token(a, 5));  // 7 tokens
+  EXPECT_THROW(h.sched.append_token(a, 5), ValueError);  // one per step
+  s = h.sched.schedule();
+  for (const ScheduledChunk& c : s.chunks)
+    h.blocks.append(c.kv, h.sched.sequence(c.seq).tokens.data() + c.start, c.count);
+  h.sched.computed(s);
+  EXPECT_TRUE(h.sched.append_token(a, 5));  // 8 tokens = max_model_len
+  h.sched.finish(a);
+  h.sched.finish(a);  // twice is harmless
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
+
+TEST(Scheduler, AbortMidPrefillAndMidDecodeFreesBlocks) {
+  Harness h(32, 4, 8);
+  const int64_t a = h.add(30, 100);
+  h.step();
+  EXPECT_EQ(h.sched.sequence(a).computed, 8);  // mid-prefill
+  EXPECT_GT(h.blocks.num_used(), 0);
+  h.sched.finish(a);
+  EXPECT_EQ(h.blocks.num_used(), 0);
+  const int64_t b = h.add(3, 100);
+  for (int i = 0; i < 5; ++i) h.step();
+  EXPECT_EQ(h.sched.sequence(b).generated(), 5);  // decoding
+  h.sched.finish(b);
+  EXPECT_EQ(h.blocks.num_used(), 0);
+  EXPECT_EQ(h.blocks.num_sequences(), 0);
+}
+
+TEST(Scheduler, PrefixCacheAdoptsFullBlocksAndRecomputesTheLastToken) {
+  Harness h(32, 4, 256, 4096, /*prefix=*/true);
+  const int64_t a = h.add(40, 2);
+  h.run_to_end();
+  EXPECT_FALSE(h.sched.contains(a));
+  EXPECT_EQ(h.blocks.num_used(), 0);
+  EXPECT_EQ(h.blocks.num_cached(), 2);  // the finished sequence left its full blocks cached
+  const int64_t b = h.add(40, 2);       // the same prompt
+  SchedulerOutput s = h.step();
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].seq, b);
+  EXPECT_EQ(s.chunks[0].start, 32);
+  EXPECT_EQ(s.chunks[0].count, 8);
+  // A prompt of exactly two blocks still computes its last token: one block is adopted.
+  const int64_t c = h.add(32, 2);
+  s = h.step();
+  bool found = false;
+  for (const ScheduledChunk& ch : s.chunks)
+    if (ch.seq == c) {
+      found = true;
+      EXPECT_EQ(ch.start, 16);
+      EXPECT_EQ(ch.count, 16);
+    }
+  EXPECT_TRUE(found);
+  h.run_to_end();
+  EXPECT_EQ(h.blocks.num_used(), 0);
+  EXPECT_EQ(h.blocks.prefix_stats().hit_tokens, 32 + 16);
+}
+
+TEST(Scheduler, RandomWorkloadKeepsEveryInvariant) {
+  for (bool prefix : {false, true}) {
+    std::mt19937 rng(prefix ? 7 : 3);
+    auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    const int64_t num_blocks = 24, max_seqs = 6, budget = 37;
+    Harness h(num_blocks, max_seqs, budget, 200, prefix);
+    int added = 0;
+    for (int step = 0; step < 20000 && (added < 300 || h.sched.has_unfinished()); ++step) {
+      while (added < 300 && h.sched.waiting().size() < 4) {
+        // Prompts share a few prefixes so the cache gets hits.
+        h.add(uniform(1, 150), uniform(1, 30), 1 + 3 * uniform(0, 2));
+        added++;
+      }
+      if (!h.sched.running().empty() && uniform(0, 40) == 0) {
+        auto it = h.sched.running().begin();
+        std::advance(it, uniform(0, int(h.sched.running().size()) - 1));
+        h.sched.finish(*it);  // abort
+      }
+      SchedulerOutput s = h.step();
+      EXPECT_LE(s.num_tokens, budget);
+      int64_t sum = 0;
+      std::set<int64_t> seen;
+      for (const ScheduledChunk& c : s.chunks) {
+        sum += c.count;
+        EXPECT_GT(c.count, 0);
+        EXPECT_TRUE(seen.insert(c.seq).second) << "a sequence twice in one step";
+      }
+      EXPECT_EQ(sum, s.num_tokens);
+      EXPECT_LE(int64_t(h.sched.running().size()), max_seqs);
+      // Block accounting: every running sequence holds exactly the blocks its cached tokens
+      // need, and the pool's used count is exactly the distinct blocks they hold.
+      std::set<int32_t> held;
+      for (int64_t id : h.sched.running()) {
+        const Sequence& q = h.sched.sequence(id);
+        ASSERT_GE(q.kv, 0);
+        EXPECT_EQ(h.blocks.length(q.kv), q.computed);
+        EXPECT_EQ(int64_t(h.blocks.blocks(q.kv).size()), BlockManager::blocks_for(q.computed));
+        for (int32_t b : h.blocks.blocks(q.kv)) held.insert(b);
+      }
+      for (int64_t id : h.sched.waiting()) EXPECT_EQ(h.sched.sequence(id).kv, -1);
+      EXPECT_EQ(int64_t(held.size()), h.blocks.num_used());
+      EXPECT_LE(h.blocks.num_used(), num_blocks);
+    }
+    EXPECT_FALSE(h.sched.has_unfinished());
+    EXPECT_EQ(h.blocks.num_used(), 0);
+    EXPECT_EQ(h.blocks.num_sequences(), 0);
+    EXPECT_GT(h.sched.num_preemptions(), 0);
+    if (prefix) EXPECT_GT(h.blocks.prefix_stats().hit_tokens, 0);
+  }
+}

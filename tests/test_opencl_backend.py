@@ -1,0 +1,160 @@
+"""What only the OpenCL backend has: device specs, tensors split over several device buffers, the
+program binary cache, launch profiling, and its bad-input errors."""
+import numpy as np
+import pytest
+
+import reference as R
+from ferrum import _core
+
+
+@pytest.fixture(scope="module")
+def ocl():
+    return _core.make_backend("opencl")
+
+
+def test_device_specs_by_index_and_name(ocl):
+    info = _core.opencl.device_info(ocl)
+    platform_word = info["platform"].split()[0].upper()  # case-insensitive substring
+    device_word = info["device"].split("-")[0].lower()
+    for spec in ("opencl", "opencl:0", "opencl:0:0", f"opencl:{platform_word}",
+                 f"opencl:{platform_word}:{device_word}", f"opencl:0:{device_word}"):
+        be = _core.make_backend(spec)
+        assert be.name == "opencl" and _core.opencl.device_info(be)["device"] == info["device"]
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("opencl:7", "no OpenCL platform matches '7'"),
+    ("opencl:no-such-platform", "no OpenCL platform matches"),
+    ("opencl:0:5", "no OpenCL device matches '5'"),
+    ("opencl:0:no-such-device", "no OpenCL device matches"),
+    ("opencl:", "bad OpenCL device spec"),
+    ("opencl:0:0:0", "bad OpenCL device spec"),
+    ("opencl::0", "bad OpenCL device spec"),
+    ("openclx", "unknown device"),
+])
+def test_bad_device_specs_raise_value_error(spec, message):
+    with pytest.raises(ValueError, match=message):
+        _core.make_backend(spec)
+
+
+def test_bad_max_alloc_override(monkeypatch):
+    monkeypatch.setenv("FERRUM_OPENCL_MAX_ALLOC_BYTES", "lots")
+    with pytest.raises(ValueError, match="FERRUM_OPENCL_MAX_ALLOC_BYTES"):
+        _core.make_backend("opencl")
+
+
+@pytest.fixture
+def small_alloc(monkeypatch):
+    """A backend whose buffers hold at most 16 KiB, so ordinary tensors are split."""
+    monkeypatch.setenv("FERRUM_OPENCL_MAX_ALLOC_BYTES", str(16 << 10))
+    be = _core.make_backend("opencl")
+    assert _core.opencl.device_info(be)["max_alloc_bytes"] == 16 << 10
+    return be
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0", "q4_k", "q6_k"])
+def test_split_weights_linear_and_embedding(ocl, small_alloc, rng, dtype):
+    n, k = 301, 512  # f32: 602 KiB over 38 buffers; q4_k: 85 KiB over 6
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    if dtype in ("f32", "f16"):
+        raw = w.astype(np.float16) if dtype == "f16" else w
+        put = lambda be: be.tensor(raw)
+    else:
+        raw = np.concatenate([_core.quant.quantize(dtype, r) for r in w])
+        put = lambda be: be.tensor_raw(raw, dtype, [n, k])
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    ids = np.array([0, 300, 77, 150, -3, 299, 301], np.int32)
+    results = []
+    for be in (ocl, small_alloc):
+        W = put(be)
+        out = be.empty("f32", [3, n + 2])
+        be.linear(be.tensor(x), W, be.tensor(bias), out, out_col=2)
+        emb = be.empty("f32", [len(ids), k])
+        be.embedding(be.tensor(ids), W, emb)
+        back = W.numpy()
+        results.append((out.numpy()[:, 2:], emb.numpy(), back))
+    assert raw.nbytes > 16 << 10
+    (o1, e1, b1), (o2, e2, b2) = results
+    assert R.nmse(o2, o1) < 1e-12
+    np.testing.assert_array_equal(e2, e1)
+    np.testing.assert_array_equal(b2.view(np.uint8), b1.view(np.uint8))  # split upload / download
+
+
+def test_split_tensor_outside_weights_is_a_clear_error(small_alloc):
+    x = small_alloc.tensor(np.ones((64, 128), np.float32))  # 32 KiB: two buffers
+    with pytest.raises(ValueError, match="spans several device buffers"):
+        small_alloc.rms_norm(x, small_alloc.tensor(np.ones(128, np.float32)), 1e-5, small_alloc.empty("f32", [64, 128]))
+    # a view inside one buffer is fine
+    out = small_alloc.empty("f32", [4, 128])
+    small_alloc.rms_norm(x.slice(0, 4), small_alloc.tensor(np.ones(128, np.float32)), 1e-5, out)
+    np.testing.assert_allclose(out.numpy(), 1.0, rtol=1e-5)
+
+
+def test_row_larger_than_max_alloc_is_memory_error(small_alloc):
+    with pytest.raises(MemoryError, match="exceeds the OpenCL device's maximum allocation"):
+        small_alloc.empty("f32", [2, 8192])  # 32 KiB rows
+
+
+def test_huge_allocation_is_memory_error(ocl):
+    with pytest.raises(MemoryError):
+        ocl.empty("f32", [1 << 20, 1 << 20])  # 4 TiB
+
+
+def test_program_binary_cache(monkeypatch, tmp_path, rng):
+    """A fresh cache directory: the first backend compiles, a second one loads the binary."""
+    monkeypatch.setenv("FERRUM_HOME", str(tmp_path))
+    a = rng.standard_normal(100).astype(np.float32)
+    for expect_built in (True, False):
+        be = _core.make_backend("opencl")
+        out = be.empty("f32", [100])
+        be.add(be.tensor(a), be.tensor(a), out)
+        np.testing.assert_array_equal(out.numpy(), a + a)
+        info = _core.opencl.device_info(be)
+        assert (info["programs_built"], info["programs_from_cache"]) == ((1, 0) if expect_built else (0, 1))
+    assert len(list((tmp_path / "opencl").glob("*.bin"))) == 1
+
+
+def test_profiling_reports_each_launch(ocl, rng):
+    x = ocl.tensor(rng.standard_normal((2, 64)).astype(np.float32))
+    w = ocl.tensor(rng.standard_normal((64, 64)).astype(np.float32))
+    h, out = ocl.empty("f32", [2, 64]), ocl.empty("f32", [2, 64])
+    s = ocl.stream()
+    ocl.rms_norm(x, ocl.tensor(np.ones(64, np.float32)), 1e-5, h, stream=s)
+    ocl.linear(h, w, None, out, stream=s)
+    ocl.copy(out, h, stream=s)
+    _core.opencl.set_profiling(s, True)
+    s.submit()
+    s.submit()
+    times = _core.opencl.kernel_times(s)
+    assert [name for name, _ in times] == ["rms_norm", "linear_t4", "copy"] * 2
+    assert all(ns > 0 for _, ns in times)
+    assert _core.opencl.kernel_times(s) == []  # reported once
+
+
+def test_tensors_of_another_backend_are_rejected(ocl):
+    cpu = _core.make_backend("cpu", 1)
+    with pytest.raises(ValueError, match="not an OpenCL tensor"):
+        ocl.add(cpu.tensor(np.ones(4, np.float32)), ocl.tensor(np.ones(4, np.float32)), ocl.empty("f32", [4]))
+    with pytest.raises(ValueError, match="stream of another backend"):
+        ocl.copy(ocl.tensor(np.ones(4, np.float32)), ocl.tensor(np.ones(4, np.float32)), stream=cpu.stream())
+    with pytest.raises(ValueError, match="not an OpenCL"):
+        _core.opencl.device_info(cpu)
+
+
+def test_copy_within_one_buffer(ocl):
+    t = ocl.tensor(np.arange(12, dtype=np.float32).reshape(6, 2))
+    ocl.copy(t.slice(0, 2), t.slice(4, 2))  # disjoint rows of one buffer
+    ocl.copy(t, t)  # onto itself: nothing to do
+    np.testing.assert_array_equal(t.numpy()[4:], [[0, 1], [2, 3]])
+    with pytest.raises(ValueError, match="overlap"):
+        ocl.copy(t.slice(0, 3), t.slice(1, 3))
+
+
+def test_head_dim_beyond_kernel_limit(ocl):
+    hd = 512
+    x = ocl.empty("f32", [1, 1, hd])
+    cos = ocl.tensor(np.ones((4, hd // 2), np.float32))
+    table = _core.RopeTable(cos, cos)
+    with pytest.raises(ValueError, match="head_dim 512 exceeds"):
+        ocl.rope(x, ocl.tensor(np.zeros(1, np.int32)), table)

@@ -1,0 +1,251 @@
+"""CPU vs OpenCL on every op and every weight dtype, the same inputs on both backends (the idea of
+llama.cpp's test-backend-ops).
+
+Bounds (normalised mean squared error, NMSE = |a - b|^2 / |b|^2):
+- f32 paths: 1e-7. Both backends compute in f32 and differ only in summation order.
+- linear over quantized weights with few rows (T <= 8): the CPU backend quantizes activations
+  to 8 bits per 32- or 256-element block first (as llama.cpp does) while OpenCL keeps them f32,
+  so the CPU result carries the activation rounding error: its NMSE against the exact product is
+  about 3e-5 for Gaussian activations (the Q8_0 / Q8_K round-trip error of the activations
+  themselves, measured 3.2e-5 / 5.8e-5; CPU vs OpenCL measured 2e-5 .. 7e-5). Bound 3e-4.
+  OpenCL itself is held to f32 accuracy against a float64 product with the dequantized weights.
+- f16 KV cache: both round each stored K/V element to the nearest f16; an element can differ
+  by one f16 ulp (2^-11 relative) when the f32 values before rounding differ in their last
+  bit (after QK-norm / RoPE in a different order). One such element among the ~6000 compared
+  gives NMSE ~ (2^-11)^2 / 6000 = 4e-11 (measured 4e-11): bound 1e-8.
+- int8 KV cache: a row's scale is amax / 127 on both, but a rounding tie can move one element by
+  one step (1/127 of the row's max): ~ (1/127)^2 / 6000 = 1e-8 per such element: bound 1e-6.
+Dequantization (embedding rows) is bit-exact on both backends.
+"""
+import numpy as np
+import pytest
+
+import reference as R
+from ferrum import _core
+
+WEIGHT_DTYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
+                 "q5_k", "q6_k"]
+FLOAT_DTYPES = ("f32", "f16", "bf16")
+F32_BOUND = 1e-7
+Q8_ACT_BOUND = 3e-4
+CPU_DOT_MAX_TOKENS = 8  # cpp/backend/cpu/cpu_linear.cpp: kMaxDotTokens
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return _core.make_backend("cpu", 2)
+
+
+@pytest.fixture(scope="module")
+def ocl():
+    return _core.make_backend("opencl")
+
+
+def encode_weight(w, dtype):
+    """(bytes or array to upload, the float64 values the backends see) for weights w [n, k]."""
+    if dtype == "f32":
+        return w, w.astype(np.float64)
+    if dtype == "f16":
+        h = w.astype(np.float16)
+        return h, h.astype(np.float64)
+    raw = np.concatenate([_core.quant.quantize(dtype, row) for row in w])
+    deq = np.stack([_core.quant.dequantize(dtype, _core.quant.quantize(dtype, row), w.shape[1]) for row in w])
+    return raw, deq.astype(np.float64)
+
+
+def upload_weight(be, raw, dtype, shape):
+    if dtype in ("f32", "f16"):
+        return be.tensor(raw)
+    return be.tensor_raw(raw, dtype, list(shape))
+
+
+def test_supports_is_truthful(cpu, ocl):
+    all_types = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q8_1", "q2_k", "q3_k",
+                 "q4_k", "q5_k", "q6_k", "q8_k"]
+    for dt in all_types:
+        for op in ("linear", "embedding"):
+            assert ocl.supports(op, dt) == (dt in WEIGHT_DTYPES), (op, dt)
+    for dt in all_types:
+        if dt in WEIGHT_DTYPES:
+            continue
+        w = ocl.tensor_raw(np.zeros(len(_core.quant.quantize(dt, np.zeros(256, np.float32))), np.uint8), dt, [1, 256])
+        with pytest.raises(ValueError, match="no kernels"):
+            ocl.linear(ocl.tensor(np.zeros((1, 256), np.float32)), w, None, ocl.empty("f32", [1, 1]))
+    for op in ("rms_norm", "add_rms_norm", "rope", "qkv_to_cache", "paged_attention", "swiglu", "add",
+               "gather_rows", "argmax", "copy"):
+        assert ocl.supports(op)
+    assert not ocl.supports("moe_route") and not ocl.supports("moe_experts")
+
+
+@pytest.mark.parametrize("dtype", WEIGHT_DTYPES)
+@pytest.mark.parametrize("tokens", [1, 3, 9, 33])
+def test_linear_parity(cpu, ocl, rng, dtype, tokens):
+    K, N, out_col, width = 512, 37, 5, 45  # N not a multiple of the 4-row tile
+    x = rng.standard_normal((tokens, K)).astype(np.float32)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    raw, wref = encode_weight(w, dtype)
+    sentinel = np.full((tokens, width), 7.0, np.float32)
+    outs = {}
+    for name, be in (("cpu", cpu), ("opencl", ocl)):
+        out = be.tensor(sentinel)
+        be.linear(be.tensor(x), upload_weight(be, raw, dtype, (N, K)), be.tensor(bias), out, out_col=out_col)
+        outs[name] = out.numpy()
+    for got in outs.values():  # columns outside [out_col, out_col + N) untouched
+        assert (got[:, :out_col] == 7.0).all() and (got[:, out_col + N:] == 7.0).all()
+    ref = x.astype(np.float64) @ wref.T + bias
+    o, c = outs["opencl"][:, out_col:out_col + N], outs["cpu"][:, out_col:out_col + N]
+    assert R.nmse(o, ref) < 1e-10
+    cpu_quantizes_act = dtype not in FLOAT_DTYPES and tokens <= CPU_DOT_MAX_TOKENS
+    assert R.nmse(o, c) < (Q8_ACT_BOUND if cpu_quantizes_act else F32_BOUND)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("tokens,k", [(1, 130), (6, 77)])
+def test_linear_parity_float_weights_odd_k(cpu, ocl, rng, dtype, tokens, k):
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    w = rng.standard_normal((11, k)).astype(np.float32)
+    raw, _ = encode_weight(w, dtype)
+    outs = []
+    for be in (cpu, ocl):
+        out = be.empty("f32", [tokens, 11])
+        be.linear(be.tensor(x), upload_weight(be, raw, dtype, w.shape), None, out)
+        outs.append(out.numpy())
+    assert R.nmse(outs[1], outs[0]) < F32_BOUND
+
+
+@pytest.mark.parametrize("dtype", WEIGHT_DTYPES)
+def test_embedding_parity_exact(cpu, ocl, rng, dtype):
+    table = rng.standard_normal((50, 512)).astype(np.float32)
+    raw, tref = encode_weight(table, dtype)
+    ids = np.array([0, 49, 7, 7, -1, 23, 50], np.int32)  # -1 and 50: out of range -> zero rows
+    outs = []
+    for be in (cpu, ocl):
+        out = be.empty("f32", [len(ids), 512])
+        be.embedding(be.tensor(ids), upload_weight(be, raw, dtype, table.shape), out)
+        outs.append(out.numpy())
+    expect = np.where((ids[:, None] >= 0) & (ids[:, None] < 50), tref[np.clip(ids, 0, 49)], 0).astype(np.float32)
+    np.testing.assert_array_equal(outs[1], outs[0])
+    np.testing.assert_array_equal(outs[1], expect)
+
+
+def both(cpu, ocl, fn):
+    """Runs fn(backend) on both backends; returns (cpu result, opencl result)."""
+    return fn(cpu), fn(ocl)
+
+
+def test_norms_swiglu_add_parity(cpu, ocl, rng):
+    x = rng.standard_normal((7, 333)).astype(np.float32)
+    r = rng.standard_normal((7, 333)).astype(np.float32)
+    w = rng.standard_normal(333).astype(np.float32)
+    gu = rng.standard_normal((7, 2 * 333)).astype(np.float32)
+
+    def run(be):
+        out, res, norm2 = be.empty("f32", [7, 333]), be.tensor(r), be.empty("f32", [7, 333])
+        be.rms_norm(be.tensor(x), be.tensor(w), 1e-5, out)
+        be.add_rms_norm(res, be.tensor(x), be.tensor(w), 1e-6, norm2)
+        sw, s = be.empty("f32", [7, 333]), be.empty("f32", [7, 333])
+        be.swiglu(be.tensor(gu), sw)
+        be.add(be.tensor(x), be.tensor(r), s)
+        return [out.numpy(), res.numpy(), norm2.numpy(), sw.numpy(), s.numpy()]
+
+    for c, o in zip(*both(cpu, ocl, run)):
+        assert R.nmse(o, c) < F32_BOUND
+
+
+def test_gather_argmax_copy_exact(cpu, ocl, rng):
+    x = rng.standard_normal((9, 1001)).astype(np.float32)
+    x[4, 3] = x[4, 900] = 50.0  # tie: the first maximum
+    idx = np.array([8, 0, 4, 4, -1, 9], np.int32)  # -1 and 9: zero rows
+
+    def run(be):
+        g, am = be.empty("f32", [6, 1001]), be.empty("i32", [9])
+        be.gather_rows(be.tensor(x), be.tensor(idx), g)
+        be.argmax(be.tensor(x), am)
+        copies = []
+        for arr in (x, x.astype(np.float16), (x * 10).astype(np.int8), idx):
+            src = be.tensor(arr)
+            dst = be.empty(src.dtype, list(arr.shape))
+            be.copy(src, dst)
+            copies.append(dst.numpy())
+        return [g.numpy(), am.numpy()] + copies
+
+    c, o = both(cpu, ocl, run)
+    for a, b in zip(c, o):
+        np.testing.assert_array_equal(b, a)
+    assert (o[1] == x.argmax(1)).all() and (o[0][4:] == 0).all()
+
+
+@pytest.mark.parametrize("layout", ["half_split", "interleaved"])
+def test_rope_parity_partial_rotary_and_padding(cpu, ocl, rng, layout):
+    T, H, hd, rot = 5, 3, 80, 32  # rotate only the first 32 dims (cos/sin have 16 columns)
+    x = rng.standard_normal((T, H, hd)).astype(np.float32)
+    pos = np.array([0, 3, 700, -1, 1023], np.int32)  # -1: padding, left unrotated
+    cos, sin = R.rope_tables(1024, rot, 1e4)
+
+    def run(be):
+        table = _core.RopeTable(be.tensor(cos.astype(np.float32)), be.tensor(sin.astype(np.float32)),
+                                getattr(_core.RopeLayout, layout))
+        X = be.tensor(x)
+        be.rope(X, be.tensor(pos), table)
+        return X.numpy()
+
+    c, o = both(cpu, ocl, run)
+    assert R.nmse(o, c) < F32_BOUND
+    np.testing.assert_array_equal(o[3], x[3])
+    np.testing.assert_array_equal(o[:, :, rot:], x[:, :, rot:])
+
+
+def attention_step(be, rng_seed, kv_dtype, H, KV, hd, window, qk_norm, layout):
+    """Two varlen steps (history, then new tokens of three sequences plus two padding rows) on
+    one backend; returns q_out, the attention output and the pool rows the steps wrote."""
+    rng = np.random.default_rng(rng_seed)
+    bs, seq_lens, new = 16, [41, 17, 30], [1, 17, 5]
+    max_blocks = 3
+    blocks = 3 * max_blocks + 2
+    tables = rng.permutation(blocks)[:3 * max_blocks].reshape(3, max_blocks).astype(np.int32)
+    shape = [blocks, KV, bs, hd]
+    k, v = be.empty(kv_dtype, shape), be.empty(kv_dtype, shape)
+    kv = _core.KvLayer(k, v, be.empty("f32", shape[:3]), be.empty("f32", shape[:3])) if kv_dtype == "i8" \
+        else _core.KvLayer(k, v)
+    cos, sin = R.rope_tables(256, hd, 1e4)
+    rope = _core.RopeTable(be.tensor(cos.astype(np.float32)), be.tensor(sin.astype(np.float32)),
+                           getattr(_core.RopeLayout, layout))
+    params = _core.AttnParams(H, KV, hd, 1.0 / np.sqrt(hd), window)
+    qn = be.tensor(rng.standard_normal(hd).astype(np.float32)) if qk_norm else None
+    kn = be.tensor(rng.standard_normal(hd).astype(np.float32)) if qk_norm else None
+    qkv_all = [rng.standard_normal((n, (H + 2 * KV) * hd)).astype(np.float32) for n in seq_lens]
+
+    def step(rows, pad):
+        seq = np.concatenate([np.full(c, s) for s, f, c in rows] + [np.zeros(pad)]).astype(np.int32)
+        pos = np.concatenate([np.arange(f, f + c) for s, f, c in rows] + [np.full(pad, -1)]).astype(np.int32)
+        slots = np.array([tables[s, p // bs] * bs + p % bs if p >= 0 else -1 for s, p in zip(seq, pos)], np.int32)
+        x = np.concatenate([qkv_all[s][f:f + c] for s, f, c in rows] + [np.zeros((pad, qkv_all[0].shape[1]), np.float32)])
+        batch = _core.AttnBatch(be.tensor(seq), be.tensor(pos), be.tensor(slots), be.tensor(tables))
+        T = len(seq)
+        q_out, out = be.tensor(np.zeros((T, H, hd), np.float32)), be.tensor(np.zeros((T, H, hd), np.float32))
+        be.qkv_to_cache(be.tensor(x), qn, kn, 1e-6, rope, batch, params, q_out, kv)
+        be.paged_attention(q_out, kv, batch, params, out)
+        return q_out.numpy(), out.numpy(), slots
+
+    step([(s, 0, seq_lens[s] - new[s]) for s in range(3) if seq_lens[s] > new[s]], 0)
+    q_out, out, slots = step([(s, seq_lens[s] - new[s], new[s]) for s in range(3)], 2)
+    written = np.concatenate([[tables[s, p // bs] * bs + p % bs for p in range(seq_lens[s])] for s in range(3)])
+    rows_of = lambda pool: pool.astype(np.float32).reshape(blocks, KV, bs, hd).transpose(0, 2, 1, 3).reshape(blocks * bs, KV, hd)[written]
+    return q_out, out, rows_of(k.numpy()), rows_of(v.numpy())
+
+
+@pytest.mark.parametrize("kv_dtype,bound", [("f32", F32_BOUND), ("f16", 1e-8), ("i8", 1e-6)])
+@pytest.mark.parametrize("H,KV,hd,window,qk_norm,layout", [
+    (8, 2, 64, 0, False, "half_split"),
+    (6, 6, 80, 0, True, "interleaved"),
+    (8, 1, 128, 7, False, "half_split"),
+    (4, 2, 8, 0, False, "interleaved"),  # stories260K's head_dim
+])
+def test_qkv_to_cache_and_paged_attention_parity(cpu, ocl, kv_dtype, bound, H, KV, hd, window, qk_norm, layout):
+    c = attention_step(cpu, 5, kv_dtype, H, KV, hd, window, qk_norm, layout)
+    o = attention_step(ocl, 5, kv_dtype, H, KV, hd, window, qk_norm, layout)
+    valid = slice(0, -2)  # the last two rows are padding tokens (no position, no slot)
+    assert R.nmse(o[0][valid], c[0][valid]) < F32_BOUND  # q_out is f32 on both
+    assert R.nmse(o[1][valid], c[1][valid]) < bound
+    assert R.nmse(o[2], c[2]) < bound and R.nmse(o[3], c[3]) < bound  # the pool rows written
