@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 
 import reference as R
+from conftest import backend_names
+from ferrum import _core
 from ferrum.tools import quantize as Q
 from test_ops import F32_TOL, weight
 
@@ -12,6 +14,35 @@ from test_ops import F32_TOL, weight
 # weights and runs f32 sgemm (f32 accuracy). The dot path is also checked against the linear
 # op it must equal (same kernels) to f32 accuracy.
 QUANT_DOT_TOL = 1e-3
+
+
+def moe_backends():
+    """The backends that implement the MoE ops; the others must say they don't (tested below)."""
+    return [n for n in backend_names() if _core.make_backend(n, 2).supports("moe_experts")]
+
+
+@pytest.fixture(scope="module", params=moe_backends())
+def backend(request):
+    return _core.make_backend(request.param, 2)
+
+
+@pytest.mark.parametrize("name", backend_names())
+def test_backends_without_moe_say_so(name):
+    be = _core.make_backend(name, 2)
+    assert be.supports("moe_route") == be.supports("moe_experts")
+    if be.supports("moe_experts"):
+        assert name == "cpu" or name in moe_backends()
+        return
+    with pytest.raises(ValueError, match=f"moe_experts is not supported by the {name} backend"):
+        be.moe_experts(be.empty("f32", [1, 32]), be.empty("f32", [2, 8, 32]), be.empty("f32", [2, 8, 32]),
+                       be.empty("f32", [2, 32, 8]), be.empty("i32", [1, 1]), be.empty("f32", [1, 1]),
+                       be.empty("f32", [1, 32]))
+    with pytest.raises(ValueError, match=f"moe_route is not supported by the {name} backend"):
+        be.moe_route(be.empty("f32", [1, 2]), 1, True, be.empty("i32", [1, 1]), be.empty("f32", [1, 1]))
+
+
+def test_cpu_runs_moe():
+    assert "cpu" in moe_backends()
 
 
 def expert_weights(backend, rng, E, I, H, dtypes):
@@ -119,6 +150,33 @@ def test_moe_experts_dot_path_equals_linear_per_expert(backend, rng, dtypes, T):
 
     ref = np.stack([sum(w[t, j] * one_expert(t, ids[t, j]) for j in range(k)) for t in range(T)])
     assert R.nmse(got, ref) < F32_TOL
+
+
+@pytest.mark.parametrize("dtypes", [("q8_0",) * 3, ("q4_k", "q4_k", "q6_k")])
+def test_moe_experts_decode_batch_equals_each_token_alone(backend, rng, dtypes):
+    """A stream recorded for a batch of decodes (decode_rows) keeps every expert on the dot
+    path, even one chosen by all 12 tokens: each token's output is bit-identical to running it
+    alone, so a sequence decodes the same in any batch."""
+    E, I, H, k, T = 4, 256, 256, 2, 12
+    tensors, _ = expert_weights(backend, rng, E, I, H, dtypes)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([[0, 1 + t % 3] for t in range(T)]).astype(np.int32)  # expert 0: every token
+    w = rng.random((T, k)).astype(np.float32)
+
+    def run(rows, decode_rows):
+        s = backend.stream()
+        s.decode_rows = decode_rows
+        out = backend.empty("f32", [len(rows), H])
+        backend.moe_experts(backend.tensor(x[rows]), *tensors, backend.tensor(ids[rows]), backend.tensor(w[rows]),
+                            out, stream=s)
+        s.submit()
+        s.sync()
+        return out.numpy()
+
+    alone = np.concatenate([run([t], 1) for t in range(T)])
+    np.testing.assert_array_equal(run(list(range(T)), T), alone)
+    # a prompt of the same tokens (no decode_rows) runs expert 0 as sgemm: same values, not bits
+    assert R.nmse(run(list(range(T)), 0), alone) < QUANT_DOT_TOL
 
 
 def test_moe_experts_quantized_many_tokens_per_expert_is_f32_exact(backend, rng):

@@ -91,6 +91,8 @@ void bind_backend(py::module_& m) {
       .def("submit", &Stream::submit, py::call_guard<py::gil_scoped_release>())
       .def("sync", &Stream::sync, py::call_guard<py::gil_scoped_release>())
       .def("clear", &Stream::clear)
+      .def_readwrite("decode_rows", &Stream::decode_rows,
+                     "Set before recording: the stream is a batch of this many decodes (see backend.h).")
       .def("__len__", &Stream::size);
 
   py::class_<RopeTable>(m, "RopeTable")

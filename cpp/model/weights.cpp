@@ -74,7 +74,7 @@ class Loader {
   // One projection of all E experts as [E, out, in]: GGUF's 3-D tensor as stored, or HF's
   // per-expert tensors stacked (their pages are released once copied).
   Tensor experts(const NamePair& p, int64_t layer, int64_t E, int64_t out, int64_t in) const {
-    if (naming_ == Naming::GGUF) return weight(get(p, layer, {E, out, in}));
+    if (naming_ == Naming::GGUF) return supported_experts(weight(get(p, layer, {E, out, in})));
     std::vector<const TensorInfo*> parts;
     for (int64_t e = 0; e < E; ++e) {
       parts.push_back(&get(p, layer, {out, in}, e));
@@ -87,6 +87,12 @@ class Loader {
       be_.upload(t.slice(e, 1), parts[size_t(e)]->data, parts[size_t(e)]->nbytes);
       parts[size_t(e)]->file->release_pages(parts[size_t(e)]->data, parts[size_t(e)]->nbytes);
     }
+    return supported_experts(t);
+  }
+  Tensor supported_experts(const Tensor& t) const {
+    if (!be_.supports(Op::MoeExperts, t.dtype))
+      throw ValueError("the " + be_.name() + " backend cannot run mixture-of-experts layers with " +
+                       dtype_name(t.dtype) + " experts");
     return t;
   }
   // Projections concatenated along their output rows: one tensor when dtypes agree.
@@ -163,6 +169,9 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
     quant::dequantize_row(rf->dtype, rf->data, w.rope_freq_factors.data(), rf->shape[0]);
   }
 
+  if (c.experts > 0 && !be.supports(Op::MoeRoute))
+    throw ValueError("this model has mixture-of-experts layers, which the " + be.name() +
+                     " backend does not run (yet): use device 'cpu'");
   const bool qk_norm = L.find(kQNorm, 0) != nullptr;
   const bool qkv_bias = L.find(kQBias, 0) != nullptr;
   for (int64_t i = 0; i < c.layers; ++i) {

@@ -14,7 +14,9 @@
 //             expert into out in ascending expert order (no races, no [pairs, H] buffer).
 // An expert chosen by few tokens runs the dot kernels on its stored (possibly quantized) rows,
 // a chunk of rows at a time so the chunk stays in cache across its tokens; an expert chosen
-// by many tokens dequantizes a tile of rows and runs one sgemm over all its tokens.
+// by many tokens dequantizes a tile of rows and runs one sgemm over all its tokens. In a batch
+// of decodes (Stream::decode_rows) every expert takes the dot path, as linear does, so a
+// sequence's tokens compute the same whatever else is in the batch.
 // Small calls (decode: at most kMaxDotPairs pairs) have every thread plan and quantize for
 // itself (a few rows) inside gate_up and down: two commands, one barrier, instead of four.
 #include <cblas.h>
@@ -34,12 +36,12 @@ namespace ferrum {
 
 namespace {
 
-// An expert with more pairs than this runs as tile dequantize + sgemm (as linear does).
+// An expert with more pairs than this runs as tile dequantize + sgemm (as linear does), except
+// in a batch of up to kMaxDecodeRows decodes.
 constexpr int64_t kMaxDotPairs = 8;
+constexpr int64_t kMaxDecodeRows = 64;
 constexpr int64_t kDotChunkRows = 32;   // rows kept hot in cache while every pair is dotted
 constexpr int64_t kGemmTileRows = 64;
-
-inline bool uses_gemm(int64_t pairs) { return pairs > kMaxDotPairs; }
 
 // Routing of one call, rebuilt at every submit.
 struct MoePlan {
@@ -62,7 +64,9 @@ struct MoePrep {
 };
 
 struct MoeScratch {
-  bool small = false;
+  bool small = false;       // few pairs: every thread plans and quantizes for itself
+  bool decodes = false;     // a batch of decodes: no expert runs as sgemm
+  bool gemm(int64_t pairs) const { return !decodes && pairs > kMaxDotPairs; }
   MoePrep shared;
   std::vector<MoePrep> own;      // per thread, small calls
   std::vector<float> xs;         // x rows in expert order [pairs, H] (sgemm experts)
@@ -168,7 +172,9 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
   const bool quant_act = kd->act_type != DType::F32;
 
   auto sc = std::make_shared<MoeScratch>();
-  sc->small = !uses_gemm(P);  // then no expert can have enough pairs for sgemm
+  sc->decodes = T <= std::min(s.decode_rows, kMaxDecodeRows);
+  sc->small = P <= kMaxDotPairs;
+  const bool any_gemm = sc->gemm(P);  // whether some expert may have enough pairs for sgemm
   sc->own.resize(sc->small ? size_t(pool_.size()) : 0);
   auto size_prep = [&](MoePrep& pr) {
     if (quant_gate) pr.x_gate.resize(size_t(T) * xg_bytes);
@@ -177,10 +183,10 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
   };
   if (sc->small) for (MoePrep& pr : sc->own) size_prep(pr);
   else size_prep(sc->shared);
-  if (!sc->small) sc->xs.resize(size_t(P * H));
+  if (any_gemm) sc->xs.resize(size_t(P * H));
   sc->act.resize(size_t(P * I));
-  const int64_t tile_floats = sc->small ? 0 : kGemmTileRows * std::max(H, I);
-  const int64_t block_rows = sc->small ? kDotChunkRows : std::max(kDotChunkRows, kGemmTileRows);
+  const int64_t tile_floats = any_gemm ? kGemmTileRows * std::max(H, I) : 0;
+  const int64_t block_rows = any_gemm ? std::max(kDotChunkRows, kGemmTileRows) : kDotChunkRows;
   sc->per_thread_floats = size_t(tile_floats + 2 * P * block_rows);
   sc->per_thread.resize(sc->per_thread_floats * size_t(pool_.size()));
 
@@ -205,10 +211,12 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
       split_range(T, ith, nth, &b, &e);
       prepare(sc->shared, ith == 0, b, e);
     });
+  }
+  if (any_gemm) {
     cs.record("moe_gather", [=](int ith, int nth) {
       const MoePlan& p = sc->shared.plan;
       for (int32_t e : p.active) {
-        if (!uses_gemm(p.count(e))) continue;
+        if (!sc->gemm(p.count(e))) continue;
         int64_t b, end;
         split_range(p.count(e), ith, nth, &b, &end);
         for (int64_t i = p.first(e) + b; i < p.first(e) + end; ++i)
@@ -232,7 +240,7 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
       const int64_t p0 = p.first(e), n = p.count(e);
       const char* ge = host_ptr<char>(gate) + size_t(e) * gate_bytes;
       const char* ue = host_ptr<char>(up) + size_t(e) * up_bytes;
-      if (uses_gemm(n)) {
+      if (sc->gemm(n)) {
         for (int64_t c0 = r0; c0 < r1; c0 += kGemmTileRows) {
           const int64_t rows = std::min(kGemmTileRows, r1 - c0);
           gemm_nt(sc->xs.data() + p0 * H, rows_f32(gate, ge, c0, rows, tile), g, n, rows, H);
@@ -262,7 +270,7 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
     cs.record("moe_quantize_act", [=](int ith, int nth) {
       const MoePlan& p = sc->shared.plan;
       for (int32_t e : p.active) {
-        if (uses_gemm(p.count(e))) continue;  // sgemm experts read act as f32
+        if (sc->gemm(p.count(e))) continue;  // sgemm experts read act as f32
         int64_t b, end;
         split_range(p.count(e), ith, nth, &b, &end);
         quantize_act(sc->shared, p.first(e) + b, p.first(e) + end);
@@ -285,7 +293,7 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
     for (int32_t e : p.active) {
       const int64_t p0 = p.first(e), n = p.count(e);
       const char* de = host_ptr<char>(down) + size_t(e) * down_bytes;
-      const bool gemm = uses_gemm(n);
+      const bool gemm = sc->gemm(n);
       const int64_t step = gemm ? kGemmTileRows : kDotChunkRows;
       for (int64_t c0 = r0; c0 < r1; c0 += step) {
         const int64_t rows = std::min(step, r1 - c0);
