@@ -57,3 +57,29 @@ def nmse(a, b):
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     return float(((a - b) ** 2).sum() / max((b ** 2).sum(), 1e-30))
+
+
+def moe_route(logits, top_k, normalize):
+    """Softmax over all experts, the top_k largest (lower id first on ties), optionally
+    renormalised: (ids [T, k], weights [T, k])."""
+    l = logits.astype(np.float64)
+    p = np.exp(l - l.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    ids = np.argsort(-p, axis=-1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(p, ids, -1)
+    if normalize:
+        w = w / w.sum(-1, keepdims=True)
+    return ids.astype(np.int32), w
+
+
+def moe_experts(x, gate, up, down, ids, weights):
+    """sum_j weights[t, j] * SwiGLU MLP of expert ids[t, j]; ids outside [0, E) add nothing.
+    gate/up [E, I, H], down [E, H, I]."""
+    x = x.astype(np.float64)
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for e, w in zip(ids[t], weights[t]):
+            if 0 <= e < gate.shape[0]:
+                act = swiglu(np.concatenate([gate[e] @ x[t], up[e] @ x[t]]))
+                out[t] += w * (down[e] @ act)
+    return out

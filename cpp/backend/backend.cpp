@@ -12,6 +12,15 @@ const char* op_name(Op op) {
   return names[static_cast<int>(op)];
 }
 
+void Backend::moe_route(Stream&, const Tensor&, int64_t, bool, const Tensor&, const Tensor&) {
+  throw ValueError(std::string("moe_route is not supported by the ") + name() + " backend");
+}
+
+void Backend::moe_experts(Stream&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&, const Tensor&, const Tensor&) {
+  throw ValueError(std::string("moe_experts is not supported by the ") + name() + " backend");
+}
+
 #if FERRUM_HAVE_OPENCL
 std::shared_ptr<Backend> make_opencl_backend(const std::string& selector);
 #endif

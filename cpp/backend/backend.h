@@ -76,6 +76,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // Whether op runs here with weights of that dtype. A backend that does not override the
+  // optional MoE ops below must answer false for MoeRoute / MoeExperts.
   virtual bool supports(Op op, DType weight_dtype = DType::F32) const = 0;
 
   // ---- buffers ----
@@ -125,6 +127,29 @@ class Backend {
   // out[r] = argmax_j x[r, j] (first maximum), i32.
   virtual void argmax(Stream& s, const Tensor& x, const Tensor& out) = 0;
   virtual void copy(Stream& s, const Tensor& src, const Tensor& dst) = 0;
+
+  // ---- mixture of experts (Qwen3-MoE); optional: the defaults throw ValueError ----
+  // Routing is data: both ops read ids / weights from tensors at submit time, so a recorded
+  // stream replays correctly whatever experts the new inputs pick.
+  //
+  // Router, for each token t of logits f32[T, E] (E experts):
+  //   p = softmax(logits[t, :]) in f32 over all E experts;
+  //   ids[t, 0..k) = the top_k experts by p, largest first (equal p: lower expert id first);
+  //   weights[t, j] = p[ids[t, j]], divided by sum_j p[ids[t, j]] when normalize.
+  // ids i32[T, top_k], weights f32[T, top_k]; 1 <= top_k <= E.
+  virtual void moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool normalize,
+                         const Tensor& ids, const Tensor& weights);
+  // Weighted sum of each selected expert's SwiGLU MLP, for each token t of x f32[T, H]:
+  //   out[t, :] = sum_j weights[t, j] * down[e] @ (silu(gate[e] @ x[t]) * (up[e] @ x[t])),
+  //   e = ids[t, j].
+  // gate / up [E, I, H] and down [E, H, I]: expert e's [out_features, in_features] matrices
+  // stacked along dim 0 (GGUF's ffn_{gate,up,down}_exps as stored), each in any weight dtype
+  // the backend supports(MoeExperts, dtype); the three may differ. ids i32[T, k] and weights
+  // f32[T, k] as moe_route writes them; an id outside [0, E) contributes nothing. out f32[T, H]
+  // must not alias x.
+  virtual void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
+                           const Tensor& down, const Tensor& ids, const Tensor& weights,
+                           const Tensor& out);
 };
 
 // Creates "cpu" or "opencl[:platform[:device]]" backends.

@@ -190,4 +190,49 @@ void copy(const Tensor& src, const Tensor& dst) {
   need(src.dtype == dst.dtype && src.numel() == dst.numel(), op, "copy " + src.str() + " -> " + dst.str() + ": dtype or size differ");
 }
 
+void moe_route(const Tensor& logits, int64_t top_k, const Tensor& ids, const Tensor& weights) {
+  const std::string op = "moe_route";
+  f32(logits, op, "logits");
+  i32(ids, op, "ids");
+  f32(weights, op, "weights");
+  need(logits.shape.size() == 2, op, "logits must be [tokens, experts], got " + logits.str());
+  need(top_k >= 1 && top_k <= logits.cols(), op,
+       "top_k " + std::to_string(top_k) + " must be in [1, " + std::to_string(logits.cols()) + "]");
+  need(ids.shape == Shape{logits.rows(), top_k} && weights.shape == ids.shape, op,
+       "ids " + ids.str() + " and weights " + weights.str() + " must be [" +
+           std::to_string(logits.rows()) + ", " + std::to_string(top_k) + "]");
+}
+
+void moe_experts(const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
+                 const Tensor& ids, const Tensor& weights, const Tensor& out) {
+  const std::string op = "moe_experts";
+  f32(x, op, "x");
+  f32(out, op, "out");
+  i32(ids, op, "ids");
+  f32(weights, op, "weights");
+  defined(gate, op, "gate");
+  defined(up, op, "up");
+  defined(down, op, "down");
+  need(x.shape.size() == 2 && out.shape == x.shape, op,
+       "x " + x.str() + " and out " + out.str() + " must both be [tokens, hidden]");
+  need(out.storage != x.storage || out.offset + out.nbytes() <= x.offset ||
+           x.offset + x.nbytes() <= out.offset,
+       op, "out must not alias x");
+  need(gate.shape.size() == 3 && up.shape.size() == 3 && down.shape.size() == 3, op,
+       "expert weights must be 3-D [experts, out, in], got gate " + gate.str() + ", up " + up.str() +
+           ", down " + down.str());
+  const int64_t E = gate.dim(0), I = gate.dim(1), H = x.cols();
+  need(gate.shape == Shape{E, I, H} && up.shape == gate.shape, op,
+       "gate " + gate.str() + " and up " + up.str() + " must be [experts, inter, " + std::to_string(H) + "]");
+  need(down.shape == Shape{E, H, I}, op,
+       "down " + down.str() + " must be [" + std::to_string(E) + ", " + std::to_string(H) + ", " +
+           std::to_string(I) + "]");
+  need(H % dtype_info(gate.dtype).block_elems == 0 && H % dtype_info(up.dtype).block_elems == 0 &&
+           I % dtype_info(down.dtype).block_elems == 0,
+       op, "expert in_features are not a multiple of their block size");
+  need(ids.shape.size() == 2 && ids.rows() == x.rows() && weights.shape == ids.shape, op,
+       "ids " + ids.str() + " and weights " + weights.str() + " must be [" + std::to_string(x.rows()) +
+           ", top_k]");
+}
+
 }  // namespace ferrum::checks

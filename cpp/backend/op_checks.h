@@ -20,5 +20,8 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void gather_rows(const Tensor& x, const Tensor& idx, const Tensor& out);
 void argmax(const Tensor& x, const Tensor& out);
 void copy(const Tensor& src, const Tensor& dst);
+void moe_route(const Tensor& logits, int64_t top_k, const Tensor& ids, const Tensor& weights);
+void moe_experts(const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
+                 const Tensor& ids, const Tensor& weights, const Tensor& out);
 
 }  // namespace ferrum::checks

@@ -91,6 +91,8 @@ void bind_backend(py::module_& m) {
       .def("submit", &Stream::submit, py::call_guard<py::gil_scoped_release>())
       .def("sync", &Stream::sync, py::call_guard<py::gil_scoped_release>())
       .def("clear", &Stream::clear)
+      .def_readwrite("decode_rows", &Stream::decode_rows,
+                     "Set before recording: the stream is a batch of this many decodes (see backend.h).")
       .def("__len__", &Stream::size);
 
   py::class_<RopeTable>(m, "RopeTable")
@@ -179,7 +181,17 @@ void bind_backend(py::module_& m) {
       }, py::arg("x"), py::arg("out"), py::arg("stream") = nullptr)
       .def("copy", [](Backend& b, Tensor src, Tensor dst, Stream* s) {
         on_stream(b, s, [&](Stream& st) { b.copy(st, src, dst); });
-      }, py::arg("src"), py::arg("dst"), py::arg("stream") = nullptr);
+      }, py::arg("src"), py::arg("dst"), py::arg("stream") = nullptr)
+      .def("moe_route", [](Backend& b, Tensor logits, int64_t top_k, bool normalize, Tensor ids, Tensor weights,
+                           Stream* s) {
+        on_stream(b, s, [&](Stream& st) { b.moe_route(st, logits, top_k, normalize, ids, weights); });
+      }, py::arg("logits"), py::arg("top_k"), py::arg("normalize"), py::arg("ids"), py::arg("weights"),
+         py::arg("stream") = nullptr)
+      .def("moe_experts", [](Backend& b, Tensor x, Tensor gate, Tensor up, Tensor down, Tensor ids, Tensor weights,
+                             Tensor out, Stream* s) {
+        on_stream(b, s, [&](Stream& st) { b.moe_experts(st, x, gate, up, down, ids, weights, out); });
+      }, py::arg("x"), py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("ids"), py::arg("weights"),
+         py::arg("out"), py::arg("stream") = nullptr);
 
   m.def("make_backend", &make_backend, py::arg("device") = "cpu", py::arg("num_threads") = 0,
         "Create a backend: 'cpu' or 'opencl[:platform[:device]]'.");

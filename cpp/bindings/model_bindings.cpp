@@ -29,6 +29,14 @@ py::dict config_dict(const ModelConfig& c) {
   d["rope_layout"] = c.rope_layout == RopeLayout::HalfSplit ? "half_split" : "interleaved";
   d["sliding_window"] = c.sliding_window;
   d["tie_word_embeddings"] = c.tie_embeddings;
+  d["num_experts"] = c.experts;
+  d["num_experts_per_tok"] = c.experts_per_token;
+  d["moe_intermediate_size"] = c.expert_intermediate;
+  d["norm_topk_prob"] = c.norm_topk_prob;
+  std::vector<int64_t> moe_layers;
+  for (int64_t l = 0; l < c.layers; ++l)
+    if (c.is_moe_layer(l)) moe_layers.push_back(l);
+  d["moe_layers"] = moe_layers;
   return d;
 }
 

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -16,7 +17,7 @@ namespace {
 // rope_theta when a checkpoint does not say (the reference design's variant defaults).
 double default_rope_theta(const std::string& arch) {
   if (arch == "llama") return 500000.0;
-  if (arch == "qwen2" || arch == "qwen3") return 1000000.0;
+  if (arch == "qwen2" || arch == "qwen3" || arch == "qwen3_moe") return 1000000.0;
   return 10000.0;
 }
 
@@ -42,14 +43,44 @@ void read_llama3_scaling(const json& s, ModelConfig& c, const json& top) {
     throw FormatError("invalid llama3 rope scaling parameters");
 }
 
+// transformers' rule: layer l is sparse unless listed in mlp_only_layers, every `step`-th layer.
+void read_hf_moe(const json& j, ModelConfig& c) {
+  c.experts = get_or<int64_t>(j, "num_experts", get_or<int64_t>(j, "num_local_experts", 0));
+  c.experts_per_token = get_or<int64_t>(j, "num_experts_per_tok", 0);
+  c.expert_intermediate = get_or<int64_t>(j, "moe_intermediate_size", 0);
+  c.norm_topk_prob = get_or<bool>(j, "norm_topk_prob", false);
+  const int64_t step = get_or<int64_t>(j, "decoder_sparse_step", 1);
+  if (step <= 0) throw FormatError("decoder_sparse_step must be >= 1");
+  std::vector<int64_t> dense_only = get_or<std::vector<int64_t>>(j, "mlp_only_layers", {});
+  c.moe_layers.assign(size_t(std::max<int64_t>(c.layers, 0)), false);
+  for (int64_t l = 0; l < c.layers; ++l)
+    c.moe_layers[size_t(l)] = c.experts > 0 && (l + 1) % step == 0 &&
+                              std::find(dense_only.begin(), dense_only.end(), l) == dense_only.end();
+}
+
 }  // namespace
+
+bool ModelConfig::has_dense_layer() const {
+  for (int64_t l = 0; l < layers; ++l)
+    if (!is_moe_layer(l)) return true;
+  return false;
+}
 
 void ModelConfig::validate(const std::string& source) const {
   auto bad = [&](const std::string& what) { throw FormatError(source + ": " + what); };
-  if (hidden <= 0 || intermediate <= 0 || layers <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0 ||
+  if (hidden <= 0 || layers <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0 ||
       vocab <= 0 || max_positions <= 0)
     bad("config has a missing or non-positive size (hidden " + std::to_string(hidden) + ", layers " +
         std::to_string(layers) + ", heads " + std::to_string(heads) + ", vocab " + std::to_string(vocab) + ")");
+  if (int64_t(moe_layers.size()) != layers && experts > 0) bad("MoE layer map does not match the layer count");
+  if (has_dense_layer() && intermediate <= 0) bad("intermediate_size must be positive");
+  if (experts < 0) bad("num_experts must be >= 0");
+  if (experts > 0) {
+    if (experts_per_token < 1 || experts_per_token > experts)
+      bad("num_experts_per_tok " + std::to_string(experts_per_token) + " must be in [1, num_experts " +
+          std::to_string(experts) + "]");
+    if (expert_intermediate <= 0) bad("moe_intermediate_size must be positive");
+  }
   if (heads % kv_heads) bad("num_attention_heads is not a multiple of num_key_value_heads");
   if (head_dim % 2) bad("head_dim must be even");
   if (sliding_window < 0) bad("sliding_window must be >= 0");
@@ -74,10 +105,11 @@ ModelConfig config_from_hf(const std::string& dir) {
     if (arch_name == "LlamaForCausalLM" || model_type == "llama") c.arch = "llama";
     else if (arch_name == "Qwen2ForCausalLM" || model_type == "qwen2") c.arch = "qwen2";
     else if (arch_name == "Qwen3ForCausalLM" || model_type == "qwen3") c.arch = "qwen3";
+    else if (arch_name == "Qwen3MoeForCausalLM" || model_type == "qwen3_moe") c.arch = "qwen3_moe";
     else if (arch_name == "MistralForCausalLM" || model_type == "mistral") c.arch = "mistral";
     else
       throw FormatError(path + ": unknown architecture '" + (arch_name.empty() ? model_type : arch_name) +
-                        "' (ferrum runs Llama, Qwen2, Qwen3 and Mistral)");
+                        "' (ferrum runs Llama, Qwen2, Qwen3, Qwen3-MoE and Mistral)");
     c.hidden = get_or<int64_t>(j, "hidden_size", 0);
     c.intermediate = get_or<int64_t>(j, "intermediate_size", 0);
     c.layers = get_or<int64_t>(j, "num_hidden_layers", 0);
@@ -93,6 +125,7 @@ ModelConfig config_from_hf(const std::string& dir) {
     c.rope_theta = get_or<double>(rope, "rope_theta", get_or<double>(j, "rope_theta", default_rope_theta(c.arch)));
     if (&rope != &j) read_llama3_scaling(rope, c, j);
     else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) read_llama3_scaling(j["rope_scaling"], c, j);
+    if (c.arch == "qwen3_moe") read_hf_moe(j, c);
     if (c.arch == "mistral") c.sliding_window = get_or<int64_t>(j, "sliding_window", 0);
     else if (get_or<bool>(j, "use_sliding_window", false)) c.sliding_window = get_or<int64_t>(j, "sliding_window", 0);
   } catch (const json::exception& e) {
@@ -109,9 +142,9 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   const std::string& path = g.weights.path;
   ModelConfig c;
   std::string a = g.get_string("general.architecture");
-  if (a != "llama" && a != "qwen2" && a != "qwen3" && a != "mistral")
-    throw FormatError(path + ": unknown architecture '" + a + "' (ferrum runs llama, qwen2, qwen3, mistral)");
-  c.arch = a;
+  if (a != "llama" && a != "qwen2" && a != "qwen3" && a != "qwen3moe" && a != "mistral")
+    throw FormatError(path + ": unknown architecture '" + a + "' (ferrum runs llama, qwen2, qwen3, qwen3moe, mistral)");
+  c.arch = a == "qwen3moe" ? "qwen3_moe" : a;
   auto key = [&](const std::string& k) { return a + "." + k; };
   c.hidden = g.get_int(key("embedding_length"), 0);
   c.intermediate = g.get_int(key("feed_forward_length"), 0);
@@ -129,6 +162,19 @@ ModelConfig config_from_gguf(const GgufFile& g) {
   if (!embd) throw FormatError(path + ": no token_embd.weight tensor");
   c.vocab = embd->shape[0];
   c.tie_embeddings = g.weights.find("output.weight") == nullptr;
+  if (a == "qwen3moe") {
+    c.experts = g.get_int(key("expert_count"), 0);
+    c.experts_per_token = g.get_int(key("expert_used_count"), 0);
+    c.expert_intermediate = g.get_int(key("expert_feed_forward_length"), 0);
+    // llama.cpp always renormalises qwen3moe's top-k weights; the key lets a file say otherwise.
+    c.norm_topk_prob = g.get_int(key("expert_weights_norm"), 1) != 0;
+    // A layer is sparse when it has a router (llama.cpp's qwen3moe has only sparse layers; a
+    // file with dense ones loads here only).
+    c.moe_layers.assign(size_t(std::max<int64_t>(c.layers, 0)), false);
+    for (int64_t l = 0; l < c.layers; ++l)
+      c.moe_layers[size_t(l)] = g.weights.find("blk." + std::to_string(l) + ".ffn_gate_inp.weight") != nullptr;
+    if (c.experts <= 0) throw FormatError(path + ": qwen3moe file without " + key("expert_count"));
+  }
   c.validate(path);
   return c;
 }

@@ -1,7 +1,8 @@
-// One config for the whole Llama family (Llama 2/3, Qwen2/2.5, Qwen3, Mistral), read from
-// HF config.json, GGUF metadata or a llama2.c header.
+// One config for the whole Llama family (Llama 2/3, Qwen2/2.5, Qwen3, Qwen3-MoE, Mistral), read
+// from HF config.json, GGUF metadata or a llama2.c header.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -11,7 +12,7 @@ struct GgufFile;
 struct Llama2cHeader;
 
 struct ModelConfig {
-  std::string arch;  // "llama", "qwen2", "qwen3", "mistral"
+  std::string arch;  // "llama", "qwen2", "qwen3", "qwen3_moe", "mistral"
   int64_t hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
   int64_t vocab = 0, max_positions = 0;
   double rms_eps = 1e-6;
@@ -22,6 +23,15 @@ struct ModelConfig {
   double rope_original_max_positions = 8192.0;
   int64_t sliding_window = 0;  // 0 = none
   bool tie_embeddings = false;
+  // Mixture of experts (Qwen3-MoE). A sparse layer routes each token to experts_per_token of
+  // `experts` SwiGLU MLPs of width expert_intermediate; the other layers stay dense
+  // (`intermediate`). experts == 0: every layer is dense.
+  int64_t experts = 0, experts_per_token = 0, expert_intermediate = 0;
+  bool norm_topk_prob = false;   // renormalise the top-k routing weights to sum to 1
+  std::vector<bool> moe_layers;  // per layer
+
+  bool is_moe_layer(int64_t layer) const { return experts > 0 && moe_layers.at(size_t(layer)); }
+  bool has_dense_layer() const;
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }

@@ -29,8 +29,15 @@ StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blo
   b.q = be.alloc(DType::F32, {T, c.heads, c.head_dim});
   b.attn = be.alloc(DType::F32, {T, c.q_dim()});
   b.o = be.alloc(DType::F32, {T, c.hidden});
-  b.gate_up = be.alloc(DType::F32, {T, 2 * c.intermediate});
-  b.act = be.alloc(DType::F32, {T, c.intermediate});
+  if (c.has_dense_layer()) {
+    b.gate_up = be.alloc(DType::F32, {T, 2 * c.intermediate});
+    b.act = be.alloc(DType::F32, {T, c.intermediate});
+  }
+  if (c.experts > 0) {
+    b.router_logits = be.alloc(DType::F32, {T, c.experts});
+    b.expert_ids = be.alloc(DType::I32, {T, c.experts_per_token});
+    b.expert_weights = be.alloc(DType::F32, {T, c.experts_per_token});
+  }
   b.down = be.alloc(DType::F32, {T, c.hidden});
   b.h_rows = be.alloc(DType::F32, {R, c.hidden});
   b.logits = be.alloc(DType::F32, {R, c.vocab});
@@ -52,9 +59,16 @@ void Decoder::record(Stream& s, const StepBuffers& b, const std::vector<KvLayer>
     be.paged_attention(s, b.q, kv[l], b.batch, attn_, attn_out);
     L.o.record(be, s, b.attn, b.o);
     be.add_rms_norm(s, b.x, b.o, L.ffn_norm, eps, b.h);
-    L.gate_up.record(be, s, b.h, b.gate_up);
-    be.swiglu(s, b.gate_up, b.act);
-    L.down.record(be, s, b.act, b.down);
+    if (L.moe) {  // route each token to its top-k experts; their weighted sum is the MLP output
+      L.router.record(be, s, b.h, b.router_logits);
+      be.moe_route(s, b.router_logits, cfg_.experts_per_token, cfg_.norm_topk_prob, b.expert_ids,
+                   b.expert_weights);
+      be.moe_experts(s, b.h, L.gate_exps, L.up_exps, L.down_exps, b.expert_ids, b.expert_weights, b.down);
+    } else {
+      L.gate_up.record(be, s, b.h, b.gate_up);
+      be.swiglu(s, b.gate_up, b.act);
+      L.down.record(be, s, b.act, b.down);
+    }
   }
   be.add_rms_norm(s, b.x, b.down, w_.final_norm, eps, b.h);
   be.gather_rows(s, b.h, b.logit_rows, b.h_rows);

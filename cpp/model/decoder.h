@@ -17,7 +17,8 @@ struct StepBuffers {
   Tensor ids;         // i32[tokens]
   AttnBatch batch;    // token_seq, token_pos, slot_mapping [tokens]; block_tables [seqs, max_blocks]
   Tensor logit_rows;  // i32[rows]: which token rows get logits
-  Tensor x, h, qkv, q, attn, o, gate_up, act, down, h_rows, logits;
+  Tensor x, h, qkv, q, attn, o, gate_up, act, down, h_rows, logits;  // gate_up / act: dense layers
+  Tensor router_logits, expert_ids, expert_weights;  // MoE layers: f32[T, E], i32 / f32[T, k]
 };
 
 class Decoder {

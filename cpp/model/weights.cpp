@@ -30,22 +30,29 @@ const NamePair kKNorm{"model.layers.{}.self_attn.k_norm.weight", "blk.{}.attn_k_
 const NamePair kGate{"model.layers.{}.mlp.gate_proj.weight", "blk.{}.ffn_gate.weight"};
 const NamePair kUp{"model.layers.{}.mlp.up_proj.weight", "blk.{}.ffn_up.weight"};
 const NamePair kDown{"model.layers.{}.mlp.down_proj.weight", "blk.{}.ffn_down.weight"};
+const NamePair kRouter{"model.layers.{}.mlp.gate.weight", "blk.{}.ffn_gate_inp.weight"};
+// Experts: GGUF stores each as one [E, out, in] tensor; HF one tensor per expert ({e}).
+const NamePair kGateExps{"model.layers.{}.mlp.experts.{e}.gate_proj.weight", "blk.{}.ffn_gate_exps.weight"};
+const NamePair kUpExps{"model.layers.{}.mlp.experts.{e}.up_proj.weight", "blk.{}.ffn_up_exps.weight"};
+const NamePair kDownExps{"model.layers.{}.mlp.experts.{e}.down_proj.weight", "blk.{}.ffn_down_exps.weight"};
 
 class Loader {
  public:
   Loader(Backend& be, const WeightSource& src)
       : be_(be), src_(src), naming_(src.find(kEmbed.gguf) ? Naming::GGUF : Naming::HF) {}
 
-  std::string name(const NamePair& p, int64_t layer = -1) const {
+  std::string name(const NamePair& p, int64_t layer = -1, int64_t expert = -1) const {
     std::string n = naming_ == Naming::HF ? p.hf : p.gguf;
     size_t at = n.find("{}");
     if (at != std::string::npos) n.replace(at, 2, std::to_string(layer));
+    at = n.find("{e}");
+    if (at != std::string::npos) n.replace(at, 3, std::to_string(expert));
     return n;
   }
   const TensorInfo* find(const NamePair& p, int64_t layer = -1) const { return src_.find(name(p, layer)); }
-  const TensorInfo& get(const NamePair& p, int64_t layer, const Shape& shape) const {
-    const TensorInfo* t = find(p, layer);
-    if (!t) throw FormatError(src_.path + ": missing tensor '" + name(p, layer) + "'");
+  const TensorInfo& get(const NamePair& p, int64_t layer, const Shape& shape, int64_t expert = -1) const {
+    const TensorInfo* t = src_.find(name(p, layer, expert));
+    if (!t) throw FormatError(src_.path + ": missing tensor '" + name(p, layer, expert) + "'");
     if (t->shape != shape)
       throw FormatError(src_.path + ": tensor '" + t->name + "' has shape " + shape_str(t->shape) +
                         " but the config needs " + shape_str(shape));
@@ -63,6 +70,30 @@ class Loader {
     std::vector<float> v(static_cast<size_t>(n));
     quant::dequantize_row(t.dtype, t.data, v.data(), int64_t(v.size()));
     return be_.from_host(v.data(), DType::F32, t.shape);
+  }
+  // One projection of all E experts as [E, out, in]: GGUF's 3-D tensor as stored, or HF's
+  // per-expert tensors stacked (their pages are released once copied).
+  Tensor experts(const NamePair& p, int64_t layer, int64_t E, int64_t out, int64_t in) const {
+    if (naming_ == Naming::GGUF) return supported_experts(weight(get(p, layer, {E, out, in})));
+    std::vector<const TensorInfo*> parts;
+    for (int64_t e = 0; e < E; ++e) {
+      parts.push_back(&get(p, layer, {out, in}, e));
+      if (parts.back()->dtype != parts[0]->dtype)
+        throw FormatError(src_.path + ": experts of '" + parts.back()->name + "' differ in dtype (" +
+                          dtype_name(parts.back()->dtype) + " vs " + dtype_name(parts[0]->dtype) + ")");
+    }
+    Tensor t = be_.alloc(parts[0]->dtype, {E, out, in});
+    for (int64_t e = 0; e < E; ++e) {
+      be_.upload(t.slice(e, 1), parts[size_t(e)]->data, parts[size_t(e)]->nbytes);
+      parts[size_t(e)]->file->release_pages(parts[size_t(e)]->data, parts[size_t(e)]->nbytes);
+    }
+    return supported_experts(t);
+  }
+  Tensor supported_experts(const Tensor& t) const {
+    if (!be_.supports(Op::MoeExperts, t.dtype))
+      throw ValueError("the " + be_.name() + " backend cannot run mixture-of-experts layers with " +
+                       dtype_name(t.dtype) + " experts");
+    return t;
   }
   // Projections concatenated along their output rows: one tensor when dtypes agree.
   Linear fused(const std::vector<const TensorInfo*>& parts, const std::vector<const TensorInfo*>& biases) const {
@@ -138,6 +169,9 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
     quant::dequantize_row(rf->dtype, rf->data, w.rope_freq_factors.data(), rf->shape[0]);
   }
 
+  if (c.experts > 0 && !be.supports(Op::MoeRoute))
+    throw ValueError("this model has mixture-of-experts layers, which the " + be.name() +
+                     " backend does not run (yet): use device 'cpu'");
   const bool qk_norm = L.find(kQNorm, 0) != nullptr;
   const bool qkv_bias = L.find(kQBias, 0) != nullptr;
   for (int64_t i = 0; i < c.layers; ++i) {
@@ -153,8 +187,17 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
       biases = {&L.get(kQBias, i, {c.q_dim()}), &L.get(kKBias, i, {c.kv_dim()}), &L.get(kVBias, i, {c.kv_dim()})};
     lw.qkv = L.fused({&L.get(kQ, i, {c.q_dim(), D}), &L.get(kK, i, {c.kv_dim(), D}), &L.get(kV, i, {c.kv_dim(), D})}, biases);
     lw.o = L.fused({&L.get(kO, i, {D, c.q_dim()})}, {});
-    lw.gate_up = L.fused({&L.get(kGate, i, {F, D}), &L.get(kUp, i, {F, D})}, {});
-    lw.down = L.fused({&L.get(kDown, i, {D, F})}, {});
+    if (c.is_moe_layer(i)) {
+      const int64_t E = c.experts, X = c.expert_intermediate;
+      lw.moe = true;
+      lw.router = L.fused({&L.get(kRouter, i, {E, D})}, {});
+      lw.gate_exps = L.experts(kGateExps, i, E, X, D);
+      lw.up_exps = L.experts(kUpExps, i, E, X, D);
+      lw.down_exps = L.experts(kDownExps, i, E, D, X);
+    } else {
+      lw.gate_up = L.fused({&L.get(kGate, i, {F, D}), &L.get(kUp, i, {F, D})}, {});
+      lw.down = L.fused({&L.get(kDown, i, {D, F})}, {});
+    }
     w.layers.push_back(std::move(lw));
   }
   return w;

@@ -1,6 +1,7 @@
 // The decoder's weights on a backend, loaded from any WeightSource through one name table
 // (HF <-> GGUF). q/k/v and gate/up are fused at load: into one tensor when their dtypes agree,
-// else kept as parts that fill column ranges of one output.
+// else kept as parts that fill column ranges of one output. MoE experts are used as stored in
+// GGUF (3-D tensors) and stacked at load from HF's one-tensor-per-expert layout.
 #pragma once
 #include <memory>
 #include <vector>
@@ -20,7 +21,13 @@ struct Linear {
 
 struct LayerWeights {
   Tensor attn_norm, ffn_norm, q_norm, k_norm;  // f32; q_norm/k_norm only with QK-norm
-  Linear qkv, o, gate_up, down;
+  Linear qkv, o;
+  Linear gate_up, down;  // dense layers
+  // Sparse (MoE) layers: router [E, H]; experts stacked along dim 0 as Backend::moe_experts
+  // takes them: gate / up [E, I, H], down [E, H, I].
+  bool moe = false;
+  Linear router;
+  Tensor gate_exps, up_exps, down_exps;
 };
 
 struct ModelWeights {

@@ -54,10 +54,8 @@ bool CpuBackend::supports(Op op, DType w) const {
   switch (op) {
     case Op::Embedding:
     case Op::Linear:
-      return w == DType::F32 || w == DType::F16 || w == DType::BF16 || is_quantized(w);
-    case Op::MoeRoute:
     case Op::MoeExperts:
-      return false;
+      return w == DType::F32 || w == DType::F16 || w == DType::BF16 || is_quantized(w);
     default:
       return true;
   }

@@ -81,6 +81,11 @@ class CpuBackend : public Backend {
   void gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) override;
   void argmax(Stream& s, const Tensor& x, const Tensor& out) override;
   void copy(Stream& s, const Tensor& src, const Tensor& dst) override;
+  void moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool normalize, const Tensor& ids,
+                 const Tensor& weights) override;
+  void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
+                   const Tensor& down, const Tensor& ids, const Tensor& weights,
+                   const Tensor& out) override;
 
  private:
   void check_host(const Tensor& t) const;

@@ -42,6 +42,8 @@ def read_gguf_model(path: str | Path) -> tuple[ModelConfig, dict[str, np.ndarray
     arch = meta["general.architecture"]
     if arch not in set(GGUF_ARCH.values()):
         raise ValueError(f"unsupported GGUF architecture {arch!r}")
+    if arch == "qwen3moe":
+        raise ValueError("reading Qwen3-MoE GGUF weights back is not implemented")
     tensors = {t.name: t for t in r.tensors}
     if "rope_freqs.weight" in tensors:
         raise ValueError("rope_freqs (llama3 rope scaling) cannot be mapped back to a config")

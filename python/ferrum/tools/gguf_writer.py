@@ -1,12 +1,18 @@
 """GGUF v3 file in llama.cpp's conventions, written with llama.cpp's own `gguf` package.
 
 What makes llama.cpp compute the same function as the HF checkpoint of the same weights:
-  * arch names: `llama` (also for Mistral), `qwen2`, `qwen3`;
+  * arch names: `llama` (also for Mistral), `qwen2`, `qwen3`, `qwen3moe`;
   * for `llama`, q/k rows are permuted from HF's rotate-half RoPE layout (each head's first
     half pairs with its second half) to ggml's interleaved-pair layout (pairs are adjacent),
     exactly as llama.cpp's converter does; qwen2/qwen3 use NEOX RoPE and are stored as is;
   * Llama-3 rope scaling is stored the converter's way: a `rope_freqs.weight` tensor of
-    per-frequency divisors (no rope.scaling.* keys).
+    per-frequency divisors (no rope.scaling.* keys);
+  * Qwen3-MoE experts are stacked into 3-D `ffn_{gate,up,down}_exps` tensors [E, out, in]
+    (ggml ne = in, out, E) and the router `ffn_gate_inp` stays f32, as llama.cpp's converter
+    and quantizer leave it. llama.cpp's qwen3moe always renormalises the top-k weights and has
+    no dense layers: models with norm_topk_prob off or mlp_only_layers / decoder_sparse_step
+    mixing in dense layers are written the same way (`expert_weights_norm`, per-layer
+    `ffn_gate/up/down`), load in ferrum, and differ from (or fail in) llama.cpp.
 
 Tensors are described first and then produced one at a time (generate -> permute ->
 quantize -> append), so memory stays at about one tensor.
@@ -24,7 +30,8 @@ from .quantize import BLOCK_SIZES, float_to_bf16_bits, quantize, row_bytes
 from .tokenizer_files import TokenizerInfo, add_vocab_to_gguf
 from .weights import WeightSource, tensor_specs
 
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+             "qwen3_moe": "qwen3moe"}
 
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
           "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m")
@@ -56,7 +63,10 @@ _HF_TO_GGUF = [
     (r"model\.layers\.(\d+)\.mlp\.gate_proj\.weight", r"blk.\1.ffn_gate.weight"),
     (r"model\.layers\.(\d+)\.mlp\.up_proj\.weight", r"blk.\1.ffn_up.weight"),
     (r"model\.layers\.(\d+)\.mlp\.down_proj\.weight", r"blk.\1.ffn_down.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.gate\.weight", r"blk.\1.ffn_gate_inp.weight"),
+    (r"model\.layers\.(\d+)\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight", r"blk.\1.ffn_\2_exps.weight"),
 ]
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 
 
 def gguf_name(hf_name: str) -> str:
@@ -108,14 +118,14 @@ def tensor_type(name: str, shape: tuple[int, ...], dtype: str, cfg: ModelConfig)
     1-D tensors (norms, biases, rope_freqs) are always f32. q4_k_m follows llama.cpp's
     Q4_K_M: Q6_K for output.weight (token_embd when the output is tied to it), and for
     attn_v / ffn_down in the layers _use_more_bits picks; Q4_K elsewhere."""
-    if len(shape) == 1 or dtype == "f32":
+    if len(shape) == 1 or dtype == "f32" or ".ffn_gate_inp." in name:
         return "f32"
     if dtype in ("f16", "bf16"):
         return dtype
     qtype = dtype
     if dtype == "q4_k_m":
         qtype = "q4_k"
-        m = re.match(r"blk\.(\d+)\.(attn_v|ffn_down)\.weight", name)
+        m = re.match(r"blk\.(\d+)\.(attn_v|ffn_down|ffn_down_exps)\.weight", name)
         if name == "output.weight" or (name == "token_embd.weight" and cfg.tie_word_embeddings):
             qtype = "q6_k"
         elif m and _use_more_bits(int(m.group(1)), cfg.num_layers):
@@ -178,6 +188,11 @@ def _add_metadata(w, cfg: ModelConfig, dtype: str, name: str) -> None:
         w.add_value_length(cfg.head_dim)
     if cfg.sliding_window is not None:
         w.add_sliding_window(cfg.sliding_window)
+    if cfg.num_experts:
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        w.add_expert_weights_norm(cfg.norm_topk_prob)
     assert w.arch == arch
 
 
@@ -199,6 +214,15 @@ def write_gguf(out: Path, cfg: ModelConfig, source: WeightSource, dtype: str = "
         plan.append(("rope_freqs.weight", factors.shape, "f32", lambda: factors))
     for hf_name, shape in tensor_specs(cfg):
         g = gguf_name(hf_name)
+        expert = _EXPERT.fullmatch(hf_name)
+        if expert:  # all experts of this projection become one [E, out, in] tensor
+            if expert.group(2) != "0":
+                continue
+            names = [hf_name.replace(".experts.0.", f".experts.{e}.") for e in range(cfg.num_experts)]
+            shape = (cfg.num_experts, *shape)
+            plan.append((g, shape, tensor_type(g, shape, dtype, cfg),
+                         lambda names=names: np.stack([source(n) for n in names])))
+            continue
         heads = (cfg.num_heads if ".attn_q." in g else cfg.num_kv_heads if ".attn_k." in g else 0)
 
         def produce(hf_name=hf_name, heads=heads):

@@ -19,7 +19,8 @@ from .tokenizer_files import TokenizerInfo, hf_tokenizer_config_for_spm
 from .weights import WeightSource, tensor_specs
 
 HF_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
+            "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+            "mistral": "MistralForCausalLM"}
 # dtype -> (safetensors name, bytes per element, torch_dtype name)
 HF_DTYPES = {"f32": ("F32", 4, "float32"), "f16": ("F16", 2, "float16"),
              "bf16": ("BF16", 2, "bfloat16")}
@@ -54,10 +55,15 @@ def hf_config_dict(cfg: ModelConfig, dtype: str) -> dict:
         d.update(attention_bias=cfg.attention_bias, mlp_bias=False)
     if cfg.arch == "mistral":
         d["sliding_window"] = cfg.sliding_window
-    if cfg.arch in ("qwen2", "qwen3"):
+    if cfg.arch in ("qwen2", "qwen3", "qwen3_moe"):
         d.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
-    if cfg.arch == "qwen3":
+    if cfg.arch in ("qwen3", "qwen3_moe"):
         d["attention_bias"] = False
+    if cfg.arch == "qwen3_moe":
+        d.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                 moe_intermediate_size=cfg.moe_intermediate_size, norm_topk_prob=cfg.norm_topk_prob,
+                 decoder_sparse_step=cfg.decoder_sparse_step, mlp_only_layers=list(cfg.mlp_only_layers),
+                 output_router_logits=False, router_aux_loss_coef=0.001)
     return d
 
 

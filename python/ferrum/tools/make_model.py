@@ -58,7 +58,9 @@ def make_model(arch: str, preset: str = "tiny", format: str = "hf", dtype: str =
     overrides: any ModelConfig field, e.g. hidden_size, num_layers, num_heads, num_kv_heads,
     head_dim, intermediate_size, vocab_size, tie_word_embeddings, rope_theta,
     rope_scaling ("llama3" or HF's dict), sliding_window, attention_bias,
-    max_position_embeddings, rms_norm_eps."""
+    max_position_embeddings, rms_norm_eps; for qwen3_moe also num_experts,
+    num_experts_per_tok, moe_intermediate_size, norm_topk_prob, decoder_sparse_step,
+    mlp_only_layers."""
     tok = load_tokenizer(tokenizer) if tokenizer else None
     cfg = _with_special_ids(build_config(arch, preset, tok.size if tok else None, **overrides), tok)
     name = f"ferrum-random-{arch}-{preset}-seed{seed}"
@@ -112,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("hidden-size", "num-layers", "num-heads", "num-kv-heads", "head-dim",
                  "intermediate-size", "vocab-size", "max-position-embeddings"):
         p.add_argument(f"--{flag}", type=int)
+    for flag in ("num-experts", "num-experts-per-tok", "moe-intermediate-size", "decoder-sparse-step"):
+        p.add_argument(f"--{flag}", type=int)
+    p.add_argument("--norm-topk-prob", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--mlp-only-layers", type=lambda t: tuple(int(i) for i in t.split(",") if i),
+                   help="qwen3_moe: comma-separated layers that stay dense, e.g. 0,3")
     p.add_argument("--rope-theta", type=float)
     p.add_argument("--rms-norm-eps", type=float)
     a = p.parse_args(argv)
@@ -119,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {k: getattr(a, k) for k in (
         "tie_word_embeddings", "sliding_window", "attention_bias", "hidden_size", "num_layers",
         "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
-        "max_position_embeddings", "rope_theta", "rms_norm_eps") if getattr(a, k) is not None}
+        "max_position_embeddings", "rope_theta", "rms_norm_eps", "num_experts", "num_experts_per_tok",
+        "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")
+        if getattr(a, k) is not None}
     if a.rope_scaling:
         overrides["rope_scaling"] = llama3_rope_scaling(
             a.rope_scaling_factor, a.rope_low_freq_factor, a.rope_high_freq_factor,

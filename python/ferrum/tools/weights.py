@@ -10,7 +10,10 @@ Scales are chosen so the random model behaves like a usable test subject:
   * token embeddings are small next to the layer outputs, so the prediction is a function of
     the whole context rather than an echo of the current token;
   * the final RMSNorm gain makes the logits' spread about LOGIT_STD, so greedy decoding has
-    clear winners (no near-ties that float rounding could flip).
+    clear winners (no near-ties that float rounding could flip);
+  * MoE routers give router logits a spread of about ROUTER_LOGIT_STD, with each expert's row
+    scaled by its own factor (0.5x..2x, in a seeded order): routing is peaked, and uneven as in
+    trained models (large-row experts win most tokens, some experts get none).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ EMBED_STD = 0.05
 LOGIT_STD = 32.0
 NORM_JITTER = 0.1  # norm weights are 1 + N(0, 0.1): a missing norm weight changes the output
 BIAS_STD = 0.3
+ROUTER_LOGIT_STD = 2.0
 
 WeightSource = Callable[[str], np.ndarray]
 
@@ -50,10 +54,18 @@ def tensor_specs(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
         if cfg.qk_norm:
             specs += [(p + "self_attn.q_norm.weight", (cfg.head_dim,)),
                       (p + "self_attn.k_norm.weight", (cfg.head_dim,))]
-        specs += [(p + "post_attention_layernorm.weight", (H,)),
-                  (p + "mlp.gate_proj.weight", (I, H)),
-                  (p + "mlp.up_proj.weight", (I, H)),
-                  (p + "mlp.down_proj.weight", (H, I))]
+        specs.append((p + "post_attention_layernorm.weight", (H,)))
+        if cfg.is_moe_layer(i):
+            X = cfg.moe_intermediate_size
+            specs.append((p + "mlp.gate.weight", (cfg.num_experts, H)))
+            for e in range(cfg.num_experts):
+                specs += [(p + f"mlp.experts.{e}.gate_proj.weight", (X, H)),
+                          (p + f"mlp.experts.{e}.up_proj.weight", (X, H)),
+                          (p + f"mlp.experts.{e}.down_proj.weight", (H, X))]
+        else:
+            specs += [(p + "mlp.gate_proj.weight", (I, H)),
+                      (p + "mlp.up_proj.weight", (I, H)),
+                      (p + "mlp.down_proj.weight", (H, I))]
     specs.append(("model.norm.weight", (H,)))
     if not cfg.tie_word_embeddings:
         specs.append(("lm_head.weight", (V, H)))
@@ -70,6 +82,8 @@ def _std_and_mean(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[
         return NORM_JITTER, 1.0
     if name.endswith(".bias"):
         return BIAS_STD, 0.0
+    if name.endswith("mlp.gate.weight"):
+        return ROUTER_LOGIT_STD / math.sqrt(shape[1]), 0.0
     fan_in = shape[1]
     scale = 2.0 if name.endswith("q_proj.weight") else 1.0
     return scale / math.sqrt(fan_in), 0.0
@@ -80,6 +94,8 @@ def random_tensor(cfg: ModelConfig, name: str, shape: tuple[int, ...], seed: int
     std, mean = _std_and_mean(cfg, name, shape)
     x = rng.standard_normal(shape, dtype=np.float32)
     x *= np.float32(std)
+    if name.endswith("mlp.gate.weight"):  # router: per-expert scales, see the module docstring
+        x *= rng.permutation(np.geomspace(0.5, 2.0, shape[0])).astype(np.float32)[:, None]
     if mean:
         x += np.float32(mean)
     return x
