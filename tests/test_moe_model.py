@@ -218,11 +218,3 @@ def test_cli_writes_moe_config(tmp_path, capsys):
     assert (cfg["architectures"], cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
             cfg["norm_topk_prob"], cfg["mlp_only_layers"]) == (["Qwen3MoeForCausalLM"], 6, 3, 64, False, [0, 2])
     assert _core.ModelRunner(str(out)).config["moe_layers"] == [1]  # no tokenizer: the runner alone
-
-
-def test_backend_without_moe_refuses_the_model_at_load(moe_f32):
-    from conftest import backend_names
-    for name in backend_names():
-        if not _core.make_backend(name, 1).supports("moe_route"):
-            with pytest.raises(ValueError, match=f"mixture-of-experts layers, which the {name} backend"):
-                ferrum.LLM(str(moe_f32), device=name)
