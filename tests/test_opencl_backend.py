@@ -186,3 +186,15 @@ def test_split_expert_weights_moe(ocl, small_alloc, rng, dtype):
         results.append(out.numpy())
     np.testing.assert_array_equal(results[1], results[0])
     assert np.abs(results[0]).max() > 0
+
+
+def test_the_cpu_backend_rejects_opencl_tensors(ocl):
+    cpu = _core.make_backend("cpu", 1)
+    x, w = ocl.tensor(np.ones((2, 4), np.float32)), cpu.tensor(np.ones((3, 4), np.float32))
+    with pytest.raises(ValueError, match="belongs to another backend"):
+        cpu.add(x, cpu.tensor(np.ones((2, 4), np.float32)), cpu.empty("f32", [2, 4]))
+    with pytest.raises(ValueError, match="belongs to another backend"):
+        cpu.linear(x, w, None, cpu.empty("f32", [2, 3]))
+    with pytest.raises(ValueError, match="belongs to another backend"):
+        cpu.rms_norm(cpu.tensor(np.ones((2, 4), np.float32)), ocl.tensor(np.ones(4, np.float32)), 1e-5,
+                     cpu.empty("f32", [2, 4]))
