@@ -113,3 +113,64 @@ kernel void argmax_rows(const global float* x, long x_off, global int* out, long
     }
   out[out_off + r] = best_i;
 }
+
+// Router (semantics in cpp/backend/backend.h): one work-item per token. p = softmax(logits) in
+// f32 with the CPU backend's operation order; the top_k experts by p, largest first, equal p:
+// lower id first. Instead of marking picked experts, pick j is the best expert strictly after
+// pick j - 1 in the order (p descending, id ascending), recomputing p (no per-token scratch).
+// NaN probabilities are never picked; a slot left without an expert gets id -1, weight 0.
+kernel void moe_route(const global float* logits, long l_off, int T, int E, int k, int normalize,
+                      global int* ids, long ids_off, global float* wts, long w_off) {
+  const int t = (int)get_global_id(0);
+  if (t >= T) return;
+  const global float* l = logits + l_off + (long)t * E;
+  ids += ids_off + (long)t * k;
+  wts += w_off + (long)t * k;
+  float mx = l[0];
+  for (int i = 1; i < E; ++i) mx = mx < l[i] ? l[i] : mx;  // std::max's NaN behaviour
+  float sum = 0.0f;
+  for (int i = 0; i < E; ++i) sum += exp(l[i] - mx);
+  float prev_p = INFINITY, picked = 0.0f;
+  int prev_i = -1;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    float bp = 0.0f;
+    for (int i = 0; i < E; ++i) {
+      const float p = exp(l[i] - mx) / sum;
+      if (!(p >= 0.0f)) continue;
+      if (!(p < prev_p || (p == prev_p && i > prev_i))) continue;  // picked already
+      if (best < 0 || p > bp) {
+        best = i;
+        bp = p;
+      }
+    }
+    if (best < 0) {
+      ids[j] = -1;
+      wts[j] = 0.0f;
+      continue;
+    }
+    ids[j] = best;
+    wts[j] = bp;
+    picked += bp;
+    prev_p = bp;
+    prev_i = best;
+  }
+  if (normalize)
+    for (int j = 0; j < k; ++j) wts[j] /= picked;
+}
+
+// out[t, h] = sum_j wts[t, j] * y[t * k + j, h] over the slots with an id in [0, E), in slot
+// order (deterministic, no atomics). One work-item per output element.
+kernel void moe_combine(const global float* y, long y_off, const global int* ids, long ids_off,
+                        const global float* wts, long w_off, int T, int k, int E, int H,
+                        global float* out, long out_off) {
+  const int gid = (int)get_global_id(0);
+  if (gid >= T * H) return;
+  const int t = gid / H, h = gid % H;
+  float s = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int e = ids[ids_off + (long)t * k + j];
+    if (e >= 0 && e < E) s += wts[w_off + (long)t * k + j] * y[y_off + ((long)t * k + j) * H + h];
+  }
+  out[out_off + gid] = s;
+}

@@ -15,6 +15,16 @@ Bounds (normalised mean squared error, NMSE = |a - b|^2 / |b|^2):
   gives NMSE ~ (2^-11)^2 / 6000 = 4e-11 (measured 4e-11): bound 1e-8.
 - int8 KV cache: a row's scale is amax / 127 on both, but a rounding tie can move one element by
   one step (1/127 of the row's max): ~ (1/127)^2 / 6000 = 1e-8 per such element: bound 1e-6.
+- moe_experts: f32 / f16 / bf16 experts: 1e-7. Quantized experts: the CPU runs an expert chosen
+  by few tokens (and every expert in a batch of decodes) on its dot kernels, which quantize the
+  activations to 8 bits twice (x for gate / up, then the SwiGLU output for down), while OpenCL
+  keeps them f32, so CPU vs OpenCL is the CPU's own error (measured equal to its NMSE against
+  float64 to two digits). With Q8_0 activations (the 32-element types) it stays under linear's
+  3e-4 (measured 1e-4 .. 1.5e-4); with Q8_K (the k-quants) two roundings give up to 4.3e-4
+  (measured over 3 seeds, T = 1 / 3 / 33), so those are held to 1e-3, the bound
+  tests/test_moe_ops.py puts on the CPU's quantized experts against float64. OpenCL itself is
+  held to f32 accuracy (1e-10) against a float64 reference over the dequantized experts.
+- moe_route: the same expert ids on both (exact), weights within 1e-7.
 Dequantization (embedding rows) is bit-exact on both backends.
 """
 import numpy as np
@@ -28,6 +38,7 @@ WEIGHT_DTYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "
 FLOAT_DTYPES = ("f32", "f16", "bf16")
 F32_BOUND = 1e-7
 Q8_ACT_BOUND = 3e-4
+MOE_Q8K_ACT_BOUND = 1e-3  # moe_experts with k-quant experts (Q8_K activations, rounded twice)
 CPU_DOT_MAX_TOKENS = 8  # cpp/backend/cpu/cpu_linear.cpp: kMaxDotTokens
 
 
@@ -74,7 +85,9 @@ def test_supports_is_truthful(cpu, ocl):
     for op in ("rms_norm", "add_rms_norm", "rope", "qkv_to_cache", "paged_attention", "swiglu", "add",
                "gather_rows", "argmax", "copy"):
         assert ocl.supports(op)
-    assert not ocl.supports("moe_route") and not ocl.supports("moe_experts")
+    assert ocl.supports("moe_route")
+    for dt in all_types:
+        assert ocl.supports("moe_experts", dt) == (dt in WEIGHT_DTYPES), dt
 
 
 @pytest.mark.parametrize("dtype", WEIGHT_DTYPES)
@@ -249,3 +262,79 @@ def test_qkv_to_cache_and_paged_attention_parity(cpu, ocl, kv_dtype, bound, H, K
     assert R.nmse(o[0][valid], c[0][valid]) < F32_BOUND  # q_out is f32 on both
     assert R.nmse(o[1][valid], c[1][valid]) < bound
     assert R.nmse(o[2], c[2]) < bound and R.nmse(o[3], c[3]) < bound  # the pool rows written
+
+
+# --- mixture of experts ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("T,E,k,normalize", [(1, 8, 2, True), (9, 16, 4, False), (33, 128, 8, True),
+                                             (5, 6, 6, False)])
+def test_moe_route_parity(cpu, ocl, rng, T, E, k, normalize):
+    logits = (rng.standard_normal((T, E)) * 3).astype(np.float32)
+    logits[0, 1] = logits[0, 3] = logits[0].max() + 1  # a tie at the top: the lower id first
+
+    def run(be):
+        ids, w = be.empty("i32", [T, k]), be.empty("f32", [T, k])
+        be.moe_route(be.tensor(logits), k, normalize, ids, w)
+        return ids.numpy(), w.numpy()
+
+    (ci, cw), (oi, ow) = both(cpu, ocl, run)
+    np.testing.assert_array_equal(oi, ci)
+    assert oi[0, 0] == 1 and oi[0, 1] == 3 if k >= 2 else oi[0, 0] == 1
+    assert R.nmse(ow, cw) < F32_BOUND
+
+
+def moe_parity(cpu, ocl, rng, dtypes, T, E=8, I=256, H=512, k=2, ids=None):
+    """moe_experts on both backends over the same experts in dtypes (gate, up, down); returns
+    (cpu out, opencl out, float64 reference over the values the backends see)."""
+    shapes = [(E, I, H), (E, I, H), (E, H, I)]
+    raws, vals = [], []
+    for shape, dtype in zip(shapes, dtypes):
+        w = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+        raw, ref = encode_weight(w.reshape(-1, shape[-1]), dtype)
+        raws.append(raw.reshape(shape) if dtype in ("f32", "f16") else raw)
+        vals.append(ref.reshape(shape))
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    if ids is None:
+        ids = np.stack([rng.choice(E, k, replace=False, p=0.5 ** np.arange(E) / (2 - 2 * 0.5 ** E))
+                        for _ in range(T)]).astype(np.int32)
+    w = rng.random(ids.shape).astype(np.float32)
+
+    def run(be):
+        out = be.tensor(np.full((T, H), 7.0, np.float32))
+        tensors = [upload_weight(be, r, d, s) for r, d, s in zip(raws, dtypes, shapes)]
+        be.moe_experts(be.tensor(x), *tensors, be.tensor(ids), be.tensor(w), out)
+        return out.numpy()
+
+    c, o = both(cpu, ocl, run)
+    return c, o, R.moe_experts(x, *vals, ids, w)
+
+
+@pytest.mark.parametrize("dtype", WEIGHT_DTYPES)
+@pytest.mark.parametrize("tokens", [1, 3, 33])
+def test_moe_experts_parity(cpu, ocl, rng, dtype, tokens):
+    c, o, ref = moe_parity(cpu, ocl, rng, [dtype] * 3, tokens)
+    assert R.nmse(o, ref) < 1e-10
+    assert R.nmse(o, c) < moe_bound([dtype] * 3)
+
+
+def moe_bound(dtypes):
+    if all(d in FLOAT_DTYPES for d in dtypes):
+        return F32_BOUND
+    return MOE_Q8K_ACT_BOUND if any(d.endswith("_k") for d in dtypes) else Q8_ACT_BOUND
+
+
+@pytest.mark.parametrize("dtypes", [("q4_k", "q4_k", "q6_k"), ("f16", "q8_0", "bf16"), ("q5_0", "f32", "q4_1")])
+def test_moe_experts_parity_mixed_dtypes(cpu, ocl, rng, dtypes):
+    c, o, ref = moe_parity(cpu, ocl, rng, dtypes, 6)
+    assert R.nmse(o, ref) < 1e-10
+    assert R.nmse(o, c) < moe_bound(dtypes)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_moe_experts_parity_odd_sizes_and_bad_ids(cpu, ocl, rng, dtype):
+    """Widths that are not multiples of 32 (float experts), ids outside [0, E): no contribution."""
+    ids = np.array([[0, -1, 2], [6, 5, 5], [-7, 100, 1], [-1, -1, -1]], np.int32)
+    c, o, ref = moe_parity(cpu, ocl, rng, [dtype] * 3, 4, E=6, I=40, H=72, k=3, ids=ids)
+    assert (o[3] == 0).all() and (c[3] == 0).all()
+    assert R.nmse(o, ref) < 1e-10
+    assert R.nmse(o, c) < F32_BOUND

@@ -52,7 +52,8 @@ void bind_model(py::module_& m) {
   py::class_<ModelRunner>(m, "ModelRunner")
       .def(py::init([](const std::string& path, const std::string& device, int num_threads,
                        const std::string& kv_dtype, int64_t max_model_len, int64_t kv_cache_tokens,
-                       int64_t kv_cache_bytes, double kv_cache_fraction, bool prefix_cache) {
+                       int64_t kv_cache_bytes, double kv_cache_fraction, bool prefix_cache,
+                       const py::object& progress) {
              RunnerOptions o;
              o.device = device;
              o.num_threads = num_threads;
@@ -62,12 +63,18 @@ void bind_model(py::module_& m) {
              if (kv_cache_bytes != 0) o.kv_cache_bytes = kv_cache_bytes;
              o.kv_cache_fraction = kv_cache_fraction;
              o.prefix_cache = prefix_cache;
+             if (!progress.is_none())  // `progress` outlives the constructor call it is used in
+               o.load_progress = [&progress](int64_t done, int64_t total) {
+                 py::gil_scoped_acquire gil;
+                 progress(done, total);
+               };
              py::gil_scoped_release nogil;
              return std::make_unique<ModelRunner>(path, o);
            }),
            py::arg("path"), py::arg("device") = "cpu", py::arg("num_threads") = 0,
            py::arg("kv_dtype") = "f16", py::arg("max_model_len") = 0, py::arg("kv_cache_tokens") = 0,
-           py::arg("kv_cache_bytes") = 0, py::arg("kv_cache_fraction") = 0.0, py::arg("prefix_cache") = true)
+           py::arg("kv_cache_bytes") = 0, py::arg("kv_cache_fraction") = 0.0, py::arg("prefix_cache") = true,
+           py::arg("progress") = py::none())
       .def_property_readonly("config", [](const ModelRunner& r) { return config_dict(r.config()); })
       .def_property_readonly("format", &ModelRunner::format)
       .def_property_readonly("max_model_len", &ModelRunner::max_model_len)

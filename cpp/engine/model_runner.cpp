@@ -62,18 +62,18 @@ ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) {
   if (is_dir(path)) {
     format_ = "safetensors";
     cfg = config_from_hf(path);
-    w = load_weights(*be_, open_safetensors_dir(path), cfg);
+    w = load_weights(*be_, open_safetensors_dir(path), cfg, opt.load_progress);
   } else if (has_gguf_magic(path)) {
     format_ = "gguf";
     GgufFile g = GgufFile::open(path);
     cfg = config_from_gguf(g);
-    w = load_weights(*be_, g.weights, cfg);
+    w = load_weights(*be_, g.weights, cfg, opt.load_progress);
   } else {
     format_ = "llama2c";
     Llama2cHeader h;
     WeightSource ws = open_llama2c(path, &h);
     cfg = config_from_llama2c(h);
-    w = load_weights(*be_, ws, cfg);
+    w = load_weights(*be_, ws, cfg, opt.load_progress);
   }
   max_model_len_ = opt.max_model_len > 0 ? opt.max_model_len : cfg.max_positions;
   if (max_model_len_ > cfg.max_positions)

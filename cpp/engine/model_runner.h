@@ -22,6 +22,7 @@ struct RunnerOptions {
   int64_t kv_cache_bytes = int64_t(1) << 30;
   double kv_cache_fraction = 0;  // > 0: this fraction of the memory available now (wins over bytes)
   bool prefix_cache = true;
+  LoadProgress load_progress;    // optional: reports layers loaded (used only while constructing)
 };
 
 struct StepItem {

@@ -155,7 +155,8 @@ void Linear::record(Backend& be, Stream& s, const Tensor& x, const Tensor& out) 
   }
 }
 
-ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& c) {
+ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& c,
+                          const LoadProgress& progress) {
   Loader L(be, src);
   ModelWeights w;
   const int64_t D = c.hidden, F = c.intermediate;
@@ -199,6 +200,7 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
       lw.down = L.fused({&L.get(kDown, i, {D, F})}, {});
     }
     w.layers.push_back(std::move(lw));
+    if (progress) progress(i + 1, c.layers);
   }
   return w;
 }

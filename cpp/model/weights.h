@@ -3,6 +3,7 @@
 // else kept as parts that fill column ranges of one output. MoE experts are used as stored in
 // GGUF (3-D tensors) and stacked at load from HF's one-tensor-per-expert layout.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
-ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& cfg);
+// Called after each layer is loaded with (layers done, layers in all): a progress bar's feed.
+using LoadProgress = std::function<void(int64_t done, int64_t total)>;
+
+ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& cfg,
+                          const LoadProgress& progress = {});
 
 }  // namespace ferrum

@@ -1,6 +1,7 @@
 """The user-facing API, shaped like vLLM's ``LLM``."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Union
@@ -59,11 +60,12 @@ class LLM:
                              "kv_cache_memory_fraction")
         path = resolve_model(model)
         self.model_path = path
-        self.runner = _core.ModelRunner(
-            str(path), device=device, num_threads=num_threads or 0, kv_dtype=kv_dtype,
-            max_model_len=max_model_len or 0, kv_cache_tokens=kv_cache_tokens or 0,
-            kv_cache_bytes=kv_cache_memory or 0, kv_cache_fraction=float(fraction or 0),
-            prefix_cache=enable_prefix_caching)
+        with _load_progress(path) as progress:
+            self.runner = _core.ModelRunner(
+                str(path), device=device, num_threads=num_threads or 0, kv_dtype=kv_dtype,
+                max_model_len=max_model_len or 0, kv_cache_tokens=kv_cache_tokens or 0,
+                kv_cache_bytes=kv_cache_memory or 0, kv_cache_fraction=float(fraction or 0),
+                prefix_cache=enable_prefix_caching, progress=progress)
         self.tokenizer = _load_tokenizer(path, self.runner.format, tokenizer)
         self.engine = Engine(self.runner, self.tokenizer, max_num_seqs, max_num_batched_tokens)
         # Deltas of requests that generate() / stream() drive, until they pick them up; and of
@@ -279,6 +281,32 @@ def _load_tokenizer(path: Path, fmt: str, override) -> Tokenizer:
                 return Tokenizer.from_llama2c(cand)
         raise ValueError(f"no llama2.c tokenizer next to {path}; pass tokenizer=")
     return Tokenizer.from_dir(path)
+
+
+# Models at least this big show a progress bar while their layers load.
+PROGRESS_MIN_BYTES = 256 << 20
+
+
+@contextlib.contextmanager
+def _load_progress(path: Path):
+    """A layer-count progress callback for the runner (None for small models)."""
+    files = [path] if path.is_file() else [p for p in path.iterdir() if p.suffix == ".safetensors"]
+    if sum(f.stat().st_size for f in files) < PROGRESS_MIN_BYTES:
+        yield None
+        return
+    from tqdm import tqdm
+    bar = tqdm(desc=f"loading {path.name}", unit="layer", leave=False)
+
+    def update(done, total):
+        bar.total = total
+        bar.update(done - bar.n)
+        if done == total:  # show the finished bar even when updates came faster than tqdm redraws
+            bar.refresh()
+
+    try:
+        yield update
+    finally:
+        bar.close()
 
 
 def _progress(total):

@@ -66,6 +66,15 @@ void CpuBackend::check_host(const Tensor& t) const {
     throw ValueError("tensor " + t.str() + " belongs to another backend");
 }
 
+void CpuBackend::own(std::initializer_list<const Tensor*> ts) const {
+  for (const Tensor* t : ts) check_host(*t);
+}
+
+void CpuBackend::own(std::initializer_list<const Tensor*> ts, const AttnBatch& b, const KvLayer& kv) const {
+  own(ts);
+  own({&b.token_seq, &b.token_pos, &b.slot_mapping, &b.block_tables, &kv.k, &kv.v, &kv.k_scale, &kv.v_scale});
+}
+
 Tensor CpuBackend::alloc(DType dtype, Shape shape) {
   Tensor t;
   t.dtype = dtype;
@@ -107,6 +116,7 @@ void CpuBackend::download(const Tensor& src, void* dst, size_t bytes) {
 static CpuStream& cpu_stream(Stream& s) { return static_cast<CpuStream&>(s); }
 
 void CpuBackend::embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) {
+  own({&ids, &table, &out});
   checks::embedding(ids, table, out);
   cpu_stream(s).record("embedding", [=](int ith, int nth) {
     int64_t b, e;
@@ -126,6 +136,7 @@ void CpuBackend::embedding(Stream& s, const Tensor& ids, const Tensor& table, co
 }
 
 void CpuBackend::rms_norm(Stream& s, const Tensor& x, const Tensor& w, float eps, const Tensor& out) {
+  own({&x, &w, &out});
   checks::rms_norm(x, w, out);
   cpu_stream(s).record("rms_norm", [=](int ith, int nth) {
     int64_t b, e, d = x.cols();
@@ -137,6 +148,7 @@ void CpuBackend::rms_norm(Stream& s, const Tensor& x, const Tensor& w, float eps
 
 void CpuBackend::add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x, const Tensor& w,
                               float eps, const Tensor& out) {
+  own({&residual, &x, &w, &out});
   checks::add_rms_norm(residual, x, w, out);
   cpu_stream(s).record("add_rms_norm", [=](int ith, int nth) {
     int64_t b, e, d = x.cols();
@@ -151,6 +163,7 @@ void CpuBackend::add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x
 }
 
 void CpuBackend::rope(Stream& s, const Tensor& x, const Tensor& positions, const RopeTable& rope) {
+  own({&x, &positions, &rope.cos, &rope.sin});
   checks::rope(x, positions, rope);
   cpu_stream(s).record("rope", [=](int ith, int nth) {
     int64_t heads = x.dim(1), hd = x.dim(2), half = rope.cos.cols(), max_pos = rope.cos.dim(0);
@@ -169,6 +182,7 @@ void CpuBackend::qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm
                               const Tensor& k_norm, float eps, const RopeTable& rope,
                               const AttnBatch& batch, const AttnParams& p, const Tensor& q_out,
                               const KvLayer& kv) {
+  own({&qkv, &q_norm, &k_norm, &rope.cos, &rope.sin, &q_out}, batch, kv);
   checks::qkv_to_cache(qkv, q_norm, k_norm, rope, batch, p, q_out, kv);
   const int64_t hd = p.head_dim;
   auto scratch = std::make_shared<std::vector<float>>(size_t(pool_.size()) * hd);
@@ -209,6 +223,7 @@ void CpuBackend::qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm
 
 void CpuBackend::paged_attention(Stream& s, const Tensor& q, const KvLayer& kv,
                                  const AttnBatch& batch, const AttnParams& p, const Tensor& out) {
+  own({&q, &out}, batch, kv);
   checks::paged_attention(q, kv, batch, p, out);
   const int64_t max_blocks = batch.block_tables.dim(1);
   const int64_t max_ctx = max_blocks * kv.block_size();
@@ -234,6 +249,7 @@ void CpuBackend::paged_attention(Stream& s, const Tensor& q, const KvLayer& kv,
 }
 
 void CpuBackend::swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) {
+  own({&gate_up, &out});
   checks::swiglu(gate_up, out);
   cpu_stream(s).record("swiglu", [=](int ith, int nth) {
     int64_t b, e, n = out.cols();
@@ -246,6 +262,7 @@ void CpuBackend::swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) {
 }
 
 void CpuBackend::add(Stream& s, const Tensor& a, const Tensor& b_, const Tensor& out) {
+  own({&a, &b_, &out});
   checks::add(a, b_, out);
   cpu_stream(s).record("add", [=](int ith, int nth) {
     int64_t b, e;
@@ -257,6 +274,7 @@ void CpuBackend::add(Stream& s, const Tensor& a, const Tensor& b_, const Tensor&
 }
 
 void CpuBackend::gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) {
+  own({&x, &idx, &out});
   checks::gather_rows(x, idx, out);
   cpu_stream(s).record("gather_rows", [=](int ith, int nth) {
     if (ith != 0) return;  // tiny: a few rows
@@ -271,6 +289,7 @@ void CpuBackend::gather_rows(Stream& s, const Tensor& x, const Tensor& idx, cons
 }
 
 void CpuBackend::argmax(Stream& s, const Tensor& x, const Tensor& out) {
+  own({&x, &out});
   checks::argmax(x, out);
   cpu_stream(s).record("argmax", [=](int ith, int nth) {
     int64_t b, e, d = x.cols();
@@ -286,6 +305,7 @@ void CpuBackend::argmax(Stream& s, const Tensor& x, const Tensor& out) {
 }
 
 void CpuBackend::copy(Stream& s, const Tensor& src, const Tensor& dst) {
+  own({&src, &dst});
   checks::copy(src, dst);
   cpu_stream(s).record("copy", [=](int ith, int nth) {
     int64_t b, e;

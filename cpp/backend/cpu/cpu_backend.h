@@ -89,6 +89,10 @@ class CpuBackend : public Backend {
 
  private:
   void check_host(const Tensor& t) const;
+  // Every (defined) tensor of an op must live in this backend's host memory: a tensor of
+  // another backend would be read as a host pointer.
+  void own(std::initializer_list<const Tensor*> ts) const;
+  void own(std::initializer_list<const Tensor*> ts, const AttnBatch& b, const KvLayer& kv) const;
   ThreadPool pool_;
 };
 

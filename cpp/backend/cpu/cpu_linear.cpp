@@ -38,6 +38,7 @@ void add_bias(const Tensor& bias, float* out, int64_t tokens, int64_t ldo, int64
 
 void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
                         const Tensor& out, int64_t out_col) {
+  own({&x, &w, &bias, &out});
   checks::linear(x, w, bias, out, out_col);
   CpuStream& cs = static_cast<CpuStream&>(s);
   const int64_t T = x.rows(), K = x.cols(), N = w.dim(0), ldo = out.cols();

@@ -117,6 +117,7 @@ void build_plan(MoePlan& p, const int32_t* ids, const float* weights, int64_t pa
 
 void CpuBackend::moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool normalize,
                            const Tensor& ids, const Tensor& weights) {
+  own({&logits, &ids, &weights});
   checks::moe_route(logits, top_k, ids, weights);
   const int64_t E = logits.cols();
   auto probs = std::make_shared<std::vector<float>>(size_t(pool_.size() * E));
@@ -156,6 +157,7 @@ void CpuBackend::moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool 
 void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                              const Tensor& down, const Tensor& ids, const Tensor& weights,
                              const Tensor& out) {
+  own({&x, &gate, &up, &down, &ids, &weights, &out});
   checks::moe_experts(x, gate, up, down, ids, weights, out);
   CpuStream& cs = static_cast<CpuStream&>(s);
   const int64_t T = x.rows(), H = x.cols(), E = gate.dim(0), I = gate.dim(1), k = ids.cols();

@@ -47,10 +47,8 @@ bool ClBackend::supports(Op op, DType w) const {
   switch (op) {
     case Op::Embedding:
     case Op::Linear:
-      return weight_define(w) != nullptr;
-    case Op::MoeRoute:
     case Op::MoeExperts:
-      return false;
+      return weight_define(w) != nullptr;
     default:
       return true;
   }
@@ -117,7 +115,7 @@ cl_program ClBackend::attention_program(DType kv) {
 cl_program ClBackend::linear_program(DType w) {
   const char* def = weight_define(w);
   if (!def) throw ValueError(std::string("the OpenCL backend has no kernels for weights of type ") + dtype_name(w));
-  return programs_->get({"common", "weights", "linear"}, def);
+  return programs_->get({"common", "weights", "linear", "moe"}, def);
 }
 
 Launch ClBackend::launch(cl_program program, const char* kernel, int64_t work_items, int64_t max_local) {

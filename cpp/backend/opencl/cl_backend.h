@@ -49,6 +49,11 @@ class ClBackend : public Backend {
   void gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) override;
   void argmax(Stream& s, const Tensor& x, const Tensor& out) override;
   void copy(Stream& s, const Tensor& src, const Tensor& dst) override;
+  void moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool normalize, const Tensor& ids,
+                 const Tensor& weights) override;
+  void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
+                   const Tensor& down, const Tensor& ids, const Tensor& weights,
+                   const Tensor& out) override;
 
  private:
   // Programs: kernels/common.cl + the op family's file, built per weight / KV dtype.
@@ -58,6 +63,9 @@ class ClBackend : public Backend {
   // A launch of `kernel` over `work_items` work-items (1-D), in work-groups of up to max_local.
   Launch launch(cl_program program, const char* kernel, int64_t work_items, int64_t max_local = 16);
   void record(Stream& s, Launch&& l);
+  // moe_experts' row dots: y[p, col + n] = w[ids[p]][n, :] . x[p / x_div, :].
+  void moe_rows(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& ids,
+                const Tensor& y, int64_t col);
   void check_owned(const Tensor& t, const char* op) const;
   // Stands in for an absent optional tensor (bias, QK-norm weights, int8 scales).
   const Tensor& placeholder() const { return placeholder_; }

@@ -1,0 +1,75 @@
+// Mixture-of-experts ops (semantics in backend/backend.h). Routing is data: every kernel reads
+// ids / weights from device buffers when the stream runs, so a recorded stream replays with new
+// routing.
+//   moe_route    one work-item per token (kernels/elementwise.cl).
+//   moe_experts  per (token, slot) pair p: gu[p] = (gate[e] x, up[e] x) by moe_rows (the
+//                linear_t1 row dot over the stored weight type, reading the selected expert's
+//                rows only), act[p] = swiglu(gu[p]), y[p] = down[e] act[p] by moe_rows, then
+//                out[t] = sum_j weights[t, j] y[t * k + j] by moe_combine in slot order
+//                (deterministic, no atomics). Activations stay f32 throughout.
+#include "backend/op_checks.h"
+#include "backend/opencl/cl_backend.h"
+#include "core/error.h"
+
+namespace ferrum::ocl {
+
+void ClBackend::moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool normalize,
+                          const Tensor& ids, const Tensor& weights) {
+  checks::moe_route(logits, top_k, ids, weights);
+  const int64_t T = logits.rows(), E = logits.cols();
+  if (T == 0) return;
+  Launch l = launch(elementwise_program(), "moe_route", T, 4);
+  KernelArgs(l).tensor(logits, "moe_route").i32(T).i32(E).i32(top_k).i32(normalize ? 1 : 0)
+      .tensor(ids, "moe_route").tensor(weights, "moe_route");
+  record(s, std::move(l));
+}
+
+// y[p, col + n] = w[ids[p]][n, :] . x[p / x_div, :] for the pairs p < P, rows n < w.dim(1).
+void ClBackend::moe_rows(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& ids,
+                         const Tensor& y, int64_t col) {
+  const int64_t P = ids.numel(), E = w.dim(0), N = w.dim(1), K = w.dim(2);
+  cl_program program = linear_program(w.dtype);
+  const BufferView o = single_buffer(y, "moe_experts");
+  bool first = true;
+  for (const RowSegment& seg : row_segments(w, "moe_experts")) {
+    if (seg.rows == 0 && !first) continue;
+    Launch l = launch(program, "moe_rows", P * N, 64);
+    KernelArgs(l)
+        .tensor(x, "moe_experts").i32(x_div).i32(K)
+        .tensor(ids, "moe_experts").i32(P).i32(E).i32(N)
+        .buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes()))
+        .i64(seg.first_row).i64(seg.rows).i32(first ? 1 : 0)
+        .buffer(o.mem, int64_t(o.byte_offset / 4) + col, y.storage).i32(y.cols());
+    first = false;
+    record(s, std::move(l));
+  }
+}
+
+void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
+                            const Tensor& down, const Tensor& ids, const Tensor& weights,
+                            const Tensor& out) {
+  checks::moe_experts(x, gate, up, down, ids, weights, out);
+  for (const Tensor* w : {&gate, &up, &down}) linear_program(w->dtype);  // ValueError for unsupported types
+  const int64_t T = x.rows(), H = x.cols(), E = gate.dim(0), I = gate.dim(1), k = ids.cols();
+  const int64_t P = T * k;
+  if (T == 0 || H == 0) return;
+  Tensor y = placeholder();  // k == 0: moe_combine reads nothing and writes zeros
+  if (P > 0) {
+    y = alloc(DType::F32, {P, H});
+    if (I > 0) {
+      Tensor gu = alloc(DType::F32, {P, 2 * I}), act = alloc(DType::F32, {P, I});
+      moe_rows(s, x, k, gate, ids, gu, 0);
+      moe_rows(s, x, k, up, ids, gu, I);
+      swiglu(s, gu, act);
+      moe_rows(s, act, 1, down, ids, y, 0);
+    } else {
+      moe_rows(s, x, 1, down, ids, y, 0);  // K = 0: writes zeros, reads no activations
+    }
+  }
+  Launch l = launch(elementwise_program(), "moe_combine", T * H, 256);
+  KernelArgs(l).tensor(y, "moe_experts").tensor(ids, "moe_experts").tensor(weights, "moe_experts")
+      .i32(T).i32(k).i32(E).i32(H).tensor(out, "moe_experts");
+  record(s, std::move(l));
+}
+
+}  // namespace ferrum::ocl
