@@ -18,6 +18,7 @@ rm -rf $build/pkg && mkdir -p $build/pkg && cp -r python/ferrum $build/pkg/ferru
 cp $build/_core*.so $build/pkg/ferrum/
 site=$($py -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 # The whole suite. Subprocesses some tests start (the CLI, a fresh interpreter for hub downloads,
-# llama.cpp) inherit the preloaded runtime but import the installed, unsanitized extension.
+# llama.cpp) inherit the preloaded runtime; PYTHONPATH is absolute because some (a Jupyter
+# kernel) run in another directory.
 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
-  PYTHONPATH=$build/pkg:$site $py -S -m pytest -q -p no:cacheprovider --capture=sys tests "$@"
+  PYTHONPATH=$PWD/$build/pkg:$site $py -S -m pytest -q -p no:cacheprovider --capture=sys tests "$@"
