@@ -86,9 +86,10 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
         quant::quantize_row(kernel->act_type, host_ptr<float>(x) + t * K, act->data() + t * act_row_bytes, K);
     });
   }
-  // A batch of decodes: the batched kernel unpacks each weight block once for all rows. Else
-  // weight rows go in tiles that stay in L1 while every activation row is dotted with them.
-  const quant::DotBatchFn batch = act ? quant::dot_batch_kernel(w.dtype) : nullptr;
+  // Several rows: the batched kernel unpacks each weight block once for all of them (its results
+  // equal the single-row kernel's bit for bit, and one row is faster without it). Else weight
+  // rows go in tiles that stay in L1 while every activation row is dotted with them.
+  const quant::DotBatchFn batch = act && T > 1 ? quant::dot_batch_kernel(w.dtype) : nullptr;
   const int64_t tile_rows = std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes));
   cs.record("linear_dot", [=](int ith, int nth) {
     int64_t r0, r1;
