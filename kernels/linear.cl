@@ -87,12 +87,9 @@ kernel void linear_t8(LINEAR_ARGS) {
 
 // One token: one weight row per work-item, read front to back (a single sequential stream per
 // row keeps the hardware prefetchers busy; interleaving several short rows starves them).
-kernel void linear_t1(LINEAR_ARGS) {
-  const int n = (int)get_global_id(0);
-  if (n >= N) return;
-  x += x_off;
-  const global uchar* row = w + w_off + (long)n * w_row_bytes;
-  // Two accumulators: one FMA chain per half-chunk, so the loop is not bound by FMA latency.
+// One weight row (stored blocks) dotted with x[0, K), read front to back. Two accumulators: one
+// FMA chain per half-chunk, so the loop is not bound by FMA latency. moe.cl uses it too.
+float row_dot(const global uchar* row, const global float* x, int K) {
   float16 acc_lo = (float16)(0.0f), acc_hi = (float16)(0.0f);
   const int blocks = K / (CHUNK * W_CHUNKS);
   for (int b = 0; b < blocks; ++b) {
@@ -111,6 +108,14 @@ kernel void linear_t1(LINEAR_ARGS) {
 #ifdef W_FLOAT
   for (int k = blocks * CHUNK; k < K; ++k) s = fma(x[k], load_elem(row, k), s);
 #endif
+  return s;
+}
+
+kernel void linear_t1(LINEAR_ARGS) {
+  const int n = (int)get_global_id(0);
+  if (n >= N) return;
+  x += x_off;
+  float s = row_dot(w + w_off + (long)n * w_row_bytes, x, K);
   if (has_bias) s += bias[bias_off + n];
   out[out_off + n] = s;
 }

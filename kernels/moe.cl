@@ -28,25 +28,5 @@ kernel void moe_rows(const global float* x, long x_off, int x_div, int K, const 
   const long r = (long)e * N + n - row0;
   if (r < 0 || r >= nrows) return;
   const global float* xr = x + x_off + (long)(p / x_div) * K;
-  const global uchar* row = w + w_off + r * w_row_bytes;
-  // As linear_t1: one row front to back, two accumulators.
-  float16 acc_lo = (float16)(0.0f), acc_hi = (float16)(0.0f);
-  const int blocks = K / (CHUNK * W_CHUNKS);
-  for (int b = 0; b < blocks; ++b) {
-    const global uchar* blk = row + (long)b * W_BLOCK_BYTES;
-    const wscales sc = block_scales(blk);
-#pragma unroll
-    for (int j = 0; j < W_CHUNKS; ++j) {
-      const int k = (b * W_CHUNKS + j) * CHUNK;
-      float16 wl, wh;
-      block_chunk(blk, sc, j, &wl, &wh);
-      acc_lo = fma(vload16(0, xr + k), wl, acc_lo);
-      acc_hi = fma(vload16(1, xr + k), wh, acc_hi);
-    }
-  }
-  float s = sum16(acc_lo + acc_hi);
-#ifdef W_FLOAT
-  for (int k = blocks * CHUNK; k < K; ++k) s = fma(xr[k], load_elem(row, k), s);
-#endif
-  *o = s;
+  *o = row_dot(w + w_off + r * w_row_bytes, xr, K);  // linear.cl
 }
