@@ -218,3 +218,11 @@ def test_garbage_file(tmp_path):
     p.write_bytes(os.urandom(4096))
     with pytest.raises(ValueError, match="junk.bin"):
         _core.ModelRunner(str(p))
+
+
+def test_gguf_without_vocabulary_needs_a_tokenizer(tmp_path):
+    from ferrum.tools.make_model import make_model
+    path = make_model("llama", "tiny", "gguf", "f32", seed=1, vocab_size=256, out=tmp_path / "weights-only.gguf")
+    with pytest.raises(ValueError, match="no vocabulary"):
+        ferrum.LLM(str(path), num_threads=1)
+    assert _core.ModelRunner(str(path)).format == "gguf"  # the weights themselves load

@@ -29,23 +29,28 @@ def run_bench(args) -> dict:
             tok = int(runner.step([(seq, [tok], "last")])[0].argmax())
         tg = min(tg, time.perf_counter() - t0)
         runner.release_sequence(seq)
-    tokenize = _tokenizer_times(path, runner.format)
+    try:
+        tokenize = _tokenizer_times(path, runner.format)
+    except ValueError:  # a weights-only file: no tokenizer to time
+        tokenize = {"encode_us_per_tok": None, "decode_us_per_tok": None}
     result = {"engine": "ferrum", "model": str(path), "device": args.device, "threads": args.threads,
               "n_prompt": args.n_prompt, "n_gen": args.n_gen,
               "pp_tok_s": round(args.n_prompt / pp, 2), "tg_tok_s": round(args.n_gen / tg, 2),
               "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
               **tokenize}
     # Tokenizing must never dominate: its cost per token as a share of the model's.
-    result["encode_vs_pp"] = round(tokenize["encode_us_per_tok"] * 1e-6 * args.n_prompt / pp, 4)
-    result["decode_vs_tg"] = round(tokenize["decode_us_per_tok"] * 1e-6 * args.n_gen / tg, 4)
+    if tokenize["encode_us_per_tok"] is not None:
+        result["encode_vs_pp"] = round(tokenize["encode_us_per_tok"] * 1e-6 * args.n_prompt / pp, 4)
+        result["decode_vs_tg"] = round(tokenize["decode_us_per_tok"] * 1e-6 * args.n_gen / tg, 4)
     if args.json:
         print(json.dumps(result))
     else:
         print(f"model: {path.name}  device: {args.device}  threads: {args.threads}")
         print(f"pp{args.n_prompt}: {result['pp_tok_s']:.2f} tok/s   tg{args.n_gen}: {result['tg_tok_s']:.2f} tok/s   "
               f"peak RSS: {result['peak_rss_mib']} MiB")
-        print(f"tokenizer: encode {result['encode_us_per_tok']:.2f} us/tok ({100 * result['encode_vs_pp']:.2f}% of pp), "
-              f"streaming decode {result['decode_us_per_tok']:.2f} us/tok ({100 * result['decode_vs_tg']:.2f}% of tg)")
+        if "encode_vs_pp" in result:
+            print(f"tokenizer: encode {result['encode_us_per_tok']:.2f} us/tok ({100 * result['encode_vs_pp']:.2f}% of pp), "
+                  f"streaming decode {result['decode_us_per_tok']:.2f} us/tok ({100 * result['decode_vs_tg']:.2f}% of tg)")
     return result
 
 

@@ -160,6 +160,9 @@ def build_byte_level_tokenizer(tokens: list[str], merges: list[str], types: list
 
 def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
     model = meta.get("tokenizer.ggml.model")
+    if "tokenizer.ggml.tokens" not in meta:
+        raise ValueError("this GGUF file has no vocabulary (tokenizer.ggml.tokens): pass tokenizer= "
+                         "(a tokenizer.json, tokenizer.model or a model directory)")
     tokens = list(meta["tokenizer.ggml.tokens"])
     n = len(tokens)
     types = list(meta.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * n)
