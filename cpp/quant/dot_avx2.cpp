@@ -149,19 +149,6 @@ FERRUM_AVX2 float dot_q8_0(int64_t n, const void* w, const void* act) {
 
 // ---- k-quants against Q8_K ----
 
-// The 8 six-bit scales (low 64 bits) and mins (high 64 bits) of a Q4_K / Q5_K super-block, one
-// per byte, computed in registers: bytes 0..3 hold scales 0..3 (and the top bits of 4..7),
-// bytes 4..7 the mins 0..3 (and top bits of mins 4..7), bytes 8..11 the low nibbles of 4..7.
-inline void unpack_k4_scales(const uint8_t* packed, uint64_t& scales, uint64_t& mins) {
-  uint32_t a0, a1, a2;
-  std::memcpy(&a0, packed, 4);
-  std::memcpy(&a1, packed + 4, 4);
-  std::memcpy(&a2, packed + 8, 4);
-  const uint32_t sc_hi = (a2 & 0x0f0f0f0f) | (((a0 >> 6) & 0x03030303) << 4);
-  const uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0f) | (((a1 >> 6) & 0x03030303) << 4);
-  scales = (a0 & 0x3f3f3f3f) | (uint64_t(sc_hi) << 32);
-  mins = (a1 & 0x3f3f3f3f) | (uint64_t(m_hi) << 32);
-}
 
 // sum_j mins[j] * (bsums[2j] + bsums[2j + 1]), as 8 int32 lanes.
 FERRUM_AVX2 inline __m256i min_terms(uint64_t mins, const int16_t* bsums) {

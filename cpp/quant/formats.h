@@ -2,6 +2,7 @@
 // these structs are read straight out of mapped weight files (all fields are byte-aligned).
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 namespace ferrum::quant {
 
@@ -101,6 +102,21 @@ inline void k4_scale_min(const uint8_t* packed, int j, int& scale, int& min) {
     scale = (packed[j + 4] & 15) | ((packed[j - 4] >> 6) << 4);
     min = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
   }
+}
+
+// All 8 scales (low 64 bits) and mins (high 64 bits) of a Q4_K / Q5_K super-block, one per byte,
+// computed in registers: k4_scale_min for j = 0..7 at once, for the SIMD kernels. static: each
+// kernel file keeps its own copy compiled for its ISA (an inline one could be shared across files
+// built with different -m flags).
+static inline void unpack_k4_scales(const uint8_t* packed, uint64_t& scales, uint64_t& mins) {
+  uint32_t a0, a1, a2;
+  std::memcpy(&a0, packed, 4);
+  std::memcpy(&a1, packed + 4, 4);
+  std::memcpy(&a2, packed + 8, 4);
+  const uint32_t sc_hi = (a2 & 0x0f0f0f0f) | (((a0 >> 6) & 0x03030303) << 4);
+  const uint32_t m_hi = ((a2 >> 4) & 0x0f0f0f0f) | (((a1 >> 6) & 0x03030303) << 4);
+  scales = (a0 & 0x3f3f3f3f) | (uint64_t(sc_hi) << 32);
+  mins = (a1 & 0x3f3f3f3f) | (uint64_t(m_hi) << 32);
 }
 
 // The 6-bit scale of Q3_K sub-block i (0..15), still offset by 32: low 4 bits are the low
