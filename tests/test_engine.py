@@ -114,15 +114,18 @@ def test_seeded_sampling_independent_of_batch(device):
 
 
 # stories260K's weights are f32, so the two backends differ only in summation order: greedy
-# continuations must agree token for token, and logits closely (max |diff| measured 1e-5 .. 4e-5
-# on logits spanning +-19 for f32 / f16 / int8 KV: both backends round K/V the same way).
-@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "int8"])
-def test_opencl_equals_cpu(kv_dtype):
+# continuations must agree token for token, and logits closely. f32 KV: max |diff| ~1.5e-5 on
+# logits spanning +-19. f16 / int8 KV: where the backends' f32 K/V values (1e-7 apart) straddle
+# a rounding boundary of the stored format, an element differs by one f16 ulp / one int8 step,
+# which moves logits by up to 7.4e-3 (f16) / 1.2e-2 (int8) over these 16 prompts -- far under
+# each format's own error against f32 KV (f16 up to 5.8e-2, int8 0.2 .. 1.4).
+@pytest.mark.parametrize("kv_dtype,bound", [("f32", 1e-3), ("f16", 2e-2), ("int8", 5e-2)])
+def test_opencl_equals_cpu(kv_dtype, bound):
     ps = prompts(16, seed=21)
     cpu, ocl = make_llm("cpu", kv_dtype=kv_dtype), make_llm("opencl", kv_dtype=kv_dtype)
     assert greedy_tokens(ocl, ps) == greedy_tokens(cpu, ps)
-    ids = ps[0]
-    assert np.abs(ocl.score(ids) - cpu.score(ids)).max() < 1e-3
+    for ids in ps:
+        assert np.abs(ocl.score(ids) - cpu.score(ids)).max() < bound
     assert_pool_empty(ocl)
 
 

@@ -104,14 +104,12 @@ class Loader {
       int64_t rows = 0;
       for (auto* p : parts) rows += p->shape[0];
       Tensor t = be_.alloc(parts[0]->dtype, {rows, parts[0]->shape[1]});
-      std::vector<char> host(t.nbytes());
-      size_t off = 0;
-      for (auto* p : parts) {
-        std::memcpy(host.data() + off, p->data, p->nbytes);
-        off += p->nbytes;
+      int64_t row = 0;
+      for (auto* p : parts) {  // each part straight into its rows: no second host copy
+        be_.upload(t.slice(row, p->shape[0]), p->data, p->nbytes);
+        row += p->shape[0];
         p->file->release_pages(p->data, p->nbytes);  // the fused copy replaces these pages
       }
-      be_.upload(t, host.data(), host.size());
       lin.parts.push_back(t);
     } else {
       for (auto* p : parts) lin.parts.push_back(weight(*p));

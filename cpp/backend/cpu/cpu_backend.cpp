@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/command_profile.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
 
@@ -37,10 +38,13 @@ CpuStorage::~CpuStorage() {
 void CpuStream::submit() {
   if (commands_.empty()) return;
   ThreadPool& pool = backend_->pool();
+  CommandProfile* profile = CommandProfile::enabled();
   pool.run([&](int ith, int nth) {
     for (const CpuCommand& c : commands_) {
+      const auto t0 = profile && ith == 0 ? CommandProfile::now() : 0;
       c.fn(ith, nth);
       pool.barrier();
+      if (profile && ith == 0) profile->add(c.name, CommandProfile::now() - t0);
     }
   });
 }
@@ -59,6 +63,12 @@ bool CpuBackend::supports(Op op, DType w) const {
     default:
       return true;
   }
+}
+
+std::shared_ptr<std::vector<char>> CpuBackend::scratch(Scratch kind, size_t bytes) {
+  std::shared_ptr<std::vector<char>>& buf = scratch_[int(kind)];
+  if (!buf || buf->size() < bytes) buf = std::make_shared<std::vector<char>>(bytes);
+  return buf;
 }
 
 void CpuBackend::check_host(const Tensor& t) const {
@@ -185,12 +195,12 @@ void CpuBackend::qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm
   own({&qkv, &q_norm, &k_norm, &rope.cos, &rope.sin, &q_out}, batch, kv);
   checks::qkv_to_cache(qkv, q_norm, k_norm, rope, batch, p, q_out, kv);
   const int64_t hd = p.head_dim;
-  auto scratch = std::make_shared<std::vector<float>>(size_t(pool_.size()) * hd);
+  auto rows = scratch(Scratch::QkvRows, size_t(pool_.size() * hd) * 4);
   cpu_stream(s).record("qkv_to_cache", [=](int ith, int nth) {
     const int64_t heads_all = p.heads + 2 * p.kv_heads, tokens = qkv.rows();
     const int64_t half = rope.cos.cols(), max_pos = rope.cos.dim(0);
     const int64_t total_slots = kv.k.dim(0) * kv.block_size();
-    float* tmp = scratch->data() + size_t(ith) * hd;
+    float* tmp = reinterpret_cast<float*>(rows->data()) + size_t(ith) * hd;
     int64_t b, e;
     if (!my_range(tokens * heads_all, ith, nth, &b, &e)) return;
     for (int64_t i = b; i < e; ++i) {
@@ -217,33 +227,6 @@ void CpuBackend::qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm
       } else {
         cpu::kv_store_row(kv, false, slot, h - p.heads - p.kv_heads, src);
       }
-    }
-  });
-}
-
-void CpuBackend::paged_attention(Stream& s, const Tensor& q, const KvLayer& kv,
-                                 const AttnBatch& batch, const AttnParams& p, const Tensor& out) {
-  own({&q, &out}, batch, kv);
-  checks::paged_attention(q, kv, batch, p, out);
-  const int64_t max_blocks = batch.block_tables.dim(1);
-  const int64_t max_ctx = max_blocks * kv.block_size();
-  const int64_t group = p.heads / p.kv_heads;
-  const size_t per_thread = size_t(group * max_ctx + p.head_dim);
-  auto scratch = std::make_shared<std::vector<float>>(per_thread * size_t(pool_.size()));
-  cpu_stream(s).record("paged_attention", [=](int ith, int nth) {
-    int64_t tokens = q.numel() / (p.heads * p.head_dim);
-    int64_t b, e;
-    if (!my_range(tokens * p.kv_heads, ith, nth, &b, &e)) return;
-    float* scores = scratch->data() + per_thread * size_t(ith);
-    float* row = scores + group * max_ctx;
-    for (int64_t i = b; i < e; ++i) {
-      int64_t t = i / p.kv_heads;
-      int64_t pos = host_ptr<int32_t>(batch.token_pos)[t];
-      if (pos < 0 || pos >= max_ctx) continue;  // padding token / validated by the engine
-      cpu::paged_attention_item(host_ptr<float>(q), kv, host_ptr<int32_t>(batch.token_seq),
-                                host_ptr<int32_t>(batch.token_pos),
-                                host_ptr<int32_t>(batch.block_tables), max_blocks, p,
-                                host_ptr<float>(out), t, i % p.kv_heads, scores, row);
     }
   });
 }

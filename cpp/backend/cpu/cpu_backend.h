@@ -49,6 +49,9 @@ class CpuStream : public Stream {
   std::vector<CpuCommand> commands_;
 };
 
+// Scratch memory kinds; see CpuBackend::scratch.
+enum class Scratch { GemmTiles, Activations, Attention, QkvRows, Count };
+
 class CpuBackend : public Backend {
  public:
   explicit CpuBackend(int num_threads);
@@ -88,12 +91,18 @@ class CpuBackend : public Backend {
                    const Tensor& out) override;
 
  private:
+  // A buffer of at least `bytes` shared by every command of one kind: commands run one at a
+  // time, so one buffer per kind serves all streams (per-command buffers cost a model's worth
+  // of memory and a fresh page-faulting allocation per eager step). A recorded stream keeps the
+  // buffer it was recorded with alive; a larger request replaces the backend's buffer.
+  std::shared_ptr<std::vector<char>> scratch(Scratch kind, size_t bytes);
   void check_host(const Tensor& t) const;
   // Every (defined) tensor of an op must live in this backend's host memory: a tensor of
   // another backend would be read as a host pointer.
   void own(std::initializer_list<const Tensor*> ts) const;
   void own(std::initializer_list<const Tensor*> ts, const AttnBatch& b, const KvLayer& kv) const;
   ThreadPool pool_;
+  std::shared_ptr<std::vector<char>> scratch_[int(Scratch::Count)];
 };
 
 }  // namespace ferrum

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/fast_math.h"
 #include "quant/quant.h"
 
 namespace ferrum::cpu {
@@ -75,8 +76,8 @@ void rope_head(float* x, const float* cos, const float* sin, int64_t rot_half, R
 
 void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    const float g = gate[i];
+    out[i] = g / (1.0f + fast_exp(-g)) * up[i];
   }
 }
 
@@ -86,32 +87,6 @@ namespace {
 inline int64_t pool_row(const KvLayer& kv, int64_t slot, int64_t kv_head) {
   int64_t bs = kv.k.dim(2), kvh = kv.k.dim(1);
   return ((slot / bs) * kvh + kv_head) * bs + slot % bs;
-}
-
-void load_kv_row(const Tensor& pool, const Tensor& scales, int64_t row, int64_t hd, float* dst) {
-  switch (pool.dtype) {
-    case DType::F32:
-      std::memcpy(dst, host_ptr<float>(pool) + row * hd, size_t(hd) * 4);
-      break;
-    case DType::F16: {
-      const uint16_t* src = host_ptr<uint16_t>(pool) + row * hd;
-      int64_t i = 0;
-#if defined(__F16C__)
-      for (; i + 8 <= hd; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-#endif
-      for (; i < hd; ++i) dst[i] = f16_to_f32(src[i]);
-      break;
-    }
-    case DType::I8: {
-      const int8_t* src = host_ptr<int8_t>(pool) + row * hd;
-      float s = host_ptr<float>(scales)[row];
-      for (int64_t i = 0; i < hd; ++i) dst[i] = float(src[i]) * s;
-      break;
-    }
-    default:
-      break;
-  }
 }
 
 }  // namespace
@@ -142,53 +117,6 @@ void kv_store_row(const KvLayer& kv, bool is_k, int64_t slot, int64_t kv_head, c
     }
     default:
       break;
-  }
-}
-
-void paged_attention_item(const float* q, const KvLayer& kv, const int32_t* token_seq,
-                          const int32_t* token_pos, const int32_t* block_tables,
-                          int64_t max_blocks, const AttnParams& p, float* out, int64_t t,
-                          int64_t kvh, float* scores, float* kv_row) {
-  const int64_t hd = p.head_dim, group = p.heads / p.kv_heads, bs = kv.block_size();
-  const int64_t num_blocks = kv.k.dim(0);
-  const int32_t* table = block_tables + int64_t(token_seq[t]) * max_blocks;
-  const int64_t pos = token_pos[t];
-  const int64_t first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
-  const int64_t n = pos - first + 1;
-  const float* qt = q + (t * p.heads + kvh * group) * hd;
-  float* ot = out + (t * p.heads + kvh * group) * hd;
-  auto slot_of = [&](int64_t j) -> int64_t {
-    int64_t b = table[j / bs];
-    return (b >= 0 && b < num_blocks) ? b * bs + j % bs : -1;
-  };
-
-  for (int64_t j = 0; j < n; ++j) {
-    int64_t slot = slot_of(first + j);
-    if (slot < 0) {  // unmapped block: contributes nothing (never happens for valid tables)
-      for (int64_t g = 0; g < group; ++g) scores[g * n + j] = -std::numeric_limits<float>::infinity();
-      continue;
-    }
-    load_kv_row(kv.k, kv.k_scale, pool_row(kv, slot, kvh), hd, kv_row);
-    for (int64_t g = 0; g < group; ++g) scores[g * n + j] = dot_f32(qt + g * hd, kv_row, hd) * p.scale;
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    float* s = scores + g * n;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = std::exp(s[j] - mx);
-      sum += s[j];
-    }
-    float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-    std::memset(ot + g * hd, 0, size_t(hd) * 4);
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    int64_t slot = slot_of(first + j);
-    if (slot < 0) continue;
-    load_kv_row(kv.v, kv.v_scale, pool_row(kv, slot, kvh), hd, kv_row);
-    for (int64_t g = 0; g < group; ++g) axpy_f32(scores[g * n + j], kv_row, ot + g * hd, hd);
   }
 }
 

@@ -15,13 +15,6 @@ void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 float dot_f32(const float* a, const float* b, int64_t n);
 void axpy_f32(float a, const float* x, float* y, int64_t n);  // y += a * x
 
-// Paged attention of query token t for the q heads that share kv head kvh (see
-// Backend::paged_attention).
-// scores: heads_per_kv * (max_blocks * block_size) floats; kv_row: head_dim floats.
-void paged_attention_item(const float* q, const KvLayer& kv, const int32_t* token_seq,
-                          const int32_t* token_pos, const int32_t* block_tables,
-                          int64_t max_blocks, const AttnParams& p, float* out, int64_t t,
-                          int64_t kvh, float* scores, float* kv_row);
 // Writes one head row (head_dim floats) into the pool at slot / kv head.
 void kv_store_row(const KvLayer& kv, bool is_k, int64_t slot, int64_t kv_head, const float* row);
 

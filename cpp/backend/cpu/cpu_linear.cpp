@@ -24,7 +24,7 @@ namespace {
 // weight block once for all rows, still beats a tile dequantize + sgemm.
 constexpr int64_t kMaxDotTokens = 8;
 constexpr int64_t kMaxDecodeRows = 64;
-constexpr int64_t kTileRows = 64;
+constexpr int64_t kTileRows = 128;
 constexpr size_t kDotTileBytes = 16 * 1024;  // weight rows dotted with every activation row at once
 
 // out points at column 0 of this weight's columns; ldo is the row stride of out.
@@ -48,7 +48,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   if ((T > kMaxDotTokens && !decodes) || (w.dtype == DType::F32 && T > 1)) {
     // GEMM path. f32 weights are used in place; others are dequantized per tile.
     const bool dequant = w.dtype != DType::F32;
-    auto tiles = std::make_shared<std::vector<float>>(dequant ? size_t(pool_.size() * kTileRows * K) : 0);
+    auto tiles = scratch(Scratch::GemmTiles, dequant ? size_t(pool_.size() * kTileRows * K) * 4 : 0);
     cs.record("linear_gemm", [=](int ith, int nth) {
       int64_t r0, r1;
       split_range(N, ith, nth, &r0, &r1);
@@ -58,7 +58,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
         int64_t rows = std::min(kTileRows, r1 - t0);
         const float* wt;
         if (dequant) {
-          float* tile = tiles->data() + size_t(ith) * kTileRows * K;
+          float* tile = reinterpret_cast<float*>(tiles->data()) + size_t(ith) * kTileRows * K;
           const char* src = host_ptr<char>(w) + t0 * w_row_bytes;
           for (int64_t r = 0; r < rows; ++r) quant::dequantize_row(w.dtype, src + r * w_row_bytes, tile + r * K, K);
           wt = tile;
@@ -78,7 +78,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const size_t act_row_bytes = dtype_bytes(kernel->act_type, K);
   std::shared_ptr<std::vector<char>> act;
   if (kernel->act_type != DType::F32) {
-    act = std::make_shared<std::vector<char>>(size_t(T) * act_row_bytes);
+    act = scratch(Scratch::Activations, size_t(T) * act_row_bytes);
     cs.record("quantize_act", [=](int ith, int nth) {
       int64_t b, e;
       split_range(T, ith, nth, &b, &e);

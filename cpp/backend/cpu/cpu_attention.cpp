@@ -1,0 +1,231 @@
+// Paged attention on the CPU, flash-attention style. The queries of a tile (up to kTileTokens
+// consecutive tokens of one sequence, times the q heads that share a kv head) walk the keys in
+// blocks of kKeyBlock: each key and value row is converted to f32 once for all of them, scores
+// come 16 keys at a time from a transposed key block (no horizontal sums), and an online
+// softmax keeps one running max / sum / output row per query.
+//
+// Key blocks sit at absolute multiples of kKeyBlock and a query skips every block in which it
+// sees no key, so a query's arithmetic does not depend on the other tokens of its tile: a
+// sequence gets the same outputs alone or batched, in one prefill or in chunks, cached or not.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/fast_math.h"
+#include "backend/op_checks.h"
+
+namespace ferrum {
+
+using cpu::f32x16;
+using cpu::load16;
+using cpu::store16;
+
+namespace {
+
+constexpr int64_t kTileTokens = 16;
+constexpr int64_t kKeyBlock = 16;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// One f32 row of a K or V pool.
+void load_kv_row(const Tensor& pool, const Tensor& scales, int64_t row, int64_t hd, float* dst) {
+  switch (pool.dtype) {
+    case DType::F32:
+      std::memcpy(dst, host_ptr<float>(pool) + row * hd, size_t(hd) * 4);
+      break;
+    case DType::F16: {
+      const uint16_t* src = host_ptr<uint16_t>(pool) + row * hd;
+      int64_t i = 0;
+#if defined(__F16C__)
+      for (; i + 8 <= hd; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+      for (; i < hd; ++i) dst[i] = f16_to_f32(src[i]);
+      break;
+    }
+    case DType::I8: {
+      const int8_t* src = host_ptr<int8_t>(pool) + row * hd;
+      const float s = host_ptr<float>(scales)[row];
+      for (int64_t i = 0; i < hd; ++i) dst[i] = float(src[i]) * s;
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+// Per-thread working memory of one (tile, kv head) item, carved from one float buffer. Rows
+// of head_dim floats are padded to hd16 (a multiple of 16) with zeros.
+struct TileScratch {
+  float* out;     // [rows][hd16] running (unnormalised) outputs
+  float* max;     // [rows] running score max
+  float* sum;     // [rows] running sum of exp(score - max)
+  f32x16* keys;   // [hd]: element k of keys[d] is dimension d of key k of the block
+  float* vals;    // [kKeyBlock][hd16] the value block
+  float* row;     // [hd16] conversion buffer
+
+  static int64_t padded(int64_t hd) { return (hd + 15) / 16 * 16; }
+  static size_t floats(int64_t rows, int64_t hd) {
+    return size_t(rows * padded(hd) + 2 * rows + 2 * padded(hd) * kKeyBlock + padded(hd)) + 16;
+  }
+  TileScratch(float* base, int64_t rows, int64_t hd) {
+    const int64_t hd16 = padded(hd);
+    keys = reinterpret_cast<f32x16*>((reinterpret_cast<uintptr_t>(base) + 63) / 64 * 64);
+    vals = reinterpret_cast<float*>(keys + hd16);
+    row = vals + kKeyBlock * hd16;
+    out = row + hd16;
+    max = out + rows * hd16;
+    sum = max + rows;
+  }
+};
+
+struct Tile {
+  int64_t t0, t1;  // tokens [t0, t1): one sequence, consecutive
+};
+
+// Runs of consecutive tokens of one sequence, at most kTileTokens each.
+void make_tiles(const int32_t* seq, int64_t tokens, std::vector<Tile>& tiles) {
+  tiles.clear();
+  for (int64_t t = 0; t < tokens;) {
+    int64_t e = t + 1;
+    while (e < tokens && e - t < kTileTokens && seq[e] == seq[t]) ++e;
+    tiles.push_back({t, e});
+    t = e;
+  }
+}
+
+struct AttnView {
+  const float* q;
+  float* out;
+  const int32_t* seq;
+  const int32_t* pos;
+  const int32_t* tables;
+  int64_t num_seqs, max_blocks, max_ctx;
+};
+
+// The positions token t sees: [first, pos]; false for padding / out-of-range tokens.
+bool visible(const AttnView& v, const AttnParams& p, int64_t t, int64_t* first, int64_t* last) {
+  const int64_t pos = v.pos[t];
+  if (pos < 0 || pos >= v.max_ctx || v.seq[t] < 0 || v.seq[t] >= v.num_seqs) return false;
+  *first = p.window > 0 ? std::max<int64_t>(0, pos - p.window + 1) : 0;
+  *last = pos;
+  return true;
+}
+
+void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, const Tile& tile,
+                 int64_t kvh, TileScratch& s) {
+  const int64_t hd = p.head_dim, hd16 = TileScratch::padded(hd), group = p.heads / p.kv_heads;
+  const int64_t bs = kv.block_size(), num_blocks = kv.k.dim(0), kv_heads = kv.k.dim(1);
+  const int64_t rows = (tile.t1 - tile.t0) * group;
+  int64_t lo = v.max_ctx, hi = -1;
+  for (int64_t t = tile.t0; t < tile.t1; ++t) {
+    int64_t first, last;
+    if (!visible(v, p, t, &first, &last)) continue;
+    lo = std::min(lo, first);
+    hi = std::max(hi, last);
+  }
+  if (hi < 0) return;  // only padding tokens
+  const int32_t* table = v.tables + int64_t(v.seq[tile.t0]) * v.max_blocks;
+  std::fill(s.out, s.out + rows * hd16, 0.0f);
+  std::fill(s.max, s.max + rows, kNegInf);
+  std::fill(s.sum, s.sum + rows, 0.0f);
+  std::fill(s.row, s.row + hd16, 0.0f);
+  std::fill(s.vals, s.vals + kKeyBlock * hd16, 0.0f);
+  const f32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+  for (int64_t j0 = lo / kKeyBlock * kKeyBlock; j0 <= hi; j0 += kKeyBlock) {
+    // The block's keys (transposed) and values as f32; an unmapped key is masked out.
+    f32x16 mapped = {};
+    for (int64_t k = 0; k < kKeyBlock; ++k) {
+      const int64_t j = j0 + k, b = j <= hi ? table[j / bs] : -1;
+      const bool ok = b >= 0 && b < num_blocks;
+      mapped[k] = ok ? 1.0f : 0.0f;
+      if (ok) {
+        const int64_t row = (b * kv_heads + kvh) * bs + j % bs;
+        load_kv_row(kv.k, kv.k_scale, row, hd, s.row);
+        load_kv_row(kv.v, kv.v_scale, row, hd, s.vals + k * hd16);
+      } else {
+        std::fill(s.row, s.row + hd, 0.0f);
+        std::fill(s.vals + k * hd16, s.vals + k * hd16 + hd, 0.0f);
+      }
+      for (int64_t d = 0; d < hd; ++d) s.keys[d][k] = s.row[d];
+    }
+    const f32x16 key_pos = lane + float(j0);
+    for (int64_t t = tile.t0; t < tile.t1; ++t) {
+      int64_t first, last;
+      if (!visible(v, p, t, &first, &last) || last < j0 || first >= j0 + kKeyBlock) continue;
+      const f32x16 seen_lo = key_pos - float(first), seen_hi = float(last) - key_pos;  // both >= 0: seen
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = (t - tile.t0) * group + g;
+        const float* qr = v.q + (t * p.heads + kvh * group + g) * hd;
+        f32x16 acc[4] = {};  // four chains: one would wait on each FMA's latency
+        int64_t d = 0;
+        for (; d + 4 <= hd; d += 4)
+          for (int c = 0; c < 4; ++c) acc[c] += qr[d + c] * s.keys[d + c];
+        for (; d < hd; ++d) acc[0] += qr[d] * s.keys[d];
+        f32x16 score = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        const auto seen = (mapped > 0.0f) & (seen_lo >= 0.0f) & (seen_hi >= 0.0f);
+        score = seen ? score * p.scale : kNegInf;
+        float block_max = kNegInf;
+        for (int k = 0; k < kKeyBlock; ++k) block_max = std::max(block_max, score[k]);
+        if (block_max == kNegInf) continue;
+        const float new_max = std::max(s.max[r], block_max);
+        const float rescale = cpu::fast_exp(s.max[r] - new_max);  // ~0 for the first block
+        const f32x16 weight = seen ? cpu::fast_exp(score - new_max) : 0.0f;
+        float block_sum = 0.0f;
+        for (int k = 0; k < kKeyBlock; ++k) block_sum += weight[k];
+        s.max[r] = new_max;
+        s.sum[r] = s.sum[r] * rescale + block_sum;
+        float* o = s.out + r * hd16;
+        for (int64_t c = 0; c < hd16; c += 16) {  // the output row in registers, 16 at a time
+          f32x16 acc = load16(o + c) * rescale;
+          for (int k = 0; k < kKeyBlock; ++k) acc += weight[k] * load16(s.vals + k * hd16 + c);
+          store16(o + c, acc);
+        }
+      }
+    }
+  }
+  for (int64_t t = tile.t0; t < tile.t1; ++t) {
+    int64_t first, last;
+    if (!visible(v, p, t, &first, &last)) continue;
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = (t - tile.t0) * group + g;
+      const float inv = s.sum[r] > 0.0f ? 1.0f / s.sum[r] : 0.0f;  // 0: no mapped key at all
+      float* dst = v.out + (t * p.heads + kvh * group + g) * hd;
+      for (int64_t d = 0; d < hd; ++d) dst[d] = s.out[r * hd16 + d] * inv;
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::paged_attention(Stream& s, const Tensor& q, const KvLayer& kv,
+                                 const AttnBatch& batch, const AttnParams& p, const Tensor& out) {
+  own({&q, &out}, batch, kv);
+  checks::paged_attention(q, kv, batch, p, out);
+  const int64_t group = p.heads / p.kv_heads;
+  const size_t per_thread = TileScratch::floats(kTileTokens * group, p.head_dim);
+  auto buf = scratch(Scratch::Attention, per_thread * size_t(pool_.size()) * 4);
+  static_cast<CpuStream&>(s).record("paged_attention", [=](int ith, int nth) {
+    const AttnView v{host_ptr<float>(q), host_ptr<float>(out), host_ptr<int32_t>(batch.token_seq),
+                     host_ptr<int32_t>(batch.token_pos), host_ptr<int32_t>(batch.block_tables),
+                     batch.block_tables.dim(0), batch.block_tables.dim(1),
+                     batch.block_tables.dim(1) * kv.block_size()};
+    thread_local std::vector<Tile> tiles;  // grows once; every thread derives the same list
+    make_tiles(v.seq, q.numel() / (p.heads * p.head_dim), tiles);
+    TileScratch ts(reinterpret_cast<float*>(buf->data()) + per_thread * size_t(ith),
+                   kTileTokens * group, p.head_dim);
+    // Items (tile, kv head) dealt round-robin: later prefill tiles see more keys, so
+    // contiguous ranges would leave one thread with the long ones.
+    const int64_t items = int64_t(tiles.size()) * p.kv_heads;
+    for (int64_t i = ith; i < items; i += nth)
+      attend_tile(v, kv, p, tiles[size_t(i / p.kv_heads)], i % p.kv_heads, ts);
+  });
+}
+
+}  // namespace ferrum

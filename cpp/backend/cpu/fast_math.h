@@ -1,0 +1,63 @@
+// Branch-free float math for the CPU kernels' inner loops, on scalars and on 16-float vectors
+// (GCC/Clang vector extensions: one AVX-512 register, or two AVX2 ones, without intrinsics).
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+// Inline helpers only: the vector-argument ABI note GCC prints without AVX-512 does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace ferrum::cpu {
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+inline f32x16 load16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof v); }
+
+namespace detail {
+// exp(r) on [-ln2/2, ln2/2]: degree-7 Taylor polynomial, relative error < 1e-8 there.
+template <class V>
+inline V exp_poly(V r) {
+  V p = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  return p * r + 1.0f;
+}
+constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting rounds to an integer
+constexpr float kLog2e = 1.44269504f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
+}  // namespace detail
+
+// exp(x) = 2^n * exp(x - n ln2), relative error below 1e-7. Inputs are clamped to [-87, 88]:
+// below, it returns ~1.6e-38 instead of 0, far under what a softmax or SiLU can resolve;
+// exp(0) is exactly 1.
+inline float fast_exp(float x) {
+  using namespace detail;
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float n = (x * kLog2e + kRound) - kRound;
+  const float p = exp_poly((x - n * kLn2Hi) - n * kLn2Lo);
+  const int32_t bits = (int32_t(n) + 127) << 23;  // 2^n
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+inline f32x16 fast_exp(f32x16 x) {
+  using namespace detail;
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const f32x16 n = (x * kLog2e + kRound) - kRound;
+  const f32x16 p = exp_poly((x - n * kLn2Hi) - n * kLn2Lo);
+  const i32x16 bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
+  f32x16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+}  // namespace ferrum::cpu
