@@ -8,10 +8,24 @@ import time
 import numpy as np
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return int(f.read().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _model_bytes(path) -> int:
+    return sum(f.stat().st_size for f in path.glob("*.safetensors")) if path.is_dir() else path.stat().st_size
+
+
 def run_bench(args) -> dict:
     from . import _core
     from .models import resolve_model
     path = resolve_model(args.model_path)
+    base_rss = _rss_mib()  # the interpreter, numpy and the extension: not the model's
     runner = _core.ModelRunner(str(path), device=args.device, num_threads=args.threads,
                                max_model_len=max(1024, args.n_prompt + args.n_gen + 16),
                                kv_cache_tokens=args.n_prompt + args.n_gen + 64, prefix_cache=False)
@@ -29,6 +43,17 @@ def run_bench(args) -> dict:
             tok = int(runner.step([(seq, [tok], "last")])[0].argmax())
         tg = min(tg, time.perf_counter() - t0)
         runner.release_sequence(seq)
+    # The engine's memory (peak over load and generation, less the interpreter) against the
+    # bound weights file + KV pool + 15%; the tokenizer is loaded after and reported apart.
+    c, st = runner.config, runner.stats()
+    kv_mib = (st["kv_blocks_total"] * st["block_size"] * c["num_layers"] * 2 * c["num_kv_heads"] *
+              c["head_dim"] * 2) / 2**20  # f16 KV, the default
+    file_mib = _model_bytes(path) / 2**20
+    engine_rss = _peak_rss_mib() - base_rss
+    memory = {"peak_rss_mib": round(_peak_rss_mib(), 1), "engine_rss_mib": round(engine_rss, 1),
+              "file_mib": round(file_mib, 1), "kv_mib": round(kv_mib, 1),
+              "engine_rss_vs_bound": round(engine_rss / (1.15 * (file_mib + kv_mib)), 3)}
+    tok_rss = _rss_mib()
     try:
         tokenize = _tokenizer_times(path, runner.format)
     except ValueError:  # a weights-only file: no tokenizer to time
@@ -36,8 +61,7 @@ def run_bench(args) -> dict:
     result = {"engine": "ferrum", "model": str(path), "device": args.device, "threads": args.threads,
               "n_prompt": args.n_prompt, "n_gen": args.n_gen,
               "pp_tok_s": round(args.n_prompt / pp, 2), "tg_tok_s": round(args.n_gen / tg, 2),
-              "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-              **tokenize}
+              **memory, "tokenizer_rss_mib": round(_rss_mib() - tok_rss, 1), **tokenize}
     # Tokenizing must never dominate: its cost per token as a share of the model's.
     if tokenize["encode_us_per_tok"] is not None:
         result["encode_vs_pp"] = round(tokenize["encode_us_per_tok"] * 1e-6 * args.n_prompt / pp, 4)
@@ -48,6 +72,9 @@ def run_bench(args) -> dict:
         print(f"model: {path.name}  device: {args.device}  threads: {args.threads}")
         print(f"pp{args.n_prompt}: {result['pp_tok_s']:.2f} tok/s   tg{args.n_gen}: {result['tg_tok_s']:.2f} tok/s   "
               f"peak RSS: {result['peak_rss_mib']} MiB")
+        print(f"engine memory: {result['engine_rss_mib']} MiB = {100 * result['engine_rss_vs_bound']:.0f}% of "
+              f"(file {result['file_mib']} MiB + KV {result['kv_mib']} MiB) + 15%; "
+              f"tokenizer {result['tokenizer_rss_mib']} MiB more")
         if "encode_vs_pp" in result:
             print(f"tokenizer: encode {result['encode_us_per_tok']:.2f} us/tok ({100 * result['encode_vs_pp']:.2f}% of pp), "
                   f"streaming decode {result['decode_us_per_tok']:.2f} us/tok ({100 * result['decode_vs_tg']:.2f}% of tg)")
