@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -38,15 +39,39 @@ CpuStorage::~CpuStorage() {
 void CpuStream::submit() {
   if (commands_.empty()) return;
   ThreadPool& pool = backend_->pool();
-  CommandProfile* profile = CommandProfile::enabled();
+  if (CommandProfile* profile = CommandProfile::enabled()) {
+    profiled_submit(*profile);
+    return;
+  }
   pool.run([&](int ith, int nth) {
     for (const CpuCommand& c : commands_) {
-      const auto t0 = profile && ith == 0 ? CommandProfile::now() : 0;
       c.fn(ith, nth);
       pool.barrier();
-      if (profile && ith == 0) profile->add(c.name, CommandProfile::now() - t0);
     }
   });
+}
+
+// submit() with each command timed: every thread's own work, and the wall time from the start
+// of the command to the end of its barrier on the calling thread.
+void CpuStream::profiled_submit(CommandProfile& profile) {
+  ThreadPool& pool = backend_->pool();
+  const size_t n = commands_.size(), threads = size_t(pool.size());
+  std::vector<int64_t> work(n * threads), wall(n);
+  pool.run([&](int ith, int nth) {
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t t0 = CommandProfile::now();
+      commands_[i].fn(ith, nth);
+      const int64_t t1 = CommandProfile::now();
+      pool.barrier();
+      work[i * threads + size_t(ith)] = t1 - t0;
+      if (ith == 0) wall[i] = CommandProfile::now() - t0;
+    }
+  });
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t* w = &work[i * threads];
+    profile.add(commands_[i].name, wall[i], *std::max_element(w, w + threads),
+                *std::min_element(w, w + threads));
+  }
 }
 
 CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {

@@ -32,6 +32,7 @@ struct CpuCommand {
 };
 
 class CpuBackend;
+class CommandProfile;
 
 class CpuStream : public Stream {
  public:
@@ -45,6 +46,7 @@ class CpuStream : public Stream {
   }
 
  private:
+  void profiled_submit(CommandProfile& profile);
   CpuBackend* backend_;
   std::vector<CpuCommand> commands_;
 };
