@@ -2,19 +2,24 @@
 from __future__ import annotations
 
 import json
-import resource
 import time
 
 import numpy as np
 
 
-def _rss_mib() -> float:
+def _status_mib(field: str) -> float:
     with open("/proc/self/status") as f:
-        return int(f.read().split("VmRSS:")[1].split()[0]) / 1024
+        return int(f.read().split(field + ":")[1].split()[0]) / 1024
+
+
+def _rss_mib() -> float:
+    return _status_mib("VmRSS")
 
 
 def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not getrusage's ru_maxrss: that one survives fork + exec, so a child of a big
+    # parent (a benchmark driver) would report the parent's peak.
+    return _status_mib("VmHWM")
 
 
 def _model_bytes(path) -> int:
