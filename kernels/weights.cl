@@ -37,9 +37,10 @@ inline float load_f16(const global uchar* p) {
   return as_float(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 0x1p112f;
 }
 
-// block_dot(b, x, xs, acc, acc_s): acc += the products of block b's quants with x[0, 32 *
-// W_CHUNKS), lane-wise; acc_s += the rest of the block's dot product (min times sum of x, with
-// xs[j] the sum of x over chunk j). The block's scales multiply sums of products, not every
+// block_dot(b, x, xs, acc, acc_m): acc[0] (+ acc[1]) += the products of block b's quants with
+// x[0, 32 * W_CHUNKS), lane-wise (the k-quants alternate between the two accumulators, so their
+// FMAs do not wait for each other); acc_m += the rest of the block's dot product (mins times sums
+// of x, xs[j] the sum of x over chunk j), lane-wise too: a horizontal sum per block cost 15%. The block's scales multiply sums of products, not every
 // element: per 32 weights it costs one multiply and two FMAs after the int-to-float conversions,
 // where dequantizing first costs four. Offsets such as Q4_0's -8 are applied to the bytes (one
 // 16-byte op) before widening to 16 floats. pocl is compute-bound on this, not memory-bound.
@@ -125,7 +126,7 @@ inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, fl
   *hi = convert_float16(convert_int16(q >> (uchar)4) - 8) * d;
 }
 #define W_BLOCK_DOT 1
-ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float* acc_s) {
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   const uchar16 q = load_bytes16(b + 2);
   *acc = fma(CHUNK_DOT(x, as_char16(q & (uchar)15) - (char)8, as_char16(q >> (uchar)4) - (char)8), load_f16(b), *acc);
 }
@@ -142,11 +143,11 @@ inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, f
 }
 #define W_BLOCK_DOT 1
 #define W_XSUMS 1
-ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float* acc_s) {
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   const uchar16 q = load_bytes16(b + 4);
   const float2 dm = load_f16x2(b);
   *acc = fma(CHUNK_DOT(x, q & (uchar)15, q >> (uchar)4), dm.x, *acc);
-  *acc_s = fma(dm.y, xs[0], *acc_s);
+  *acc_m += (float8)(dm.y * xs[0], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 #elif defined(W_Q5_0)  // 22 bytes: d, qh[4], qs[16]; x = d * (q - 16)
@@ -161,7 +162,7 @@ inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, fl
   *hi = convert_float16((convert_int16(q >> (uchar)4) | (bits16(qh, 16) << 4)) - 16) * d;
 }
 #define W_BLOCK_DOT 1
-ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float* acc_s) {
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   uchar16 h0, h1;
   high_bits32(*(const global uchar4_unaligned*)(b + 2), &h0, &h1);
   const uchar16 q = load_bytes16(b + 6);
@@ -181,13 +182,13 @@ inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, f
 }
 #define W_BLOCK_DOT 1
 #define W_XSUMS 1
-ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float* acc_s) {
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   uchar16 h0, h1;
   high_bits32(*(const global uchar4_unaligned*)(b + 4), &h0, &h1);
   const uchar16 q = load_bytes16(b + 8);
   const float2 dm = load_f16x2(b);
   *acc = fma(CHUNK_DOT(x, (q & (uchar)15) | h0, (q >> (uchar)4) | h1), dm.x, *acc);
-  *acc_s = fma(dm.y, xs[0], *acc_s);
+  *acc_m += (float8)(dm.y * xs[0], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 #elif defined(W_Q8_0)  // 34 bytes: d, qs[32]; x = d * q
@@ -200,7 +201,7 @@ inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, fl
   *hi = convert_float16(as_char16(load_bytes16(b + 18))) * d;
 }
 #define W_BLOCK_DOT 1
-ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float* acc_s) {
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   *acc = fma(CHUNK_DOT(x, as_char16(load_bytes16(b + 2)), as_char16(load_bytes16(b + 18))), load_f16(b), *acc);
 }
 
@@ -218,16 +219,15 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
 }
 #define W_BLOCK_DOT 1
 #define W_XSUMS 1
-ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float* acc_s) {
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   const k4_scales s = k4_block_scales(b);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {  // chunks 2i, 2i + 1: low / high nibbles of qs[32i .. 32i + 31]
     const uchar16 q0 = load_bytes16(b + 16 + 32 * i), q1 = load_bytes16(b + 32 + 32 * i);
     *acc = fma(CHUNK_DOT(x + 64 * i, q0 & (uchar)15, q1 & (uchar)15), s.d[2 * i], *acc);
-    *acc = fma(CHUNK_DOT(x + 64 * i + 32, q0 >> (uchar)4, q1 >> (uchar)4), s.d[2 * i + 1], *acc);
+    acc[1] = fma(CHUNK_DOT(x + 64 * i + 32, q0 >> (uchar)4, q1 >> (uchar)4), s.d[2 * i + 1], acc[1]);
   }
-  const float8 m = vload8(0, s.m) * vload8(0, xs);
-  *acc_s -= dot(m.lo, (float4)(1.0f)) + dot(m.hi, (float4)(1.0f));
+  *acc_m = fma(-vload8(0, s.m), vload8(0, xs), *acc_m);
 }
 
 #elif defined(W_Q5_K)  // 176 bytes: d, dmin, scales[12], qh[32], qs[128]
@@ -245,7 +245,7 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
 }
 #define W_BLOCK_DOT 1
 #define W_XSUMS 1
-ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float* acc_s) {
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   const k4_scales s = k4_block_scales(b);
   const uchar16 h0 = load_bytes16(b + 16), h1 = load_bytes16(b + 32);  // bit j: chunk j's fifth bits
 #pragma unroll
@@ -254,11 +254,10 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
     const uchar lo = (uchar)(2 * i), hi = (uchar)(2 * i + 1);
     *acc = fma(CHUNK_DOT(x + 64 * i, (q0 & (uchar)15) | (((h0 >> lo) & (uchar)1) << (uchar)4),
                          (q1 & (uchar)15) | (((h1 >> lo) & (uchar)1) << (uchar)4)), s.d[2 * i], *acc);
-    *acc = fma(CHUNK_DOT(x + 64 * i + 32, (q0 >> (uchar)4) | (((h0 >> hi) & (uchar)1) << (uchar)4),
-                         (q1 >> (uchar)4) | (((h1 >> hi) & (uchar)1) << (uchar)4)), s.d[2 * i + 1], *acc);
+    acc[1] = fma(CHUNK_DOT(x + 64 * i + 32, (q0 >> (uchar)4) | (((h0 >> hi) & (uchar)1) << (uchar)4),
+                           (q1 >> (uchar)4) | (((h1 >> hi) & (uchar)1) << (uchar)4)), s.d[2 * i + 1], acc[1]);
   }
-  const float8 m = vload8(0, s.m) * vload8(0, xs);
-  *acc_s -= dot(m.lo, (float4)(1.0f)) + dot(m.hi, (float4)(1.0f));
+  *acc_m = fma(-vload8(0, s.m), vload8(0, xs), *acc_m);
 }
 
 #elif defined(W_Q6_K)  // 210 bytes: ql[128], qh[64], scales[16] (int8), d; x = d*sc*(q - 32)
@@ -285,7 +284,7 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
   *hi = s.d[8 * h + 2 * g + 1] * convert_float16(q1);
 }
 #define W_BLOCK_DOT 1
-ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float* acc_s) {
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   // Scales per 16 elements: each half-chunk's products are scaled on their own (2 FMAs per 16).
   const wscales s = block_scales(b);
 #pragma unroll
@@ -297,7 +296,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
     const char16 q0 = as_char16(((load_bytes16(ql) >> ls) & (uchar)15) | (((load_bytes16(qh) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
     const char16 q1 = as_char16(((load_bytes16(ql + 16) >> ls) & (uchar)15) | (((load_bytes16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
     *acc = fma(vload16(0, x + 32 * j) * convert_float16(q0), s.d[2 * j], *acc);
-    *acc = fma(vload16(1, x + 32 * j) * convert_float16(q1), s.d[2 * j + 1], *acc);
+    acc[1] = fma(vload16(1, x + 32 * j) * convert_float16(q1), s.d[2 * j + 1], acc[1]);
   }
 }
 
