@@ -40,10 +40,11 @@ inline float load_f16(const global uchar* p) {
 // block_dot(b, x, xs, acc, acc_m): acc[0] (+ acc[1]) += the products of block b's quants with
 // x[0, 32 * W_CHUNKS), lane-wise (the k-quants alternate between the two accumulators, so their
 // FMAs do not wait for each other); acc_m += the rest of the block's dot product (mins times sums
-// of x, xs[j] the sum of x over chunk j), lane-wise too: a horizontal sum per block cost 15%. The block's scales multiply sums of products, not every
-// element: per 32 weights it costs one multiply and two FMAs after the int-to-float conversions,
-// where dequantizing first costs four. Offsets such as Q4_0's -8 are applied to the bytes (one
-// 16-byte op) before widening to 16 floats. pocl is compute-bound on this, not memory-bound.
+// of x, xs[j] the sum of x over chunk j), lane-wise too (a horizontal sum per block cost 15%).
+// The block's scales multiply sums of products, not every weight: per 32 weights one multiply and
+// two FMAs after the int-to-float conversions, where dequantizing first costs four float ops.
+// Offsets such as Q4_0's -8 are applied to the bytes (one 16-byte op) before widening to floats.
+// On pocl this is bound by vector instructions, not by memory (docs/performance.md).
 #define CHUNK_DOT(x, q_lo, q_hi) fma(vload16(1, x), convert_float16(q_hi), vload16(0, x) * convert_float16(q_lo))
 
 typedef uchar4 __attribute__((aligned(1))) uchar4_unaligned;
@@ -128,7 +129,7 @@ inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, fl
 #define W_BLOCK_DOT 1
 ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   const uchar16 q = load_bytes16(b + 2);
-  *acc = fma(CHUNK_DOT(x, as_char16(q & (uchar)15) - (char)8, as_char16(q >> (uchar)4) - (char)8), load_f16(b), *acc);
+  acc[0] = fma(CHUNK_DOT(x, as_char16(q & (uchar)15) - (char)8, as_char16(q >> (uchar)4) - (char)8), load_f16(b), acc[0]);
 }
 
 #elif defined(W_Q4_1)  // 20 bytes: d, m, qs[16]; x = d * q + m
@@ -146,7 +147,7 @@ inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, f
 ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   const uchar16 q = load_bytes16(b + 4);
   const float2 dm = load_f16x2(b);
-  *acc = fma(CHUNK_DOT(x, q & (uchar)15, q >> (uchar)4), dm.x, *acc);
+  acc[0] = fma(CHUNK_DOT(x, q & (uchar)15, q >> (uchar)4), dm.x, acc[0]);
   *acc_m += (float8)(dm.y * xs[0], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 }
 
@@ -166,7 +167,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   uchar16 h0, h1;
   high_bits32(*(const global uchar4_unaligned*)(b + 2), &h0, &h1);
   const uchar16 q = load_bytes16(b + 6);
-  *acc = fma(CHUNK_DOT(x, as_char16((q & (uchar)15) | h0) - (char)16, as_char16((q >> (uchar)4) | h1) - (char)16), load_f16(b), *acc);
+  acc[0] = fma(CHUNK_DOT(x, as_char16((q & (uchar)15) | h0) - (char)16, as_char16((q >> (uchar)4) | h1) - (char)16), load_f16(b), acc[0]);
 }
 
 #elif defined(W_Q5_1)  // 24 bytes: d, m, qh[4], qs[16]; x = d * q + m
@@ -187,7 +188,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   high_bits32(*(const global uchar4_unaligned*)(b + 4), &h0, &h1);
   const uchar16 q = load_bytes16(b + 8);
   const float2 dm = load_f16x2(b);
-  *acc = fma(CHUNK_DOT(x, (q & (uchar)15) | h0, (q >> (uchar)4) | h1), dm.x, *acc);
+  acc[0] = fma(CHUNK_DOT(x, (q & (uchar)15) | h0, (q >> (uchar)4) | h1), dm.x, acc[0]);
   *acc_m += (float8)(dm.y * xs[0], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 }
 
@@ -202,7 +203,7 @@ inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, fl
 }
 #define W_BLOCK_DOT 1
 ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
-  *acc = fma(CHUNK_DOT(x, as_char16(load_bytes16(b + 2)), as_char16(load_bytes16(b + 18))), load_f16(b), *acc);
+  acc[0] = fma(CHUNK_DOT(x, as_char16(load_bytes16(b + 2)), as_char16(load_bytes16(b + 18))), load_f16(b), acc[0]);
 }
 
 #elif defined(W_Q4_K)  // 144 bytes: d, dmin, scales[12], qs[128]; x = d*sc*q - dmin*m
@@ -224,7 +225,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 #pragma unroll
   for (int i = 0; i < 4; ++i) {  // chunks 2i, 2i + 1: low / high nibbles of qs[32i .. 32i + 31]
     const uchar16 q0 = load_bytes16(b + 16 + 32 * i), q1 = load_bytes16(b + 32 + 32 * i);
-    *acc = fma(CHUNK_DOT(x + 64 * i, q0 & (uchar)15, q1 & (uchar)15), s.d[2 * i], *acc);
+    acc[0] = fma(CHUNK_DOT(x + 64 * i, q0 & (uchar)15, q1 & (uchar)15), s.d[2 * i], acc[0]);
     acc[1] = fma(CHUNK_DOT(x + 64 * i + 32, q0 >> (uchar)4, q1 >> (uchar)4), s.d[2 * i + 1], acc[1]);
   }
   *acc_m = fma(-vload8(0, s.m), vload8(0, xs), *acc_m);
@@ -252,8 +253,8 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   for (int i = 0; i < 4; ++i) {
     const uchar16 q0 = load_bytes16(b + 48 + 32 * i), q1 = load_bytes16(b + 64 + 32 * i);
     const uchar lo = (uchar)(2 * i), hi = (uchar)(2 * i + 1);
-    *acc = fma(CHUNK_DOT(x + 64 * i, (q0 & (uchar)15) | (((h0 >> lo) & (uchar)1) << (uchar)4),
-                         (q1 & (uchar)15) | (((h1 >> lo) & (uchar)1) << (uchar)4)), s.d[2 * i], *acc);
+    acc[0] = fma(CHUNK_DOT(x + 64 * i, (q0 & (uchar)15) | (((h0 >> lo) & (uchar)1) << (uchar)4),
+                           (q1 & (uchar)15) | (((h1 >> lo) & (uchar)1) << (uchar)4)), s.d[2 * i], acc[0]);
     acc[1] = fma(CHUNK_DOT(x + 64 * i + 32, (q0 >> (uchar)4) | (((h0 >> hi) & (uchar)1) << (uchar)4),
                            (q1 >> (uchar)4) | (((h1 >> hi) & (uchar)1) << (uchar)4)), s.d[2 * i + 1], acc[1]);
   }
@@ -295,7 +296,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
     const uchar ls = (uchar)(4 * (g >> 1)), hs = (uchar)(2 * g);
     const char16 q0 = as_char16(((load_bytes16(ql) >> ls) & (uchar)15) | (((load_bytes16(qh) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
     const char16 q1 = as_char16(((load_bytes16(ql + 16) >> ls) & (uchar)15) | (((load_bytes16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
-    *acc = fma(vload16(0, x + 32 * j) * convert_float16(q0), s.d[2 * j], *acc);
+    acc[0] = fma(vload16(0, x + 32 * j) * convert_float16(q0), s.d[2 * j], acc[0]);
     acc[1] = fma(vload16(1, x + 32 * j) * convert_float16(q1), s.d[2 * j + 1], acc[1]);
   }
 }
