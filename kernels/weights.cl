@@ -45,6 +45,14 @@ inline float load_f16(const global uchar* p) {
 // two FMAs after the int-to-float conversions, where dequantizing first costs four float ops.
 // Offsets such as Q4_0's -8 are applied to the bytes (one 16-byte op) before widening to floats.
 // On pocl this is bound by vector instructions, not by memory (docs/performance.md).
+// A block's scale read back from memory: the FMA then takes it as a broadcast memory operand,
+// where a scale in a register costs a 512-bit broadcast, one of ~8 vector ops per 32 weights
+// (measured 3-7% on Q4_0). The volatile keeps the compiler from forwarding the value.
+ALWAYS_INLINE float via_memory(float v) {
+  volatile float m = v;
+  return m;
+}
+
 #define CHUNK_DOT(x, q_lo, q_hi) fma(vload16(1, x), convert_float16(q_hi), vload16(0, x) * convert_float16(q_lo))
 
 typedef uchar4 __attribute__((aligned(1))) uchar4_unaligned;
@@ -129,7 +137,7 @@ inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, fl
 #define W_BLOCK_DOT 1
 ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   const uchar16 q = load_bytes16(b + 2);
-  acc[0] = fma(CHUNK_DOT(x, as_char16(q & (uchar)15) - (char)8, as_char16(q >> (uchar)4) - (char)8), load_f16(b), acc[0]);
+  acc[0] = fma(CHUNK_DOT(x, as_char16(q & (uchar)15) - (char)8, as_char16(q >> (uchar)4) - (char)8), via_memory(load_f16(b)), acc[0]);
 }
 
 #elif defined(W_Q4_1)  // 20 bytes: d, m, qs[16]; x = d * q + m
@@ -147,7 +155,7 @@ inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, f
 ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   const uchar16 q = load_bytes16(b + 4);
   const float2 dm = load_f16x2(b);
-  acc[0] = fma(CHUNK_DOT(x, q & (uchar)15, q >> (uchar)4), dm.x, acc[0]);
+  acc[0] = fma(CHUNK_DOT(x, q & (uchar)15, q >> (uchar)4), via_memory(dm.x), acc[0]);
   *acc_m += (float8)(dm.y * xs[0], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 }
 
@@ -167,7 +175,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   uchar16 h0, h1;
   high_bits32(*(const global uchar4_unaligned*)(b + 2), &h0, &h1);
   const uchar16 q = load_bytes16(b + 6);
-  acc[0] = fma(CHUNK_DOT(x, as_char16((q & (uchar)15) | h0) - (char)16, as_char16((q >> (uchar)4) | h1) - (char)16), load_f16(b), acc[0]);
+  acc[0] = fma(CHUNK_DOT(x, as_char16((q & (uchar)15) | h0) - (char)16, as_char16((q >> (uchar)4) | h1) - (char)16), via_memory(load_f16(b)), acc[0]);
 }
 
 #elif defined(W_Q5_1)  // 24 bytes: d, m, qh[4], qs[16]; x = d * q + m
@@ -188,7 +196,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   high_bits32(*(const global uchar4_unaligned*)(b + 4), &h0, &h1);
   const uchar16 q = load_bytes16(b + 8);
   const float2 dm = load_f16x2(b);
-  acc[0] = fma(CHUNK_DOT(x, (q & (uchar)15) | h0, (q >> (uchar)4) | h1), dm.x, acc[0]);
+  acc[0] = fma(CHUNK_DOT(x, (q & (uchar)15) | h0, (q >> (uchar)4) | h1), via_memory(dm.x), acc[0]);
   *acc_m += (float8)(dm.y * xs[0], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 }
 
@@ -203,7 +211,7 @@ inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, fl
 }
 #define W_BLOCK_DOT 1
 ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
-  acc[0] = fma(CHUNK_DOT(x, as_char16(load_bytes16(b + 2)), as_char16(load_bytes16(b + 18))), load_f16(b), acc[0]);
+  acc[0] = fma(CHUNK_DOT(x, as_char16(load_bytes16(b + 2)), as_char16(load_bytes16(b + 18))), via_memory(load_f16(b)), acc[0]);
 }
 
 #elif defined(W_Q4_K)  // 144 bytes: d, dmin, scales[12], qs[128]; x = d*sc*q - dmin*m
