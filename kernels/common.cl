@@ -5,6 +5,10 @@
 // one cl_mem can back many views (weight slices, reshaped activations) without sub-buffers.
 #define AT(p, off) ((p) + (off))
 
+// For helpers called in several places of a hot loop, which LLVM otherwise leaves as calls
+// (passing accumulators through memory).
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
 inline float bf16_to_f32(ushort u) { return as_float(((uint)u) << 16); }
 
 inline float sum16(float16 v) {

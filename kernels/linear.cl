@@ -1,7 +1,8 @@
 // linear and embedding over weights in any stored type (weights.cl supplies the block loaders).
 //
 // linear: out[t, n] = x[t, :] . W[n, :] (+ bias[n]).
-// - linear_t1 (one token, decode): one weight row per work-item, read front to back.
+// - linear_t1 (one token, decode): one weight row per work-item, read front to back, multiplying
+//   the quants into x without dequantizing them first (block_dot in weights.cl).
 // - linear_t4 / linear_t8 (more tokens): each work-item owns a register tile of 4 tokens x 4
 //   weight rows (or 8 x 2) and walks K 32 elements at a time: a chunk of each weight row is
 //   dequantized once into two float16 (block scales once per block) and multiplied into 16
@@ -87,35 +88,57 @@ kernel void linear_t8(LINEAR_ARGS) {
 
 // One token: one weight row per work-item, read front to back (a single sequential stream per
 // row keeps the hardware prefetchers busy; interleaving several short rows starves them).
-// One weight row (stored blocks) dotted with x[0, K), read front to back. Two accumulators: one
-// FMA chain per half-chunk, so the loop is not bound by FMA latency. moe.cl uses it too.
-float row_dot(const global uchar* row, const global float* x, int K) {
-  float16 acc_lo = (float16)(0.0f), acc_hi = (float16)(0.0f);
-  const int blocks = K / (CHUNK * W_CHUNKS);
-  for (int b = 0; b < blocks; ++b) {
-    const global uchar* blk = row + (long)b * W_BLOCK_BYTES;
-    const wscales sc = block_scales(blk);
+//
+// The types without block_dot (plain floats, Q2_K, Q3_K) dot the dequantized chunks.
+#ifndef W_BLOCK_DOT
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
+  const wscales sc = block_scales(b);
 #pragma unroll
-    for (int j = 0; j < W_CHUNKS; ++j) {
-      const int k = (b * W_CHUNKS + j) * CHUNK;
-      float16 wl, wh;
-      block_chunk(blk, sc, j, &wl, &wh);
-      acc_lo = fma(vload16(0, x + k), wl, acc_lo);
-      acc_hi = fma(vload16(1, x + k), wh, acc_hi);
-    }
+  for (int j = 0; j < W_CHUNKS; ++j) {
+    float16 wl, wh;
+    block_chunk(b, sc, j, &wl, &wh);
+    acc[j & 1] = fma(vload16(1, x + CHUNK * j), wh, fma(vload16(0, x + CHUNK * j), wl, acc[j & 1]));
   }
-  float s = sum16(acc_lo + acc_hi);
+}
+#endif
+
+// xs[c] = the sum of x[32c, 32c + 32) for c < K / 32, computed by the whole work-group (its
+// work-items share x). Only the W_XSUMS types read it; the others skip the barrier.
+inline void chunk_sums(const global float* x, int K, local float* xs) {
+#ifdef W_XSUMS
+  for (int c = (int)get_local_id(0); c < K / CHUNK; c += (int)get_local_size(0))
+    xs[c] = sum16(vload16(0, x + CHUNK * c) + vload16(1, x + CHUNK * c));
+  barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+}
+
+// One weight row (stored blocks) dotted with x[0, K), read front to back, xs from chunk_sums.
+// Blocks in pairs, each with its own two accumulators, so the loop is not bound by FMA latency
+// (four chains: 6% over two on Q4_K). moe.cl uses it too.
+float row_dot(const global uchar* row, const global float* x, const local float* xs, int K) {
+  float16 acc[4] = {(float16)(0.0f), (float16)(0.0f), (float16)(0.0f), (float16)(0.0f)};
+  float8 acc_m = (float8)(0.0f);
+  const int elems = CHUNK * W_CHUNKS, blocks = K / elems;
+  int b = 0;
+  for (; b + 1 < blocks; b += 2) {
+    block_dot(row + (long)b * W_BLOCK_BYTES, x + b * elems, xs + b * W_CHUNKS, acc, &acc_m);
+    block_dot(row + (long)(b + 1) * W_BLOCK_BYTES, x + (b + 1) * elems, xs + (b + 1) * W_CHUNKS, acc + 2, &acc_m);
+  }
+  if (b < blocks) block_dot(row + (long)b * W_BLOCK_BYTES, x + b * elems, xs + b * W_CHUNKS, acc, &acc_m);
+  float s = sum16((acc[0] + acc[1]) + (acc[2] + acc[3]) + (float16)(acc_m, (float8)(0.0f)));
 #ifdef W_FLOAT
   for (int k = blocks * CHUNK; k < K; ++k) s = fma(x[k], load_elem(row, k), s);
 #endif
   return s;
 }
 
-kernel void linear_t1(LINEAR_ARGS) {
+// xs: K / 32 floats of local memory (at least one).
+kernel void linear_t1(LINEAR_ARGS, local float* xs) {
+  x += x_off;
+  chunk_sums(x, K, xs);
   const int n = (int)get_global_id(0);
   if (n >= N) return;
-  x += x_off;
-  float s = row_dot(w + w_off + (long)n * w_row_bytes, x, K);
+  float s = row_dot(w + w_off + (long)n * w_row_bytes, x, xs, K);
   if (has_bias) s += bias[bias_off + n];
   out[out_off + n] = s;
 }

@@ -5,6 +5,9 @@
 //   wscales        a block's scales, decoded once per block by block_scales(block);
 //   block_chunk    chunk j of a block as two float16 (lo = its first 16 elements).
 // Decoding the scales once per block and not once per chunk is what makes the k-quants fast.
+// The quantized types also define block_dot (W_BLOCK_DOT), the one-token dot product of a block
+// with x without dequantizing it: see there. W_XSUMS marks the types whose block_dot needs the
+// sums of x over each 32-element chunk (those with a per-block min / offset term).
 //
 // Dequantization keeps the operation order of cpp/quant/dequantize.cpp and is not contracted
 // into FMAs, so embedding rows equal the reference dequantizer bit for bit.
@@ -32,6 +35,34 @@ inline uint load_u32_bytes(const global uchar* p) {
 inline float load_f16(const global uchar* p) {
   const uint h = *(const global ushort*)p;
   return as_float(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 0x1p112f;
+}
+
+// block_dot(b, x, xs, acc, acc_m): acc[0] (+ acc[1]) += the products of block b's quants with
+// x[0, 32 * W_CHUNKS), lane-wise (the k-quants alternate between the two accumulators, so their
+// FMAs do not wait for each other); acc_m += the rest of the block's dot product (mins times sums
+// of x, xs[j] the sum of x over chunk j), lane-wise too (a horizontal sum per block cost 15%).
+// The block's scales multiply sums of products, not every weight: per 32 weights one multiply and
+// two FMAs after the int-to-float conversions, where dequantizing first costs four float ops.
+// Offsets such as Q4_0's -8 are applied to the bytes (one 16-byte op) before widening to floats.
+// On pocl this is bound by vector instructions, not by memory (docs/performance.md).
+// A block's scale read back from memory: the FMA then takes it as a broadcast memory operand,
+// where a scale in a register costs a 512-bit broadcast, one of ~8 vector ops per 32 weights
+// (measured 3-7% on Q4_0). The volatile keeps the compiler from forwarding the value.
+ALWAYS_INLINE float via_memory(float v) {
+  volatile float m = v;
+  return m;
+}
+
+#define CHUNK_DOT(x, q_lo, q_hi) fma(vload16(1, x), convert_float16(q_hi), vload16(0, x) * convert_float16(q_lo))
+
+typedef uchar4 __attribute__((aligned(1))) uchar4_unaligned;
+
+// The fifth bits of a Q5_0 / Q5_1 block: bit l of qh (element l) as 16 in byte l % 16 of lo
+// (l < 16) or hi. Byte swizzles and a bit test: cheap 16-byte ops, before widening to floats.
+inline void high_bits32(uchar4 qh, uchar16* lo, uchar16* hi) {
+  const uchar16 bit = (uchar16)(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
+  *lo = as_uchar16((qh.s0000000011111111 & bit) == bit) & (uchar)16;
+  *hi = as_uchar16((qh.s2222222233333333 & bit) == bit) & (uchar)16;
 }
 
 // Bit j of qh, for j = base .. base + 15, as 0 / 1 per lane.
@@ -103,6 +134,11 @@ inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, fl
   *lo = convert_float16(convert_int16(q & (uchar)15) - 8) * d;
   *hi = convert_float16(convert_int16(q >> (uchar)4) - 8) * d;
 }
+#define W_BLOCK_DOT 1
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
+  const uchar16 q = load_bytes16(b + 2);
+  acc[0] = fma(CHUNK_DOT(x, as_char16(q & (uchar)15) - (char)8, as_char16(q >> (uchar)4) - (char)8), via_memory(load_f16(b)), acc[0]);
+}
 
 #elif defined(W_Q4_1)  // 20 bytes: d, m, qs[16]; x = d * q + m
 #define W_CHUNKS 1
@@ -113,6 +149,14 @@ inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, f
   const uchar16 q = load_bytes16(b + 4);
   *lo = convert_float16(q & (uchar)15) * dm.x + dm.y;
   *hi = convert_float16(q >> (uchar)4) * dm.x + dm.y;
+}
+#define W_BLOCK_DOT 1
+#define W_XSUMS 1
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
+  const uchar16 q = load_bytes16(b + 4);
+  const float2 dm = load_f16x2(b);
+  acc[0] = fma(CHUNK_DOT(x, q & (uchar)15, q >> (uchar)4), via_memory(dm.x), acc[0]);
+  *acc_m += (float8)(dm.y * xs[0], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 #elif defined(W_Q5_0)  // 22 bytes: d, qh[4], qs[16]; x = d * (q - 16)
@@ -126,6 +170,13 @@ inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, fl
   *lo = convert_float16((convert_int16(q & (uchar)15) | (bits16(qh, 0) << 4)) - 16) * d;
   *hi = convert_float16((convert_int16(q >> (uchar)4) | (bits16(qh, 16) << 4)) - 16) * d;
 }
+#define W_BLOCK_DOT 1
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
+  uchar16 h0, h1;
+  high_bits32(*(const global uchar4_unaligned*)(b + 2), &h0, &h1);
+  const uchar16 q = load_bytes16(b + 6);
+  acc[0] = fma(CHUNK_DOT(x, as_char16((q & (uchar)15) | h0) - (char)16, as_char16((q >> (uchar)4) | h1) - (char)16), via_memory(load_f16(b)), acc[0]);
+}
 
 #elif defined(W_Q5_1)  // 24 bytes: d, m, qh[4], qs[16]; x = d * q + m
 #define W_CHUNKS 1
@@ -138,6 +189,16 @@ inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, f
   *lo = convert_float16(convert_int16(q & (uchar)15) | (bits16(qh, 0) << 4)) * dm.x + dm.y;
   *hi = convert_float16(convert_int16(q >> (uchar)4) | (bits16(qh, 16) << 4)) * dm.x + dm.y;
 }
+#define W_BLOCK_DOT 1
+#define W_XSUMS 1
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
+  uchar16 h0, h1;
+  high_bits32(*(const global uchar4_unaligned*)(b + 4), &h0, &h1);
+  const uchar16 q = load_bytes16(b + 8);
+  const float2 dm = load_f16x2(b);
+  acc[0] = fma(CHUNK_DOT(x, (q & (uchar)15) | h0, (q >> (uchar)4) | h1), via_memory(dm.x), acc[0]);
+  *acc_m += (float8)(dm.y * xs[0], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
+}
 
 #elif defined(W_Q8_0)  // 34 bytes: d, qs[32]; x = d * q
 #define W_CHUNKS 1
@@ -147,6 +208,10 @@ inline wscales block_scales(const global uchar* b) { return load_f16(b); }
 inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
   *lo = convert_float16(as_char16(load_bytes16(b + 2))) * d;
   *hi = convert_float16(as_char16(load_bytes16(b + 18))) * d;
+}
+#define W_BLOCK_DOT 1
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
+  acc[0] = fma(CHUNK_DOT(x, as_char16(load_bytes16(b + 2)), as_char16(load_bytes16(b + 18))), via_memory(load_f16(b)), acc[0]);
 }
 
 #elif defined(W_Q4_K)  // 144 bytes: d, dmin, scales[12], qs[128]; x = d*sc*q - dmin*m
@@ -161,6 +226,18 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
   *lo = s.d[j] * convert_float16((load_bytes16(q) >> shift) & (uchar)15) - s.m[j];
   *hi = s.d[j] * convert_float16((load_bytes16(q + 16) >> shift) & (uchar)15) - s.m[j];
 }
+#define W_BLOCK_DOT 1
+#define W_XSUMS 1
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
+  const k4_scales s = k4_block_scales(b);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // chunks 2i, 2i + 1: low / high nibbles of qs[32i .. 32i + 31]
+    const uchar16 q0 = load_bytes16(b + 16 + 32 * i), q1 = load_bytes16(b + 32 + 32 * i);
+    acc[0] = fma(CHUNK_DOT(x + 64 * i, q0 & (uchar)15, q1 & (uchar)15), s.d[2 * i], acc[0]);
+    acc[1] = fma(CHUNK_DOT(x + 64 * i + 32, q0 >> (uchar)4, q1 >> (uchar)4), s.d[2 * i + 1], acc[1]);
+  }
+  *acc_m = fma(-vload8(0, s.m), vload8(0, xs), *acc_m);
+}
 
 #elif defined(W_Q5_K)  // 176 bytes: d, dmin, scales[12], qh[32], qs[128]
 #define W_CHUNKS 8
@@ -174,6 +251,22 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
   const uchar16 q1 = ((load_bytes16(q + 16) >> shift) & (uchar)15) | (((load_bytes16(b + 32) >> hb) & (uchar)1) << (uchar)4);
   *lo = s.d[j] * convert_float16(q0) - s.m[j];
   *hi = s.d[j] * convert_float16(q1) - s.m[j];
+}
+#define W_BLOCK_DOT 1
+#define W_XSUMS 1
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
+  const k4_scales s = k4_block_scales(b);
+  const uchar16 h0 = load_bytes16(b + 16), h1 = load_bytes16(b + 32);  // bit j: chunk j's fifth bits
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uchar16 q0 = load_bytes16(b + 48 + 32 * i), q1 = load_bytes16(b + 64 + 32 * i);
+    const uchar lo = (uchar)(2 * i), hi = (uchar)(2 * i + 1);
+    acc[0] = fma(CHUNK_DOT(x + 64 * i, (q0 & (uchar)15) | (((h0 >> lo) & (uchar)1) << (uchar)4),
+                           (q1 & (uchar)15) | (((h1 >> lo) & (uchar)1) << (uchar)4)), s.d[2 * i], acc[0]);
+    acc[1] = fma(CHUNK_DOT(x + 64 * i + 32, (q0 >> (uchar)4) | (((h0 >> hi) & (uchar)1) << (uchar)4),
+                           (q1 >> (uchar)4) | (((h1 >> hi) & (uchar)1) << (uchar)4)), s.d[2 * i + 1], acc[1]);
+  }
+  *acc_m = fma(-vload8(0, s.m), vload8(0, xs), *acc_m);
 }
 
 #elif defined(W_Q6_K)  // 210 bytes: ql[128], qh[64], scales[16] (int8), d; x = d*sc*(q - 32)
@@ -198,6 +291,22 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
   const int16 q1 = convert_int16(((load_bytes16(ql + 16) >> ls) & (uchar)15) | (((load_bytes16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - 32;
   *lo = s.d[8 * h + 2 * g] * convert_float16(q0);
   *hi = s.d[8 * h + 2 * g + 1] * convert_float16(q1);
+}
+#define W_BLOCK_DOT 1
+ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
+  // Scales per 16 elements: each half-chunk's products are scaled on their own (2 FMAs per 16).
+  const wscales s = block_scales(b);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {  // the layout of block_chunk above; q - 32 on the bytes
+    const int h = j >> 2, g = j & 3;
+    const global uchar* ql = b + 64 * h + 32 * (g & 1);
+    const global uchar* qh = b + 128 + 32 * h;
+    const uchar ls = (uchar)(4 * (g >> 1)), hs = (uchar)(2 * g);
+    const char16 q0 = as_char16(((load_bytes16(ql) >> ls) & (uchar)15) | (((load_bytes16(qh) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
+    const char16 q1 = as_char16(((load_bytes16(ql + 16) >> ls) & (uchar)15) | (((load_bytes16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
+    acc[0] = fma(vload16(0, x + 32 * j) * convert_float16(q0), s.d[2 * j], acc[0]);
+    acc[1] = fma(vload16(1, x + 32 * j) * convert_float16(q1), s.d[2 * j + 1], acc[1]);
+  }
 }
 
 #elif defined(W_Q2_K)  // 84 bytes: scales[16], qs[64], d, dmin; x = d*(sc&15)*q - dmin*(sc>>4)
@@ -229,7 +338,6 @@ typedef struct {
   float d[16];
 } wscales;
 typedef uchar8 __attribute__((aligned(1))) uchar8_unaligned;
-typedef uchar4 __attribute__((aligned(1))) uchar4_unaligned;
 inline wscales block_scales(const global uchar* b) {
   // Sub-block i's 6-bit scale: low 4 bits from the low (i < 8) or high nibble of byte i % 8,
   // top 2 bits from bits 2 (i / 4) of byte 8 + i % 4 (see q3k_scale in formats.h).

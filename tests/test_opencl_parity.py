@@ -113,6 +113,31 @@ def test_linear_parity(cpu, ocl, rng, dtype, tokens):
     assert R.nmse(o, c) < (Q8_ACT_BOUND if cpu_quantizes_act else F32_BOUND)
 
 
+QUANT_DTYPES = [d for d in WEIGHT_DTYPES if d not in FLOAT_DTYPES]
+
+
+def odd_block_k(dtype):
+    """A row length with an odd number of blocks: 3 super-blocks for the k-quants, 25 blocks of 32
+    for the others (the one-token kernel takes blocks in pairs, then the last one alone)."""
+    return 768 if dtype.endswith("_k") else 800
+
+
+@pytest.mark.parametrize("dtype", QUANT_DTYPES)
+def test_linear_one_token_odd_block_count(cpu, ocl, rng, dtype):
+    K, N = odd_block_k(dtype), 101  # N: no multiple of the work-group size
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    raw, wref = encode_weight(w, dtype)
+    outs = {}
+    for name, be in (("cpu", cpu), ("opencl", ocl)):
+        out = be.empty("f32", [1, N])
+        be.linear(be.tensor(x), upload_weight(be, raw, dtype, (N, K)), be.tensor(bias), out)
+        outs[name] = out.numpy()
+    assert R.nmse(outs["opencl"], x.astype(np.float64) @ wref.T + bias) < 1e-10
+    assert R.nmse(outs["opencl"], outs["cpu"]) < Q8_ACT_BOUND
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("tokens,k", [(1, 130), (6, 77)])
 def test_linear_parity_float_weights_odd_k(cpu, ocl, rng, dtype, tokens, k):
@@ -328,6 +353,16 @@ def test_moe_experts_parity_mixed_dtypes(cpu, ocl, rng, dtypes):
     c, o, ref = moe_parity(cpu, ocl, rng, dtypes, 6)
     assert R.nmse(o, ref) < 1e-10
     assert R.nmse(o, c) < moe_bound(dtypes)
+
+
+@pytest.mark.parametrize("dtype", QUANT_DTYPES)
+def test_moe_experts_parity_odd_block_counts(cpu, ocl, rng, dtype):
+    """Quantized experts with an odd number of blocks per row; for the 32-element types also
+    expert widths (96) that leave the last work-group of each (token, slot) pair part empty."""
+    H, I = (odd_block_k(dtype), 256) if dtype.endswith("_k") else (odd_block_k(dtype), 96)
+    c, o, ref = moe_parity(cpu, ocl, rng, [dtype] * 3, 3, E=6, I=I, H=H, k=2)
+    assert R.nmse(o, ref) < 1e-10
+    assert R.nmse(o, c) < moe_bound([dtype] * 3)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

@@ -41,6 +41,7 @@ void ClBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor
     if (bias.defined()) a.tensor(bias.slice(seg.first_row, seg.rows), "linear").i32(1);
     else a.tensor(placeholder(), "linear").i32(0);
     a.buffer(o.mem, int64_t(o.byte_offset / 4) + out_col + seg.first_row, out.storage).i32(out.cols());
+    if (gemv) a.local_floats(K / kChunk);  // linear_t1's sums of x per 32-element chunk
     record(s, std::move(l));
   }
 }

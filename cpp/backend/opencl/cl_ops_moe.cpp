@@ -34,12 +34,14 @@ void ClBackend::moe_rows(Stream& s, const Tensor& x, int64_t x_div, const Tensor
   for (const RowSegment& seg : row_segments(w, "moe_experts")) {
     if (seg.rows == 0 && !first) continue;
     Launch l = launch(program, "moe_rows", P * N, 64);
+    l.global = size_t(P) * ((size_t(N) + l.local - 1) / l.local * l.local);  // a pair's rows padded to whole work-groups
     KernelArgs(l)
         .tensor(x, "moe_experts").i32(x_div).i32(K)
         .tensor(ids, "moe_experts").i32(P).i32(E).i32(N)
         .buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes()))
         .i64(seg.first_row).i64(seg.rows).i32(first ? 1 : 0)
-        .buffer(o.mem, int64_t(o.byte_offset / 4) + col, y.storage).i32(y.cols());
+        .buffer(o.mem, int64_t(o.byte_offset / 4) + col, y.storage).i32(y.cols())
+        .local_floats(K / 32);  // the sums of x per 32-element chunk (see linear_t1)
     first = false;
     record(s, std::move(l));
   }

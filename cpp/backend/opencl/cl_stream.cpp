@@ -1,5 +1,6 @@
 #include "backend/opencl/cl_stream.h"
 
+#include <algorithm>
 #include <climits>
 
 #include "backend/opencl/cl_error.h"
@@ -105,5 +106,9 @@ KernelArgs& KernelArgs::i32(int64_t v) {
 }
 KernelArgs& KernelArgs::i64(int64_t v) { return raw(cl_long(v)); }
 KernelArgs& KernelArgs::f32(float v) { return raw(cl_float(v)); }
+KernelArgs& KernelArgs::local_floats(int64_t n) {
+  cl_check(clSetKernelArg(l_.kernel, index_++, size_t(std::max<int64_t>(n, 1)) * sizeof(cl_float), nullptr), l_.name);
+  return *this;
+}
 
 }  // namespace ferrum::ocl
