@@ -8,10 +8,10 @@ from ferrum import _core
 from ferrum.tools import quantize as Q
 from test_ops import F32_TOL, weight
 
-# Quantized experts: an expert chosen by few tokens runs the dot kernels, which quantize the
-# activations to 8 bits as llama.cpp does (measured NMSE vs float64 up to 1.4e-4 with Q8_0
-# activations, 2.8e-4 with the k-quants' Q8_K); one chosen by many tokens dequantizes its
-# weights and runs f32 sgemm (f32 accuracy). The dot path is also checked against the linear
+# Quantized experts: an expert chosen by few tokens (<= 8, or <= 64 where the weight types have
+# a batched dot kernel) runs the dot kernels, which quantize the activations to 8 bits as
+# llama.cpp does (measured NMSE vs float64 up to 1.4e-4 with Q8_0 activations, 2.8e-4 with the
+# k-quants' Q8_K); one chosen by more dequantizes its weights and runs f32 sgemm (f32 accuracy). The dot path is also checked against the linear
 # op it must equal (same kernels) to f32 accuracy.
 QUANT_DOT_TOL = 1e-3
 
@@ -175,18 +175,38 @@ def test_moe_experts_decode_batch_equals_each_token_alone(backend, rng, dtypes):
 
     alone = np.concatenate([run([t], 1) for t in range(T)])
     np.testing.assert_array_equal(run(list(range(T)), T), alone)
-    # a prompt of the same tokens (no decode_rows) runs expert 0 as sgemm: same values, not bits
+    # a prompt of the same tokens (no decode_rows) runs expert 0 on the batched dot kernel where
+    # the types have one (bits as alone: tested below) and as sgemm otherwise: same values
     assert R.nmse(run(list(range(T)), 0), alone) < QUANT_DOT_TOL
 
 
-def test_moe_experts_quantized_many_tokens_per_expert_is_f32_exact(backend, rng):
-    """Every expert here is chosen by > 8 tokens, so each runs dequantize + sgemm: no
-    activation quantization, f32 accuracy against the dequantized weights."""
-    E, I, H, k, T = 4, 256, 256, 2, 64
-    tensors, values = expert_weights(backend, rng, E, I, H, ["q4_k", "q4_k", "q6_k"])
+@pytest.mark.parametrize("T", [4, 40])  # 8 pairs: each thread plans for itself; 80: shared plan
+def test_moe_experts_prompt_batched_equals_each_token_alone(backend, rng, T):
+    """Q8_0 experts chosen by 2..64 tokens of a prompt run the batched dot kernel, which equals
+    the one-token row kernel bit for bit: each token's output is the one it gets alone."""
+    E, I, H, k = 4, 256, 512, 2
+    tensors, values = expert_weights(backend, rng, E, I, H, ["q8_0"] * 3)
     x = rng.standard_normal((T, H)).astype(np.float32)
     ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
-    assert np.bincount(ids.ravel(), minlength=E).min() > 8
+    counts = np.bincount(ids.ravel(), minlength=E)
+    assert counts.max() >= 2 and counts.max() <= 64 and (T < 10 or counts.min() > 8)
+    w = rng.random((T, k)).astype(np.float32)
+    got = run_experts(backend, x, tensors, ids, w)
+    alone = np.concatenate([run_experts(backend, x[t:t + 1], tensors, ids[t:t + 1], w[t:t + 1]) for t in range(T)])
+    np.testing.assert_array_equal(got, alone)
+    assert R.nmse(got, R.moe_experts(x, *values, ids, w)) < QUANT_DOT_TOL
+
+
+@pytest.mark.parametrize("dtypes,T,min_tokens", [(["q4_k", "q4_k", "q6_k"], 64, 8), (["q8_0"] * 3, 200, 64)])
+def test_moe_experts_quantized_many_tokens_per_expert_is_f32_exact(backend, rng, dtypes, T, min_tokens):
+    """Every expert here is chosen by more tokens than the dot path takes (8; 64 for types with
+    a batched dot kernel), so each runs dequantize + sgemm: no activation quantization, f32
+    accuracy against the dequantized weights."""
+    E, I, H, k = 4, 256, 256, 2
+    tensors, values = expert_weights(backend, rng, E, I, H, dtypes)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    assert np.bincount(ids.ravel(), minlength=E).min() > min_tokens
     w = rng.random((T, k)).astype(np.float32)
     got = run_experts(backend, x, tensors, ids, w)
     assert R.nmse(got, R.moe_experts(x, *values, ids, w)) < F32_TOL

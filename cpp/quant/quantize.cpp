@@ -9,8 +9,10 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "quant/formats.h"
+#include "quant/kernels.h"
 #include "quant/quant.h"
 
 namespace ferrum::quant {
@@ -322,7 +324,12 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q4_1: quant_q4_1(src, static_cast<BlockQ4_1*>(dst), nb); return;
     case DType::Q5_0: quant_q5_0(src, static_cast<BlockQ5_0*>(dst), nb); return;
     case DType::Q5_1: quant_q5_1(src, static_cast<BlockQ5_1*>(dst), nb); return;
-    case DType::Q8_0: quant_q8(src, static_cast<BlockQ8_0*>(dst), nb, false); return;
+    case DType::Q8_0: {  // the activation type of every legacy-format dot kernel: hot
+      static const bool avx512 = cpu_features().avx512f && cpu_features().avx512bw && cpu_features().avx512vl;
+      if (avx512) detail::avx512_quantize_q8_0(src, dst, nb);
+      else quant_q8(src, static_cast<BlockQ8_0*>(dst), nb, false);
+      return;
+    }
     case DType::Q8_1: quant_q8(src, static_cast<BlockQ8_1*>(dst), nb, true); return;
     case DType::Q2_K: quant_q2_k(src, static_cast<BlockQ2_K*>(dst), nb); return;
     case DType::Q3_K: quant_q3_k(src, static_cast<BlockQ3_K*>(dst), nb); return;

@@ -13,8 +13,10 @@
 //   down      each thread owns a range of the H output columns and accumulates every active
 //             expert into out in ascending expert order (no races, no [pairs, H] buffer).
 // An expert chosen by few tokens runs the dot kernels on its stored (possibly quantized) rows,
-// a chunk of rows at a time so the chunk stays in cache across its tokens; an expert chosen
-// by many tokens dequantizes a tile of rows and runs one sgemm over all its tokens. In a batch
+// a chunk of rows at a time so the chunk stays in cache across its tokens (with the batched
+// kernel, which unpacks each weight block once for up to 8 of its tokens, where the types have
+// one); an expert chosen by many tokens dequantizes a tile of rows and runs one sgemm over all
+// its tokens. In a batch
 // of decodes (Stream::decode_rows) every expert takes the dot path, as linear does, so a
 // sequence's tokens compute the same whatever else is in the batch.
 // Small calls (decode: at most kMaxDotPairs pairs) have every thread plan and quantize for
@@ -37,11 +39,18 @@ namespace ferrum {
 namespace {
 
 // An expert with more pairs than this runs as tile dequantize + sgemm (as linear does), except
-// in a batch of up to kMaxDecodeRows decodes.
+// in a batch of up to kMaxDecodeRows decodes. With a batched dot kernel for all three weights
+// (which unpacks each weight block once for all the expert's tokens) the dot path beats sgemm
+// up to kMaxBatchPairs: a prompt's experts, chosen by tokens * top_k / experts tokens each,
+// stay on it (measured on Zen 4, Q8_0: see docs/moe.md).
 constexpr int64_t kMaxDotPairs = 8;
+constexpr int64_t kMaxBatchPairs = 64;
 constexpr int64_t kMaxDecodeRows = 64;
 constexpr int64_t kDotChunkRows = 32;   // rows kept hot in cache while every pair is dotted
 constexpr int64_t kGemmTileRows = 64;
+// Tokens per batched-kernel call: their prepared activations (192 bytes per 64 elements each)
+// stay in L1 while every weight row of the chunk is dotted with them.
+constexpr int64_t kBatchTokens = 8;
 
 // Routing of one call, rebuilt at every submit.
 struct MoePlan {
@@ -61,12 +70,18 @@ struct MoePrep {
   MoePlan plan;
   std::vector<char> x_gate, x_up;  // x per token for the gate / up dot kernels (non-f32 acts)
   std::vector<char> act_q;         // act per pair for the down dot kernel (non-f32 acts)
+  std::vector<char> x_pairs;       // x_gate rows in pair order, for the batched kernels
 };
 
 struct MoeScratch {
   bool small = false;       // few pairs: every thread plans and quantizes for itself
   bool decodes = false;     // a batch of decodes: no expert runs as sgemm
-  bool gemm(int64_t pairs) const { return !decodes && pairs > kMaxDotPairs; }
+  int64_t max_dot_pairs = kMaxDotPairs;
+  // gate, up and down batched kernels (all or none); an expert with >= 2 pairs on the dot
+  // path uses them (one pair is faster on the row kernel)
+  quant::DotBatchFn batch_gate = nullptr, batch_up = nullptr, batch_down = nullptr;
+  bool gemm(int64_t pairs) const { return !decodes && pairs > max_dot_pairs; }
+  bool batched(int64_t pairs) const { return batch_gate && pairs >= 2 && !gemm(pairs); }
   MoePrep shared;
   std::vector<MoePrep> own;      // per thread, small calls
   std::vector<float> xs;         // x rows in expert order [pairs, H] (sgemm experts)
@@ -176,12 +191,23 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
   auto sc = std::make_shared<MoeScratch>();
   sc->decodes = T <= std::min(s.decode_rows, kMaxDecodeRows);
   sc->small = P <= kMaxDotPairs;
+  // The batched kernels take their activation rows at one stride: gate and up must share x's
+  // quantized rows (x_pairs).
+  if (kg->act_type == ku->act_type && quant_gate) {
+    sc->batch_gate = quant::dot_batch_kernel(gate.dtype);
+    sc->batch_up = quant::dot_batch_kernel(up.dtype);
+    sc->batch_down = quant::dot_batch_kernel(down.dtype);
+    if (!sc->batch_gate || !sc->batch_up || !sc->batch_down) sc->batch_gate = sc->batch_up = sc->batch_down = nullptr;
+  }
+  if (sc->batch_gate) sc->max_dot_pairs = kMaxBatchPairs;
   const bool any_gemm = sc->gemm(P);  // whether some expert may have enough pairs for sgemm
+  const bool any_batched = sc->batch_gate && P >= 2;
   sc->own.resize(sc->small ? size_t(pool_.size()) : 0);
   auto size_prep = [&](MoePrep& pr) {
     if (quant_gate) pr.x_gate.resize(size_t(T) * xg_bytes);
     if (quant_up) pr.x_up.resize(size_t(T) * xu_bytes);
     if (quant_act) pr.act_q.resize(size_t(P) * aq_bytes);
+    if (any_batched) pr.x_pairs.resize(size_t(P) * xg_bytes);
   };
   if (sc->small) for (MoePrep& pr : sc->own) size_prep(pr);
   else size_prep(sc->shared);
@@ -201,6 +227,13 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
       if (quant_up) quant::quantize_row(ku->act_type, xr, pr.x_up.data() + size_t(t) * xu_bytes, H);
     }
   };
+  // Copies the quantized x rows of pairs [p0, p1) into pair order (x_pairs), where the batched
+  // kernels read an expert's tokens at one stride.
+  auto gather_pairs = [=](MoePrep& pr, int64_t p0, int64_t p1) {
+    for (int64_t i = p0; i < p1; ++i)
+      std::memcpy(pr.x_pairs.data() + size_t(i) * xg_bytes,
+                  pr.x_gate.data() + size_t(pr.plan.pair_token[size_t(i)]) * xg_bytes, xg_bytes);
+  };
   // Quantizes act rows of the dot-path pairs in [p0, p1) into pr.
   auto quantize_act = [=](MoePrep& pr, int64_t p0, int64_t p1) {
     for (int64_t i = p0; i < p1; ++i)
@@ -214,13 +247,18 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
       prepare(sc->shared, ith == 0, b, e);
     });
   }
-  if (any_gemm) {
+  if (!sc->small && (any_gemm || any_batched)) {
     cs.record("moe_gather", [=](int ith, int nth) {
       const MoePlan& p = sc->shared.plan;
       for (int32_t e : p.active) {
-        if (!sc->gemm(p.count(e))) continue;
+        const bool gemm = sc->gemm(p.count(e));
+        if (!gemm && !sc->batched(p.count(e))) continue;
         int64_t b, end;
         split_range(p.count(e), ith, nth, &b, &end);
+        if (!gemm) {
+          gather_pairs(sc->shared, p.first(e) + b, p.first(e) + end);
+          continue;
+        }
         for (int64_t i = p.first(e) + b; i < p.first(e) + end; ++i)
           std::memcpy(sc->xs.data() + i * H, host_ptr<float>(x) + p.pair_token[size_t(i)] * H, size_t(H) * 4);
       }
@@ -229,7 +267,11 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
 
   cs.record("moe_gate_up", [=](int ith, int nth) {
     MoePrep& pr = sc->prep(ith);
-    if (sc->small) prepare(pr, true, 0, T);
+    if (sc->small) {
+      prepare(pr, true, 0, T);
+      for (int32_t e : pr.plan.active)
+        if (sc->batched(pr.plan.count(e))) gather_pairs(pr, pr.plan.first(e), pr.plan.first(e) + pr.plan.count(e));
+    }
     const MoePlan& p = pr.plan;
     int64_t r0, r1;
     split_range(I, ith, nth, &r0, &r1);
@@ -247,6 +289,20 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
           const int64_t rows = std::min(kGemmTileRows, r1 - c0);
           gemm_nt(sc->xs.data() + p0 * H, rows_f32(gate, ge, c0, rows, tile), g, n, rows, H);
           gemm_nt(sc->xs.data() + p0 * H, rows_f32(up, ue, c0, rows, tile), u, n, rows, H);
+          for (int64_t i = 0; i < n; ++i)
+            cpu::silu_mul(g + i * rows, u + i * rows, sc->act.data() + (p0 + i) * I + c0, rows);
+        }
+        continue;
+      }
+      if (sc->batched(n)) {  // g, u: [n, rows]
+        const char* xq = pr.x_pairs.data() + size_t(p0) * xg_bytes;
+        for (int64_t c0 = r0; c0 < r1; c0 += kDotChunkRows) {
+          const int64_t rows = std::min(kDotChunkRows, r1 - c0);
+          for (int64_t j = 0; j < n; j += kBatchTokens) {
+            const int64_t m = std::min(kBatchTokens, n - j);
+            sc->batch_gate(H, ge + c0 * grb, grb, rows, xq + size_t(j) * xg_bytes, xg_bytes, m, g + j * rows, rows);
+            sc->batch_up(H, ue + c0 * urb, urb, rows, xq + size_t(j) * xg_bytes, xg_bytes, m, u + j * rows, rows);
+          }
           for (int64_t i = 0; i < n; ++i)
             cpu::silu_mul(g + i * rows, u + i * rows, sc->act.data() + (p0 + i) * I + c0, rows);
         }
@@ -295,14 +351,17 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
     for (int32_t e : p.active) {
       const int64_t p0 = p.first(e), n = p.count(e);
       const char* de = host_ptr<char>(down) + size_t(e) * down_bytes;
-      const bool gemm = sc->gemm(n);
+      const bool gemm = sc->gemm(n), batched = sc->batched(n);
       const int64_t step = gemm ? kGemmTileRows : kDotChunkRows;
       for (int64_t c0 = r0; c0 < r1; c0 += step) {
         const int64_t rows = std::min(step, r1 - c0);
         if (gemm) gemm_nt(sc->act.data() + p0 * I, rows_f32(down, de, c0, rows, tile), y, n, rows, I);
+        for (int64_t j = 0; batched && j < n; j += kBatchTokens)
+          sc->batch_down(I, de + c0 * drb, drb, rows, pr.act_q.data() + size_t(p0 + j) * aq_bytes, aq_bytes,
+                         std::min(kBatchTokens, n - j), y + j * rows, rows);
         for (int64_t i = 0; i < n; ++i) {
           float* yi = y + i * rows;
-          if (!gemm) {
+          if (!gemm && !batched) {
             const void* a = quant_act ? static_cast<const void*>(pr.act_q.data() + size_t(p0 + i) * aq_bytes)
                                       : static_cast<const void*>(sc->act.data() + (p0 + i) * I);
             kd->dot_rows(I, de + c0 * drb, drb, rows, a, yi);
