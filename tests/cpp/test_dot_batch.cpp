@@ -61,8 +61,10 @@ TEST(DotBatch, MatchesDequantizedReferenceAndIgnoresBatchSize) {
     DotBatchFn batch = dot_batch_kernel(wt);
     EXPECT_EQ(batch != nullptr, expected) << dtype_name(wt);
     if (!batch) continue;
-    for (int64_t n : {32, 64, 96, 576, 1536 + 32}) {  // odd block counts too
-      const int64_t rows = 5, T = 19;                 // more than one group of 8 rows, plus a tail
+    for (int64_t n : {32, 64, 96, 160, 576, 1536 + 32}) {  // odd block counts too
+      // Odd weight rows (register blocks of 2 plus one), activation rows in register blocks of
+      // 8, 4, 2 and 1; the kernel's chains switch at a multiple of 4 blocks.
+      const int64_t rows = 5, T = n == 160 ? 15 : 19;
       SCOPED_TRACE(std::string(dtype_name(wt)) + " n=" + std::to_string(n));
       Case c = make_case(wt, n, rows, T, rng);
       const int64_t ldo = rows + 3;
