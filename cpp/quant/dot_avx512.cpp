@@ -277,6 +277,115 @@ FERRUM_AVX512 void dot_batch_legacy(int64_t n, const void* w, size_t w_row_bytes
     legacy_rows<Block, kBits, kOffsetShift, kHasMin, 1, kActs>(nb, wp + r * w_row_bytes, w_row_bytes, p, 0, T, out + r, ldo);
 }
 
+// ---- Q8_0 weights x Q8_0 activations, many activation rows (prefill): an int8 GEMM ----
+//
+// Weight rows go across the lanes, kGemmRows at a time, packed once per tile as unsigned bytes
+// (w + 128) in dpbusd's layout: for block b and 4-element group g, one register holds elements
+// 4g..4g+3 of 16 rows. An activation row's 4 bytes are broadcast against it, so each packed weight
+// register is used by kGemmActs activation rows and there is no horizontal sum. dpbusd gives
+// sum(a * w) + 128 * sum(a); the second term is the accumulator's start. Each output's arithmetic
+// is the same whatever T and its position in the tile, so a row's result does not depend on its batch.
+
+constexpr int kGemmVecs = 2;               // 16-row weight registers per tile
+constexpr int kGemmRows = 16 * kGemmVecs;  // weight rows per tile
+constexpr int kGemmActs = 4;               // activation rows per register block
+
+struct PackedQ8Tile {
+  std::vector<__m512i> quants;  // [nb][8 groups][kGemmVecs]
+  std::vector<float> scales;    // [nb][kGemmRows] (zero for rows past the end)
+};
+
+FERRUM_AVX512 void pack_q8_0_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t nb,
+                                  PackedQ8Tile& tile) {
+  tile.quants.resize(size_t(nb * 8 * kGemmVecs));
+  tile.scales.assign(size_t(nb * kGemmRows), 0.0f);
+  alignas(64) int32_t groups[8][kGemmRows];  // one block: [group][row]
+  for (int64_t b = 0; b < nb; ++b) {
+    std::memset(groups, 0, sizeof(groups));
+    for (int64_t r = 0; r < rows; ++r) {
+      const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w + r * w_row_bytes)[b];
+      int32_t g8[8];
+      std::memcpy(g8, blk.qs, 32);
+      for (int g = 0; g < 8; ++g) groups[g][r] = g8[g];
+      tile.scales[size_t(b * kGemmRows + r)] = h2f(blk.d);
+    }
+    for (int g = 0; g < 8; ++g)
+      for (int v = 0; v < kGemmVecs; ++v)
+        tile.quants[size_t((b * 8 + g) * kGemmVecs + v)] =
+            _mm512_xor_si512(_mm512_load_si512(&groups[g][16 * v]), _mm512_set1_epi8(char(0x80)));
+  }
+}
+
+// kActs activation rows from t0 against a packed tile.
+template <int kActs>
+FERRUM_AVX512 void gemm_q8_0_block(int64_t nb, const PackedQ8Tile& tile, const BlockQ8_0* const* y,
+                                   const float* da, const int32_t* offset, int64_t t0, float* out,
+                                   int64_t ldo, int64_t rows) {
+  __m512 acc[kActs][kGemmVecs];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i sum[kActs][kGemmVecs];
+    for (int j = 0; j < kActs; ++j)
+      for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(offset[(t0 + j) * nb + b]);
+    const __m512i* q = &tile.quants[size_t(b * 8 * kGemmVecs)];
+    for (int g = 0; g < 8; ++g) {
+      for (int j = 0; j < kActs; ++j) {
+        int32_t a4;
+        std::memcpy(&a4, y[j][b].qs + 4 * g, 4);
+        const __m512i a = _mm512_set1_epi32(a4);
+        for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[g * kGemmVecs + v], a);
+      }
+    }
+    for (int j = 0; j < kActs; ++j) {
+      const __m512 d_act = _mm512_set1_ps(da[(t0 + j) * nb + b]);
+      for (int v = 0; v < kGemmVecs; ++v) {
+        const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(&tile.scales[size_t(b * kGemmRows + 16 * v)]), d_act);
+        acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j][v]), scale, acc[j][v]);
+      }
+    }
+  }
+  for (int j = 0; j < kActs; ++j)
+    for (int v = 0; v < kGemmVecs; ++v) {
+      const int64_t left = rows - 16 * v;
+      if (left <= 0) break;
+      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      _mm512_mask_storeu_ps(out + (t0 + j) * ldo + 16 * v, m, acc[j][v]);
+    }
+}
+
+FERRUM_AVX512 void gemm_q8_0(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
+                             const void* act, size_t act_row_bytes, int64_t T, float* out,
+                             int64_t ldo) {
+  const int64_t nb = n / kQK;
+  thread_local PackedQ8Tile tile;
+  thread_local std::vector<float> da;
+  thread_local std::vector<int32_t> offset;
+  thread_local std::vector<const BlockQ8_0*> y;
+  // Per activation block: its scale and -128 * sum(a).
+  da.resize(size_t(T * nb));
+  offset.resize(size_t(T * nb));
+  y.resize(size_t(T));
+  for (int64_t t = 0; t < T; ++t) {
+    y[size_t(t)] = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i a = load_act(y[size_t(t)][b]);
+      const __m256i sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), a);
+      offset[size_t(t * nb + b)] = -128 * _mm512_reduce_add_epi32(_mm512_castsi256_si512(sum));
+      da[size_t(t * nb + b)] = h2f(y[size_t(t)][b].d);
+    }
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += kGemmRows) {
+    const int64_t tile_rows = std::min<int64_t>(kGemmRows, rows - r0);
+    pack_q8_0_tile(static_cast<const char*>(w) + r0 * w_row_bytes, w_row_bytes, tile_rows, nb, tile);
+    int64_t t = 0;
+    for (; t + kGemmActs <= T; t += kGemmActs)
+      gemm_q8_0_block<kGemmActs>(nb, tile, &y[size_t(t)], da.data(), offset.data(), t, out + r0, ldo, tile_rows);
+    for (; t < T; ++t)
+      gemm_q8_0_block<1>(nb, tile, &y[size_t(t)], da.data(), offset.data(), t, out + r0, ldo, tile_rows);
+  }
+}
+
 // ---- k-quants against Q8_K ----
 
 
@@ -392,6 +501,8 @@ DotBatchFn avx512_dot_batch(DType t) {
     default: return nullptr;
   }
 }
+
+DotBatchFn avx512_gemm(DType t) { return t == DType::Q8_0 ? gemm_q8_0 : nullptr; }
 
 DotRowsFn avx512_dot_rows(DType t) {
   switch (t) {

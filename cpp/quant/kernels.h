@@ -13,6 +13,7 @@ using DotRowsFn = void (*)(int64_t n, const void* w, size_t w_row_bytes, int64_t
 
 // Batched kernels (nullptr where there is none); only with the ISA present.
 DotBatchFn avx512_dot_batch(DType weight_type);
+DotBatchFn avx512_gemm(DType weight_type);
 
 // The activation format each weight type is dotted with (the same for every ISA).
 DType dot_act_type(DType weight_type);
