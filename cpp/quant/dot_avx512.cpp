@@ -277,71 +277,84 @@ FERRUM_AVX512 void dot_batch_legacy(int64_t n, const void* w, size_t w_row_bytes
     legacy_rows<Block, kBits, kOffsetShift, kHasMin, 1, kActs>(nb, wp + r * w_row_bytes, w_row_bytes, p, 0, T, out + r, ldo);
 }
 
-// ---- Q8_0 weights x Q8_0 activations, many activation rows (prefill): an int8 GEMM ----
+// ---- legacy weights x Q8_0 activations, many activation rows (prefill): an int8 GEMM ----
 //
-// Weight rows go across the lanes, kGemmRows at a time, packed once per tile as unsigned bytes
-// (w + 128) in dpbusd's layout: for block b and 4-element group g, one register holds elements
-// 4g..4g+3 of 16 rows. An activation row's 4 bytes are broadcast against it, so each packed weight
-// register is used by kGemmActs activation rows and there is no horizontal sum. dpbusd gives
-// sum(a * w) + 128 * sum(a); the second term is the accumulator's start. Each output's arithmetic
-// is the same whatever T and its position in the tile, so a row's result does not depend on its batch.
+// Weight rows go across the lanes, kGemmRows at a time, packed once per tile as their unsigned
+// quants q (Q8_0: w + 128) in dpbusd's layout: for block b and 4-element group g, one register
+// holds elements 4g..4g+3 of 16 rows. An activation row's 4 bytes are broadcast against it, so
+// each packed register serves kGemmActs activation rows and there is no horizontal sum.
+// dpbusd gives sum(q * a); the zero point's -zero * sum(a) is the accumulator's start, and the
+// min formats add m * (d_a * sum(a)). Each output's arithmetic is the same whatever T and its
+// place in the tile, so a row's result does not depend on its batch.
 
 constexpr int kGemmVecs = 2;               // 16-row weight registers per tile
 constexpr int kGemmRows = 16 * kGemmVecs;  // weight rows per tile
 constexpr int kGemmActs = 4;               // activation rows per register block
 
-struct PackedQ8Tile {
+struct PackedTile {
   std::vector<__m512i> quants;  // [nb][8 groups][kGemmVecs]
   std::vector<float> scales;    // [nb][kGemmRows] (zero for rows past the end)
+  std::vector<float> mins;      // [nb][kGemmRows] (min formats)
 };
 
-FERRUM_AVX512 void pack_q8_0_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t nb,
-                                  PackedQ8Tile& tile) {
+struct GemmActs {  // per activation row and block
+  std::vector<const BlockQ8_0*> rows;
+  std::vector<float> scales;       // d_a
+  std::vector<int32_t> offsets;    // -zero * sum(a)
+  std::vector<float> min_terms;    // d_a * sum(a) (min formats)
+};
+
+template <class Block, int kBits, bool kHasMin>
+FERRUM_AVX512 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t nb, PackedTile& tile) {
   tile.quants.resize(size_t(nb * 8 * kGemmVecs));
   tile.scales.assign(size_t(nb * kGemmRows), 0.0f);
+  if (kHasMin) tile.mins.assign(size_t(nb * kGemmRows), 0.0f);
   alignas(64) int32_t groups[8][kGemmRows];  // one block: [group][row]
   for (int64_t b = 0; b < nb; ++b) {
     std::memset(groups, 0, sizeof(groups));
     for (int64_t r = 0; r < rows; ++r) {
-      const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w + r * w_row_bytes)[b];
-      int32_t g8[8];
-      std::memcpy(g8, blk.qs, 32);
-      for (int g = 0; g < 8; ++g) groups[g][r] = g8[g];
+      const Block& blk = reinterpret_cast<const Block*>(w + r * w_row_bytes)[b];
+      alignas(32) int32_t q[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q), unsigned_quants<Block, kBits>(blk));
+      for (int g = 0; g < 8; ++g) groups[g][r] = q[g];
       tile.scales[size_t(b * kGemmRows + r)] = h2f(blk.d);
+      if constexpr (kHasMin) tile.mins[size_t(b * kGemmRows + r)] = h2f(blk.m);
     }
     for (int g = 0; g < 8; ++g)
       for (int v = 0; v < kGemmVecs; ++v)
-        tile.quants[size_t((b * 8 + g) * kGemmVecs + v)] =
-            _mm512_xor_si512(_mm512_load_si512(&groups[g][16 * v]), _mm512_set1_epi8(char(0x80)));
+        tile.quants[size_t((b * 8 + g) * kGemmVecs + v)] = _mm512_load_si512(&groups[g][16 * v]);
   }
 }
 
 // kActs activation rows from t0 against a packed tile.
-template <int kActs>
-FERRUM_AVX512 void gemm_q8_0_block(int64_t nb, const PackedQ8Tile& tile, const BlockQ8_0* const* y,
-                                   const float* da, const int32_t* offset, int64_t t0, float* out,
-                                   int64_t ldo, int64_t rows) {
+template <bool kHasMin, int kActs>
+FERRUM_AVX512 void gemm_block(int64_t nb, const PackedTile& tile, const GemmActs& acts, int64_t t0,
+                              float* out, int64_t ldo, int64_t rows) {
   __m512 acc[kActs][kGemmVecs];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     __m512i sum[kActs][kGemmVecs];
     for (int j = 0; j < kActs; ++j)
-      for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(offset[(t0 + j) * nb + b]);
+      for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(acts.offsets[size_t((t0 + j) * nb + b)]);
     const __m512i* q = &tile.quants[size_t(b * 8 * kGemmVecs)];
     for (int g = 0; g < 8; ++g) {
       for (int j = 0; j < kActs; ++j) {
         int32_t a4;
-        std::memcpy(&a4, y[j][b].qs + 4 * g, 4);
+        std::memcpy(&a4, acts.rows[size_t(t0 + j)][b].qs + 4 * g, 4);
         const __m512i a = _mm512_set1_epi32(a4);
         for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[g * kGemmVecs + v], a);
       }
     }
     for (int j = 0; j < kActs; ++j) {
-      const __m512 d_act = _mm512_set1_ps(da[(t0 + j) * nb + b]);
+      const size_t k = size_t((t0 + j) * nb + b);
+      const __m512 d_act = _mm512_set1_ps(acts.scales[k]);
       for (int v = 0; v < kGemmVecs; ++v) {
         const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(&tile.scales[size_t(b * kGemmRows + 16 * v)]), d_act);
         acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j][v]), scale, acc[j][v]);
+        if constexpr (kHasMin)
+          acc[j][v] = _mm512_fmadd_ps(_mm512_loadu_ps(&tile.mins[size_t(b * kGemmRows + 16 * v)]),
+                                      _mm512_set1_ps(acts.min_terms[k]), acc[j][v]);
       }
     }
   }
@@ -354,35 +367,39 @@ FERRUM_AVX512 void gemm_q8_0_block(int64_t nb, const PackedQ8Tile& tile, const B
     }
 }
 
-FERRUM_AVX512 void gemm_q8_0(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
-                             const void* act, size_t act_row_bytes, int64_t T, float* out,
-                             int64_t ldo) {
+template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+FERRUM_AVX512 void gemm_legacy(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
+                               const void* act, size_t act_row_bytes, int64_t T, float* out,
+                               int64_t ldo) {
   const int64_t nb = n / kQK;
-  thread_local PackedQ8Tile tile;
-  thread_local std::vector<float> da;
-  thread_local std::vector<int32_t> offset;
-  thread_local std::vector<const BlockQ8_0*> y;
-  // Per activation block: its scale and -128 * sum(a).
-  da.resize(size_t(T * nb));
-  offset.resize(size_t(T * nb));
-  y.resize(size_t(T));
+  const int32_t zero = kHasMin ? 0 : 1 << kOffsetShift;
+  thread_local PackedTile tile;
+  thread_local GemmActs acts;
+  acts.rows.resize(size_t(T));
+  acts.scales.resize(size_t(T * nb));
+  acts.offsets.resize(size_t(T * nb));
+  if (kHasMin) acts.min_terms.resize(size_t(T * nb));
   for (int64_t t = 0; t < T; ++t) {
-    y[size_t(t)] = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
+    const BlockQ8_0* y = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
+    acts.rows[size_t(t)] = y;
     for (int64_t b = 0; b < nb; ++b) {
-      const __m256i a = load_act(y[size_t(t)][b]);
-      const __m256i sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), a);
-      offset[size_t(t * nb + b)] = -128 * _mm512_reduce_add_epi32(_mm512_castsi256_si512(sum));
-      da[size_t(t * nb + b)] = h2f(y[size_t(t)][b].d);
+      const __m256i lanes = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), load_act(y[b]));
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
+      const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+      const int32_t sum_a = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 1);
+      const size_t k = size_t(t * nb + b);
+      acts.scales[k] = h2f(y[b].d);
+      acts.offsets[k] = -zero * sum_a;
+      if constexpr (kHasMin) acts.min_terms[k] = acts.scales[k] * float(sum_a);
     }
   }
   for (int64_t r0 = 0; r0 < rows; r0 += kGemmRows) {
     const int64_t tile_rows = std::min<int64_t>(kGemmRows, rows - r0);
-    pack_q8_0_tile(static_cast<const char*>(w) + r0 * w_row_bytes, w_row_bytes, tile_rows, nb, tile);
+    pack_tile<Block, kBits, kHasMin>(static_cast<const char*>(w) + r0 * w_row_bytes, w_row_bytes, tile_rows, nb, tile);
     int64_t t = 0;
     for (; t + kGemmActs <= T; t += kGemmActs)
-      gemm_q8_0_block<kGemmActs>(nb, tile, &y[size_t(t)], da.data(), offset.data(), t, out + r0, ldo, tile_rows);
-    for (; t < T; ++t)
-      gemm_q8_0_block<1>(nb, tile, &y[size_t(t)], da.data(), offset.data(), t, out + r0, ldo, tile_rows);
+      gemm_block<kHasMin, kGemmActs>(nb, tile, acts, t, out + r0, ldo, tile_rows);
+    for (; t < T; ++t) gemm_block<kHasMin, 1>(nb, tile, acts, t, out + r0, ldo, tile_rows);
   }
 }
 
@@ -502,7 +519,16 @@ DotBatchFn avx512_dot_batch(DType t) {
   }
 }
 
-DotBatchFn avx512_gemm(DType t) { return t == DType::Q8_0 ? gemm_q8_0 : nullptr; }
+DotBatchFn avx512_gemm(DType t) {
+  switch (t) {
+    case DType::Q4_0: return gemm_legacy<BlockQ4_0, 4, 3, false>;
+    case DType::Q4_1: return gemm_legacy<BlockQ4_1, 4, 0, true>;
+    case DType::Q5_0: return gemm_legacy<BlockQ5_0, 5, 4, false>;
+    case DType::Q5_1: return gemm_legacy<BlockQ5_1, 5, 0, true>;
+    case DType::Q8_0: return gemm_legacy<BlockQ8_0, 8, 7, false>;
+    default: return nullptr;
+  }
+}
 
 DotRowsFn avx512_dot_rows(DType t) {
   switch (t) {

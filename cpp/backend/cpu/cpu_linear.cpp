@@ -3,10 +3,8 @@
 //     rows and runs the weight type's dot kernel straight from the stored (possibly quantized)
 //     rows, the batched kernel where there is one; activations are first quantized once to the
 //     kernel's activation type.
-//   - many rows (prefill): Q8_0 weights go to the int8 GEMM kernel (activations quantized once,
-//     as for the dot kernels; about 2x sgemm's multiply-adds per second); f32 weights go to sgemm
-//     on each thread's slice of N; other types are dequantized a tile of rows at a time into
-//     per-thread scratch, then sgemm.
+//   - many rows (prefill): f32 weights go to sgemm on each thread's slice of N; other types
+//     are dequantized a tile of rows at a time into per-thread scratch, then sgemm.
 #include <cblas.h>
 
 #include <algorithm>
@@ -47,9 +45,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const size_t w_row_bytes = w.row_bytes();
 
   const bool decodes = T <= std::min(s.decode_rows, kMaxDecodeRows);
-  const bool many_rows = T > kMaxDotTokens && !decodes;
-  const quant::DotBatchFn gemm = many_rows ? quant::gemm_kernel(w.dtype) : nullptr;
-  if ((many_rows && !gemm) || (w.dtype == DType::F32 && T > 1)) {
+  if ((T > kMaxDotTokens && !decodes) || (w.dtype == DType::F32 && T > 1)) {
     // GEMM path. f32 weights are used in place; others are dequantized per tile.
     const bool dequant = w.dtype != DType::F32;
     auto tiles = scratch(Scratch::GemmTiles, dequant ? size_t(pool_.size() * kTileRows * K) * 4 : 0);
@@ -93,7 +89,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   // Several rows: the batched kernel unpacks each weight block once for all of them (its results
   // equal the single-row kernel's bit for bit, and one row is faster without it). Else weight
   // rows go in tiles that stay in L1 while every activation row is dotted with them.
-  const quant::DotBatchFn batch = gemm ? gemm : act && T > 1 ? quant::dot_batch_kernel(w.dtype) : nullptr;
+  const quant::DotBatchFn batch = act && T > 1 ? quant::dot_batch_kernel(w.dtype) : nullptr;
   const int64_t tile_rows = std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes));
   cs.record("linear_dot", [=](int ith, int nth) {
     int64_t r0, r1;
