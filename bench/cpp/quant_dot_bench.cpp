@@ -1,8 +1,12 @@
 // GEMV throughput of the dot kernels: weight bytes read per second, single thread, for every
-// type and ISA variant this CPU supports. Not a test; build with -DFERRUM_BENCH=ON.
+// type and ISA variant this CPU supports; then the batched kernels (a batch of decodes) in
+// multiply-adds per second. Not a test; build with -DFERRUM_BENCH=ON.
+// usage: quant_dot_bench [batch]   (batch: only the batched kernels)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -11,8 +15,55 @@
 using namespace ferrum;
 using namespace ferrum::quant;
 
-int main() {
+// Batched kernels at T activation rows: GMAC/s over the weight matrix (rows x n), best of 5.
+void bench_batch() {
+  const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1};
+  const int shapes[][2] = {{576, 576}, {576, 1536}, {1536, 576}};  // rows x n
+  const int batch_rows[] = {4, 16, 64};
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::printf("batched (GMAC/s)    ");
+  for (int T : batch_rows)
+    for (auto& shape : shapes) std::printf(" T%-2d %4dx%-4d", T, shape[0], shape[1]);
+  std::printf("\n");
+  for (DType t : types) {
+    DotBatchFn batch = dot_batch_kernel(t);
+    if (!batch) continue;
+    std::printf("%-6s              ", dtype_name(t));
+    for (int T : batch_rows) {
+      for (auto& shape : shapes) {
+        const int rows = shape[0], n = shape[1];
+        const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(DType::Q8_0, n);
+        std::vector<uint8_t> w(row_bytes * rows), act(act_bytes * T);
+        std::vector<float> x(n), out(size_t(T) * rows);
+        for (int r = 0; r < rows; ++r) {
+          for (float& v : x) v = u(rng);
+          quantize_row(t, x.data(), w.data() + r * row_bytes, n);
+        }
+        for (int r = 0; r < T; ++r) {
+          for (float& v : x) v = u(rng);
+          quantize_row(DType::Q8_0, x.data(), act.data() + r * act_bytes, n);
+        }
+        double best = 1e30;
+        for (int rep = 0; rep < 5; ++rep) {
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int k = 0; k < 4; ++k)
+            batch(n, w.data(), row_bytes, rows, act.data(), act_bytes, T, out.data(), rows);
+          best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 4);
+        }
+        std::printf(" %12.1f", double(rows) * n * T / best / 1e9);
+      }
+    }
+    std::printf("\n");
+  }
+}
+
+int main(int argc, char** argv) {
   std::printf("cpu: %s\n", cpu_features().str().c_str());
+  if (argc > 1 && std::string(argv[1]) == "batch") {
+    bench_batch();
+    return 0;
+  }
   const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                          DType::Q4_K, DType::Q5_K, DType::Q6_K};
@@ -55,5 +106,6 @@ int main() {
       std::printf("%-6s %-7s %9.1f GB/s %7.1f GB/s\n", dtype_name(t), isas[k], gbps[k][0],
                   gbps[k][1]);
   }
+  bench_batch();
   return 0;
 }

@@ -86,7 +86,9 @@ FERRUM_AVX512 inline __m256i load_act(const BlockQ8_0& b) {
 }
 
 // Blocks i and i + 1 (kBoth) or block i against a zero second half (an odd last block).
-// kOffsetShift: log2 of the zero point (8, 16, 128) of the symmetric formats.
+// kOffsetShift: log2 of the zero point (8, 16, 128) of the symmetric formats. The min term of
+// Q4_1 / Q5_1 is m * (d_a * lane sum of a): the batched kernel precomputes d_a * sum per
+// activation row, and both kernels must round alike.
 template <class Block, int kBits, int kOffsetShift, bool kHasMin, bool kBoth>
 FERRUM_AVX512 inline void legacy_pair(const Block* x, const BlockQ8_0* y, __m512& acc,
                                       __m512& acc_min) {
@@ -96,16 +98,24 @@ FERRUM_AVX512 inline void legacy_pair(const Block* x, const BlockQ8_0* y, __m512
   const __m512i a = pair(load_act(y[0]), a1);
   const __m512i sum_qa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a);
   const __m512i sum_a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), a);
-  const float da0 = h2f(y[0].d), da1 = kBoth ? h2f(y[1].d) : 0.0f;
-  const __m512 scale = pair(h2f(x[0].d) * da0, kBoth ? h2f(x[1].d) * da1 : 0.0f);
+  const __m512 da = pair(h2f(y[0].d), kBoth ? h2f(y[1].d) : 0.0f);
+  const __m512 dw = pair(h2f(x[0].d), kBoth ? h2f(x[1].d) : 0.0f);
   if constexpr (kHasMin) {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), scale, acc);
-    acc_min = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_a),
-                              pair(h2f(x[0].m) * da0, kBoth ? h2f(x[1].m) * da1 : 0.0f), acc_min);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), _mm512_mul_ps(dw, da), acc);
+    const __m512 m = pair(h2f(x[0].m), kBoth ? h2f(x[1].m) : 0.0f);
+    acc_min = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum_a), da), m, acc_min);
   } else {
     const __m512i centred = _mm512_sub_epi32(sum_qa, _mm512_slli_epi32(sum_a, kOffsetShift));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), scale, acc);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(dw, da), acc);
   }
+}
+
+// The final sum of the accumulator chains, in one order for the row and batched kernels.
+template <bool kHasMin>
+FERRUM_AVX512 inline float legacy_total(__m512 acc0, __m512 acc1, __m512 acc_min0, __m512 acc_min1) {
+  if constexpr (kHasMin)
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc_min0, acc_min1)));
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
 template <class Block, int kBits, int kOffsetShift, bool kHasMin>
@@ -122,92 +132,274 @@ FERRUM_AVX512 float dot_legacy(int64_t n, const void* w, const void* act) {
   for (; i + 2 <= nb; i += 2)
     legacy_pair<Block, kBits, kOffsetShift, kHasMin, true>(x + i, y + i, acc0, acc_min0);
   if (i < nb) legacy_pair<Block, kBits, kOffsetShift, kHasMin, false>(x + i, y + i, acc0, acc_min0);
-  return _mm512_reduce_add_ps(
-      _mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc_min0, acc_min1)));
+  return legacy_total<kHasMin>(acc0, acc1, acc_min0, acc_min1);
 }
 
 // ---- legacy formats, many activation rows at once (a batch of decodes) ----
 //
-// The same arithmetic as dot_legacy, in the same order (two accumulator chains over block
-// pairs, the min term in its own pair of chains), so every result is bit-identical to the row
-// kernel's whatever the batch size: a sequence's logits do not depend on its batch. What is
-// shared: the activation side (quants two blocks per 64 bytes, scales, block sums) is prepared
-// once per call, and each weight row is unpacked once for all activation rows.
+// Every result is bit-identical to dot_legacy's whatever the batch size (a sequence's logits do
+// not depend on its batch): the integer dot products are exact however they are formed, and the
+// float steps are dot_legacy's, in its order (pair p goes to chain p % 2 while dot_legacy's 4-block
+// loop runs, to chain 0 after it). What differs is how the integers are formed: activations are
+// made unsigned (a + 128) once per call and weights kept signed (q - zero point), so
+// dpbusd(acts, weights) = sum(a * w) + 128 * sum(w); the second term depends on the weight row
+// only and is subtracted by starting the accumulator at -128 * sum(w). Each weight pair is
+// unpacked once for a register block of kRows weight rows x kActs activation rows.
 
 struct PreparedActs {
-  std::vector<__m512i> quants;  // [T][pairs]: blocks 2p, 2p + 1 (zero past the end)
-  std::vector<__m512> scales;   // [T][pairs]: da of the two blocks, each over 8 lanes
-  std::vector<__m512i> sums;    // [T][pairs]: per-lane sums of the quants (the zero-point term)
+  int64_t np = 0;               // block pairs per row
+  std::vector<__m512i> quants;  // [T][np]: a + 128 of blocks 2p, 2p + 1 (zero past the end)
+  std::vector<__m512> scales;   // [T][np]: d_a of the two blocks, each over 8 lanes
+  std::vector<__m512> min_terms;  // [T][np]: d_a * lane sums of a (min formats only)
 };
 
+template <bool kHasMin>
 FERRUM_AVX512 void prepare_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T,
                                 PreparedActs& p) {
   const int64_t np = (nb + 1) / 2;
+  p.np = np;
   p.quants.resize(size_t(T * np));
   p.scales.resize(size_t(T * np));
-  p.sums.resize(size_t(T * np));
+  if (kHasMin) p.min_terms.resize(size_t(T * np));
   for (int64_t t = 0; t < T; ++t) {
     const BlockQ8_0* y = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
     for (int64_t i = 0; i < np; ++i) {
       const bool both = 2 * i + 1 < nb;
       const size_t k = size_t(t * np + i);
-      p.quants[k] = pair(load_act(y[2 * i]), both ? load_act(y[2 * i + 1]) : _mm256_setzero_si256());
+      const __m512i a = pair(load_act(y[2 * i]), both ? load_act(y[2 * i + 1]) : _mm256_setzero_si256());
+      p.quants[k] = _mm512_xor_si512(a, _mm512_set1_epi8(char(0x80)));
       p.scales[k] = pair(h2f(y[2 * i].d), both ? h2f(y[2 * i + 1].d) : 0.0f);
-      p.sums[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), p.quants[k]);
+      if constexpr (kHasMin) {
+        const __m512i sum_a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), a);
+        p.min_terms[k] = _mm512_mul_ps(_mm512_cvtepi32_ps(sum_a), p.scales[k]);
+      }
     }
   }
+}
+
+// A block's 32 quants as signed bytes, minus the zero point for the symmetric formats.
+template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+FERRUM_AVX512 inline __m256i signed_quants(const Block& b) {
+  if constexpr (kBits == 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
+  const __m256i q = unsigned_quants<Block, kBits>(b);
+  if constexpr (kHasMin) return q;
+  return _mm256_sub_epi8(q, _mm256_set1_epi8(char(1 << kOffsetShift)));
+}
+
+// The pairs of accumulator chain c, in order.
+template <class F>
+inline void for_each_chain_pair(int c, int64_t np, int64_t two_chain_pairs, F&& f) {
+  for (int64_t i = c; i < two_chain_pairs; i += 2) f(i);
+  if (c == 0)
+    for (int64_t i = two_chain_pairs; i < np; ++i) f(i);
+}
+
+// out[t][r] for kRows weight rows x kActs activation rows (from t0).
+template <class Block, int kBits, int kOffsetShift, bool kHasMin, int kRows, int kActs>
+FERRUM_AVX512 void legacy_block(int64_t nb, const char* w, size_t w_row_bytes, const PreparedActs& p,
+                                int64_t t0, float* out, int64_t ldo) {
+  const int64_t np = p.np, two_chain_pairs = nb / 4 * 2;
+  const Block* x[kRows];
+  for (int r = 0; r < kRows; ++r) x[r] = reinterpret_cast<const Block*>(w + r * w_row_bytes);
+  __m512 chain[2][kRows][kActs], chain_min[2][kRows][kActs];
+  for (int c = 0; c < 2; ++c) {
+    __m512 acc[kRows][kActs];
+    for (auto& row : acc)
+      for (auto& v : row) v = _mm512_setzero_ps();
+    for_each_chain_pair(c, np, two_chain_pairs, [&](int64_t i) {
+      const bool both = 2 * i + 1 < nb;
+      __m512i q[kRows], offset[kRows];
+      __m512 dw[kRows];
+      for (int r = 0; r < kRows; ++r) {
+        const Block* b = x[r] + 2 * i;
+        q[r] = pair(signed_quants<Block, kBits, kOffsetShift, kHasMin>(b[0]),
+                    both ? signed_quants<Block, kBits, kOffsetShift, kHasMin>(b[1]) : _mm256_setzero_si256());
+        const __m512i sum_w = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q[r]);
+        offset[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum_w, 7));
+        dw[r] = pair(h2f(b[0].d), both ? h2f(b[1].d) : 0.0f);
+      }
+      for (int j = 0; j < kActs; ++j) {
+        const size_t k = size_t((t0 + j) * np + i);
+        const __m512i a = p.quants[k];
+        const __m512 da = p.scales[k];
+        for (int r = 0; r < kRows; ++r) {
+          const __m512i sum_qa = _mm512_dpbusd_epi32(offset[r], a, q[r]);
+          acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), _mm512_mul_ps(dw[r], da), acc[r][j]);
+        }
+      }
+    });
+    std::memcpy(chain[c], acc, sizeof(acc));
+    if constexpr (kHasMin) {  // its own pass: fewer live registers
+      for (auto& row : acc)
+        for (auto& v : row) v = _mm512_setzero_ps();
+      for_each_chain_pair(c, np, two_chain_pairs, [&](int64_t i) {
+        const bool both = 2 * i + 1 < nb;
+        __m512 m[kRows];
+        for (int r = 0; r < kRows; ++r) m[r] = pair(h2f(x[r][2 * i].m), both ? h2f(x[r][2 * i + 1].m) : 0.0f);
+        for (int j = 0; j < kActs; ++j) {
+          const __m512 s = p.min_terms[size_t((t0 + j) * np + i)];
+          for (int r = 0; r < kRows; ++r) acc[r][j] = _mm512_fmadd_ps(s, m[r], acc[r][j]);
+        }
+      });
+      std::memcpy(chain_min[c], acc, sizeof(acc));
+    }
+  }
+  for (int j = 0; j < kActs; ++j)
+    for (int r = 0; r < kRows; ++r)
+      out[(t0 + j) * ldo + r] = legacy_total<kHasMin>(chain[0][r][j], chain[1][r][j],
+                                                      chain_min[0][r][j], chain_min[1][r][j]);
+}
+
+// kRows weight rows against activation rows t0.., in blocks of kActs then smaller ones.
+template <class Block, int kBits, int kOffsetShift, bool kHasMin, int kRows, int kActs>
+FERRUM_AVX512 void legacy_rows(int64_t nb, const char* w, size_t w_row_bytes, const PreparedActs& p,
+                               int64_t t0, int64_t T, float* out, int64_t ldo) {
+  for (; t0 + kActs <= T; t0 += kActs)
+    legacy_block<Block, kBits, kOffsetShift, kHasMin, kRows, kActs>(nb, w, w_row_bytes, p, t0, out, ldo);
+  if constexpr (kActs > 1)
+    if (t0 < T) legacy_rows<Block, kBits, kOffsetShift, kHasMin, kRows, kActs / 2>(nb, w, w_row_bytes, p, t0, T, out, ldo);
 }
 
 template <class Block, int kBits, int kOffsetShift, bool kHasMin>
 FERRUM_AVX512 void dot_batch_legacy(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
                                     const void* act, size_t act_row_bytes, int64_t T, float* out,
                                     int64_t ldo) {
-  constexpr int kGroup = 4;  // activation rows whose accumulators live in registers together
-  const int64_t nb = n / kQK, np = (nb + 1) / 2;
-  const int64_t two_chain_pairs = nb / 4 * 2;  // dot_legacy's 4-block loop alternates chains
+  // 2 x 8 accumulators per pass; measured faster than 4 x 4, 1 x 16 and 2 x 4 (quant_dot_bench).
+  constexpr int kRows = 2, kActs = 8;
+  const int64_t nb = n / kQK;
   thread_local PreparedActs p;
-  thread_local std::vector<__m512i> wq;
-  thread_local std::vector<__m512> wd, wm;
-  prepare_acts(nb, act, act_row_bytes, T, p);
-  wq.resize(size_t(np));
-  wd.resize(size_t(np));
-  wm.resize(size_t(np));
-  for (int64_t r = 0; r < rows; ++r) {
-    // The weight row, unpacked once for every activation row.
-    const Block* x = reinterpret_cast<const Block*>(static_cast<const char*>(w) + r * w_row_bytes);
-    for (int64_t i = 0; i < np; ++i) {
-      const bool both = 2 * i + 1 < nb;
-      wq[size_t(i)] = pair(unsigned_quants<Block, kBits>(x[2 * i]),
-                           both ? unsigned_quants<Block, kBits>(x[2 * i + 1]) : _mm256_setzero_si256());
-      wd[size_t(i)] = pair(h2f(x[2 * i].d), both ? h2f(x[2 * i + 1].d) : 0.0f);
-      if constexpr (kHasMin) wm[size_t(i)] = pair(h2f(x[2 * i].m), both ? h2f(x[2 * i + 1].m) : 0.0f);
+  prepare_acts<kHasMin>(nb, act, act_row_bytes, T, p);
+  const char* wp = static_cast<const char*>(w);
+  int64_t r = 0;
+  for (; r + kRows <= rows; r += kRows)
+    legacy_rows<Block, kBits, kOffsetShift, kHasMin, kRows, kActs>(nb, wp + r * w_row_bytes, w_row_bytes, p, 0, T, out + r, ldo);
+  for (; r < rows; ++r)
+    legacy_rows<Block, kBits, kOffsetShift, kHasMin, 1, kActs>(nb, wp + r * w_row_bytes, w_row_bytes, p, 0, T, out + r, ldo);
+}
+
+// ---- legacy weights x Q8_0 activations, many activation rows (prefill): an int8 GEMM ----
+//
+// Weight rows go across the lanes, kGemmRows at a time, packed once per tile as their unsigned
+// quants q (Q8_0: w + 128) in dpbusd's layout: for block b and 4-element group g, one register
+// holds elements 4g..4g+3 of 16 rows. An activation row's 4 bytes are broadcast against it, so
+// each packed register serves kGemmActs activation rows and there is no horizontal sum.
+// dpbusd gives sum(q * a); the zero point's -zero * sum(a) is the accumulator's start, and the
+// min formats add m * (d_a * sum(a)). Each output's arithmetic is the same whatever T and its
+// place in the tile, so a row's result does not depend on its batch.
+
+constexpr int kGemmVecs = 2;               // 16-row weight registers per tile
+constexpr int kGemmRows = 16 * kGemmVecs;  // weight rows per tile
+constexpr int kGemmActs = 4;               // activation rows per register block
+
+struct PackedTile {
+  std::vector<__m512i> quants;  // [nb][8 groups][kGemmVecs]
+  std::vector<float> scales;    // [nb][kGemmRows] (zero for rows past the end)
+  std::vector<float> mins;      // [nb][kGemmRows] (min formats)
+};
+
+struct GemmActs {  // per activation row and block
+  std::vector<const BlockQ8_0*> rows;
+  std::vector<float> scales;       // d_a
+  std::vector<int32_t> offsets;    // -zero * sum(a)
+  std::vector<float> min_terms;    // d_a * sum(a) (min formats)
+};
+
+template <class Block, int kBits, bool kHasMin>
+FERRUM_AVX512 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t nb, PackedTile& tile) {
+  tile.quants.resize(size_t(nb * 8 * kGemmVecs));
+  tile.scales.assign(size_t(nb * kGemmRows), 0.0f);
+  if (kHasMin) tile.mins.assign(size_t(nb * kGemmRows), 0.0f);
+  alignas(64) int32_t groups[8][kGemmRows];  // one block: [group][row]
+  for (int64_t b = 0; b < nb; ++b) {
+    std::memset(groups, 0, sizeof(groups));
+    for (int64_t r = 0; r < rows; ++r) {
+      const Block& blk = reinterpret_cast<const Block*>(w + r * w_row_bytes)[b];
+      alignas(32) int32_t q[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q), unsigned_quants<Block, kBits>(blk));
+      for (int g = 0; g < 8; ++g) groups[g][r] = q[g];
+      tile.scales[size_t(b * kGemmRows + r)] = h2f(blk.d);
+      if constexpr (kHasMin) tile.mins[size_t(b * kGemmRows + r)] = h2f(blk.m);
     }
-    for (int64_t t0 = 0; t0 < T; t0 += kGroup) {
-      const int64_t g = std::min<int64_t>(kGroup, T - t0);
-      __m512 acc[kGroup][2], acc_min[kGroup][2];
-      for (int j = 0; j < kGroup; ++j)
-        for (int c = 0; c < 2; ++c) acc[j][c] = acc_min[j][c] = _mm512_setzero_ps();
-      for (int64_t i = 0; i < np; ++i) {
-        const int c = i < two_chain_pairs ? int(i % 2) : 0;
-        const __m512i q = wq[size_t(i)];
-        for (int64_t j = 0; j < g; ++j) {
-          const size_t k = size_t((t0 + j) * np + i);
-          const __m512i sum_qa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, p.quants[k]);
-          const __m512 scale = _mm512_mul_ps(wd[size_t(i)], p.scales[k]);  // = d_w * d_a per lane
-          if constexpr (kHasMin) {
-            acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), scale, acc[j][c]);
-            acc_min[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p.sums[k]),
-                                            _mm512_mul_ps(wm[size_t(i)], p.scales[k]), acc_min[j][c]);
-          } else {
-            const __m512i centred = _mm512_sub_epi32(sum_qa, _mm512_slli_epi32(p.sums[k], kOffsetShift));
-            acc[j][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), scale, acc[j][c]);
-          }
-        }
+    for (int g = 0; g < 8; ++g)
+      for (int v = 0; v < kGemmVecs; ++v)
+        tile.quants[size_t((b * 8 + g) * kGemmVecs + v)] = _mm512_load_si512(&groups[g][16 * v]);
+  }
+}
+
+// kActs activation rows from t0 against a packed tile.
+template <bool kHasMin, int kActs>
+FERRUM_AVX512 void gemm_block(int64_t nb, const PackedTile& tile, const GemmActs& acts, int64_t t0,
+                              float* out, int64_t ldo, int64_t rows) {
+  __m512 acc[kActs][kGemmVecs];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i sum[kActs][kGemmVecs];
+    for (int j = 0; j < kActs; ++j)
+      for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(acts.offsets[size_t((t0 + j) * nb + b)]);
+    const __m512i* q = &tile.quants[size_t(b * 8 * kGemmVecs)];
+    for (int g = 0; g < 8; ++g) {
+      for (int j = 0; j < kActs; ++j) {
+        int32_t a4;
+        std::memcpy(&a4, acts.rows[size_t(t0 + j)][b].qs + 4 * g, 4);
+        const __m512i a = _mm512_set1_epi32(a4);
+        for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[g * kGemmVecs + v], a);
       }
-      for (int64_t j = 0; j < g; ++j)
-        out[(t0 + j) * ldo + r] = _mm512_reduce_add_ps(_mm512_add_ps(
-            _mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc_min[j][0], acc_min[j][1])));
     }
+    for (int j = 0; j < kActs; ++j) {
+      const size_t k = size_t((t0 + j) * nb + b);
+      const __m512 d_act = _mm512_set1_ps(acts.scales[k]);
+      for (int v = 0; v < kGemmVecs; ++v) {
+        const __m512 scale = _mm512_mul_ps(_mm512_loadu_ps(&tile.scales[size_t(b * kGemmRows + 16 * v)]), d_act);
+        acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[j][v]), scale, acc[j][v]);
+        if constexpr (kHasMin)
+          acc[j][v] = _mm512_fmadd_ps(_mm512_loadu_ps(&tile.mins[size_t(b * kGemmRows + 16 * v)]),
+                                      _mm512_set1_ps(acts.min_terms[k]), acc[j][v]);
+      }
+    }
+  }
+  for (int j = 0; j < kActs; ++j)
+    for (int v = 0; v < kGemmVecs; ++v) {
+      const int64_t left = rows - 16 * v;
+      if (left <= 0) break;
+      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      _mm512_mask_storeu_ps(out + (t0 + j) * ldo + 16 * v, m, acc[j][v]);
+    }
+}
+
+template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+FERRUM_AVX512 void gemm_legacy(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
+                               const void* act, size_t act_row_bytes, int64_t T, float* out,
+                               int64_t ldo) {
+  const int64_t nb = n / kQK;
+  const int32_t zero = kHasMin ? 0 : 1 << kOffsetShift;
+  thread_local PackedTile tile;
+  thread_local GemmActs acts;
+  acts.rows.resize(size_t(T));
+  acts.scales.resize(size_t(T * nb));
+  acts.offsets.resize(size_t(T * nb));
+  if (kHasMin) acts.min_terms.resize(size_t(T * nb));
+  for (int64_t t = 0; t < T; ++t) {
+    const BlockQ8_0* y = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
+    acts.rows[size_t(t)] = y;
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i lanes = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), load_act(y[b]));
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
+      const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+      const int32_t sum_a = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 1);
+      const size_t k = size_t(t * nb + b);
+      acts.scales[k] = h2f(y[b].d);
+      acts.offsets[k] = -zero * sum_a;
+      if constexpr (kHasMin) acts.min_terms[k] = acts.scales[k] * float(sum_a);
+    }
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += kGemmRows) {
+    const int64_t tile_rows = std::min<int64_t>(kGemmRows, rows - r0);
+    pack_tile<Block, kBits, kHasMin>(static_cast<const char*>(w) + r0 * w_row_bytes, w_row_bytes, tile_rows, nb, tile);
+    int64_t t = 0;
+    for (; t + kGemmActs <= T; t += kGemmActs)
+      gemm_block<kHasMin, kGemmActs>(nb, tile, acts, t, out + r0, ldo, tile_rows);
+    for (; t < T; ++t) gemm_block<kHasMin, 1>(nb, tile, acts, t, out + r0, ldo, tile_rows);
   }
 }
 
@@ -323,6 +515,17 @@ DotBatchFn avx512_dot_batch(DType t) {
     case DType::Q5_0: return dot_batch_legacy<BlockQ5_0, 5, 4, false>;
     case DType::Q5_1: return dot_batch_legacy<BlockQ5_1, 5, 0, true>;
     case DType::Q8_0: return dot_batch_legacy<BlockQ8_0, 8, 7, false>;
+    default: return nullptr;
+  }
+}
+
+DotBatchFn avx512_gemm(DType t) {
+  switch (t) {
+    case DType::Q4_0: return gemm_legacy<BlockQ4_0, 4, 3, false>;
+    case DType::Q4_1: return gemm_legacy<BlockQ4_1, 4, 0, true>;
+    case DType::Q5_0: return gemm_legacy<BlockQ5_0, 5, 4, false>;
+    case DType::Q5_1: return gemm_legacy<BlockQ5_1, 5, 0, true>;
+    case DType::Q8_0: return gemm_legacy<BlockQ8_0, 8, 7, false>;
     default: return nullptr;
   }
 }

@@ -88,6 +88,12 @@ DotBatchFn dot_batch_kernel(DType weight_type) {
   return avx512 ? detail::avx512_dot_batch(weight_type) : nullptr;
 }
 
+DotBatchFn gemm_kernel(DType weight_type) {
+  type_index(weight_type);
+  static const bool avx512 = isa_supported(0);
+  return avx512 ? detail::avx512_gemm(weight_type) : nullptr;
+}
+
 const DotKernel& dot_kernel_scalar(DType weight_type) {
   const int t = type_index(weight_type);
   if (!table().present[kNumIsas - 1][t])

@@ -17,6 +17,7 @@ void avx512_quantize_q8_0(const float* x, void* dst, int64_t nb);
 
 // Batched kernels (nullptr where there is none); only with the ISA present.
 DotBatchFn avx512_dot_batch(DType weight_type);
+DotBatchFn avx512_gemm(DType weight_type);
 
 // The activation format each weight type is dotted with (the same for every ISA).
 DType dot_act_type(DType weight_type);

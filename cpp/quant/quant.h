@@ -46,5 +46,11 @@ std::vector<const char*> dot_kernel_isas(DType weight_type);
 using DotBatchFn = void (*)(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
                             const void* act, size_t act_row_bytes, int64_t T, float* out, int64_t ldo);
 DotBatchFn dot_batch_kernel(DType weight_type);
+// The same contract for many activation rows (prefill), register-tiled over weight rows and
+// activation rows: not bit-identical to the row kernel, but a result does not depend on T.
+// nullptr when this CPU / weight type has none. About 2x dequantize + sgemm at T = 128, but not
+// yet used by linear(): 8-bit prefill activations move the real SmolLM2 Q4_1 model's perplexity
+// (its Q8_0 output matrix) past test_eval's 1e-5 per-token agreement with transformers.
+DotBatchFn gemm_kernel(DType weight_type);
 
 }  // namespace ferrum::quant

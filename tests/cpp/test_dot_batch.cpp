@@ -61,8 +61,10 @@ TEST(DotBatch, MatchesDequantizedReferenceAndIgnoresBatchSize) {
     DotBatchFn batch = dot_batch_kernel(wt);
     EXPECT_EQ(batch != nullptr, expected) << dtype_name(wt);
     if (!batch) continue;
-    for (int64_t n : {32, 64, 96, 576, 1536 + 32}) {  // odd block counts too
-      const int64_t rows = 5, T = 19;                 // more than one group of 8 rows, plus a tail
+    for (int64_t n : {32, 64, 96, 160, 576, 1536 + 32}) {  // odd block counts too
+      // Odd weight rows (register blocks of 2 plus one), activation rows in register blocks of
+      // 8, 4, 2 and 1; the kernel's chains switch at a multiple of 4 blocks.
+      const int64_t rows = 5, T = n == 160 ? 15 : 19;
       SCOPED_TRACE(std::string(dtype_name(wt)) + " n=" + std::to_string(n));
       Case c = make_case(wt, n, rows, T, rng);
       const int64_t ldo = rows + 3;
@@ -95,6 +97,46 @@ TEST(DotBatch, MatchesDequantizedReferenceAndIgnoresBatchSize) {
     }
   }
   EXPECT_EQ(dot_batch_kernel(DType::F32), nullptr);  // the row kernels serve the other types
+}
+
+// The prefill GEMM: within rounding of the dequantized reference, and a row's result the same
+// whatever T or its place in the register blocks (odd weight rows past a tile, T tails).
+TEST(Gemm, MatchesDequantizedReferenceAndIgnoresBatchSize) {
+  const CpuFeatures& f = cpu_features();
+  std::mt19937 rng(5);
+  for (DType wt : kLegacy) {
+    DotBatchFn gemm = gemm_kernel(wt);
+    EXPECT_EQ(gemm != nullptr, f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni);
+    if (!gemm) continue;
+    for (int64_t n : {32, 96, 576}) {
+      const int64_t rows = 37, T = 11;  // one full tile of 32 plus 5; two blocks of 4 plus 3
+      SCOPED_TRACE(std::string(dtype_name(wt)) + " n=" + std::to_string(n));
+      Case c = make_case(wt, n, rows, T, rng);
+      const int64_t ldo = rows + 3;
+      std::vector<float> out(size_t(T * ldo), -7.0f);
+      gemm(n, c.w.data(), c.w_row_bytes, rows, c.act.data(), c.act_row_bytes, T, out.data(), ldo);
+      for (int64_t t = 0; t < T; ++t) {
+        double sum_abs_a = 0;
+        for (int64_t i = 0; i < n; ++i) sum_abs_a += std::fabs(c.af[size_t(t * n + i)]);
+        for (int64_t r = 0; r < rows; ++r) {
+          double ref = 0, wmax = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            ref += double(c.wf[size_t(r * n + i)]) * c.af[size_t(t * n + i)];
+            wmax = std::max(wmax, double(std::fabs(c.wf[size_t(r * n + i)])));
+          }
+          EXPECT_NEAR(out[size_t(t * ldo + r)], ref, 2e-5 * wmax * sum_abs_a) << "t " << t << " r " << r;
+        }
+        for (int64_t r = rows; r < ldo; ++r) EXPECT_EQ(out[size_t(t * ldo + r)], -7.0f);  // untouched
+      }
+      for (int64_t t = 0; t < T; ++t) {  // each activation row alone
+        std::vector<float> one(static_cast<size_t>(rows));
+        gemm(n, c.w.data(), c.w_row_bytes, rows, c.act.data() + t * c.act_row_bytes, c.act_row_bytes, 1,
+             one.data(), rows);
+        for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(one[size_t(r)], out[size_t(t * ldo + r)]);
+      }
+    }
+  }
+  EXPECT_EQ(gemm_kernel(DType::Q4_K), nullptr);
 }
 
 }  // namespace
