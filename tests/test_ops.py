@@ -46,6 +46,33 @@ def test_linear(backend, rng, dtype, tokens, k, n, bias):
     assert R.nmse(out.numpy(), ref) < F32_TOL
 
 
+@pytest.mark.parametrize("dtype", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"])
+@pytest.mark.parametrize("tokens", [3, 33])
+def test_quantized_linear_float_activations_for_scoring(backend, rng, dtype, tokens):
+    """A stream marked float_activations (a scoring step) keeps f32 activations for quantized
+    weights at any row count: the result is the dequantized weights' product to f32 accuracy.
+    Unmarked, the CPU may quantize activations to 8 bits (dot kernels, int8 GEMM)."""
+    k, n = 256, 40
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    raw = np.concatenate([_core.quant.quantize(dtype, row) for row in w])
+    W = backend.tensor_raw(raw, dtype, [n, k])
+    ref = x.astype(np.float64) @ np.stack([_core.quant.dequantize(dtype, _core.quant.quantize(dtype, r), k)
+                                           for r in w]).astype(np.float64).T
+
+    def run(float_activations):
+        s = backend.stream()
+        s.float_activations = float_activations
+        out = backend.empty("f32", [tokens, n])
+        backend.linear(backend.tensor(x), W, None, out, stream=s)
+        s.submit()
+        s.sync()
+        return out.numpy()
+
+    assert R.nmse(run(True), ref) < F32_TOL
+    assert R.nmse(run(False), ref) < 3e-4
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_embedding(backend, rng, dtype):
     table = rng.standard_normal((50, 72)).astype(np.float32)

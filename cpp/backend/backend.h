@@ -70,6 +70,10 @@ class Stream {
   // (the CPU quantizes activations to 8 bits there, as for single-token decodes), so a decode
   // computes the same whatever its batch; prompts keep the prefill numerics.
   int64_t decode_rows = 0;
+  // Set by the recorder when the step returns logits at more positions than its last ones
+  // (scoring, evaluation): matmuls then keep f32 activations, so scores agree with a float
+  // reference; generation's prefill may quantize activations to 8 bits (the CPU's int8 GEMM).
+  bool float_activations = false;
 };
 
 class Backend {

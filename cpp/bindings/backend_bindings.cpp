@@ -93,6 +93,8 @@ void bind_backend(py::module_& m) {
       .def("clear", &Stream::clear)
       .def_readwrite("decode_rows", &Stream::decode_rows,
                      "Set before recording: the stream is a batch of this many decodes (see backend.h).")
+      .def_readwrite("float_activations", &Stream::float_activations,
+                     "Set before recording: matmuls keep f32 activations (scoring; see backend.h).")
       .def("__len__", &Stream::size);
 
   py::class_<RopeTable>(m, "RopeTable")

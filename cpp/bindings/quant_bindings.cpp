@@ -111,6 +111,9 @@ void bind_quant(py::module_& m) {
         "rows dot products of consecutive weight rows with act (quantized to the kernel's "
         "activation type first); isa is 'best', 'avx512', 'avx2' or 'scalar'.");
   q.def("isas", &isas, py::arg("dtype"), "ISAs with a dot kernel for dtype on this CPU.");
+  q.def("has_gemm", [](const std::string& dtype) { return quant::gemm_kernel(dtype_from_name(dtype)) != nullptr; },
+        py::arg("dtype"),
+        "Whether prefill matmuls with dtype weights run the int8 GEMM (8-bit activations) on this CPU.");
 }
 
 }  // namespace ferrum::bindings

@@ -120,6 +120,7 @@ ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R) {
   g.buffers = decoder_->alloc_step(T, S, R, max_blocks_);
   g.stream = be_->new_stream();
   g.stream->decode_rows = T == S && R == S ? T : 0;  // one new token per sequence: decodes
+  g.stream->float_activations = R > S;                 // logits beyond each last token: scoring
   decoder_->record(*g.stream, g.buffers, kv_);
   graphs_.emplace_front(key, std::move(g));
   if (graphs_.size() > kMaxGraphs) graphs_.pop_back();

@@ -48,9 +48,9 @@ using DotBatchFn = void (*)(int64_t n, const void* w, size_t w_row_bytes, int64_
 DotBatchFn dot_batch_kernel(DType weight_type);
 // The same contract for many activation rows (prefill), register-tiled over weight rows and
 // activation rows: not bit-identical to the row kernel, but a result does not depend on T.
-// nullptr when this CPU / weight type has none. About 2x dequantize + sgemm at T = 128, but not
-// yet used by linear(): 8-bit prefill activations move the real SmolLM2 Q4_1 model's perplexity
-// (its Q8_0 output matrix) past test_eval's 1e-5 per-token agreement with transformers.
+// nullptr when this CPU / weight type has none. About 2x dequantize + sgemm at T = 128; linear()
+// uses it for prefill but not for scoring steps (Stream::float_activations): 8-bit activations
+// move the real SmolLM2 Q4_1 model's perplexity past 1e-5 per token from transformers'.
 DotBatchFn gemm_kernel(DType weight_type);
 
 }  // namespace ferrum::quant

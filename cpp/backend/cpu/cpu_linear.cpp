@@ -3,8 +3,12 @@
 //     rows and runs the weight type's dot kernel straight from the stored (possibly quantized)
 //     rows, the batched kernel where there is one; activations are first quantized once to the
 //     kernel's activation type.
-//   - many rows (prefill): f32 weights go to sgemm on each thread's slice of N; other types
-//     are dequantized a tile of rows at a time into per-thread scratch, then sgemm.
+//   - many rows (prefill): legacy quantized weights (Q4_0 ... Q8_0) go to the int8 GEMM kernel
+//     (activations quantized once, as for the dot kernels; about 2x the multiply-adds per
+//     second of sgemm); f32 weights go to sgemm on each thread's slice of N; other types are
+//     dequantized a tile of rows at a time into per-thread scratch, then sgemm.
+//   - a scoring step (Stream::float_activations) never quantizes activations: every matmul of
+//     more than one row is dequantize + sgemm, so scores agree with a float reference.
 #include <cblas.h>
 
 #include <algorithm>
@@ -44,8 +48,12 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const int64_t T = x.rows(), K = x.cols(), N = w.dim(0), ldo = out.cols();
   const size_t w_row_bytes = w.row_bytes();
 
+  const quant::DotKernel* kernel = &quant::dot_kernel(w.dtype);
   const bool decodes = T <= std::min(s.decode_rows, kMaxDecodeRows);
-  if ((T > kMaxDotTokens && !decodes) || (w.dtype == DType::F32 && T > 1)) {
+  const bool many_rows = T > kMaxDotTokens && !decodes;
+  const bool float_act = s.float_activations && T > 1 && kernel->act_type != DType::F32;
+  const quant::DotBatchFn gemm = many_rows && !float_act ? quant::gemm_kernel(w.dtype) : nullptr;
+  if ((many_rows && !gemm) || float_act || (w.dtype == DType::F32 && T > 1)) {
     // GEMM path. f32 weights are used in place; others are dequantized per tile.
     const bool dequant = w.dtype != DType::F32;
     auto tiles = scratch(Scratch::GemmTiles, dequant ? size_t(pool_.size() * kTileRows * K) * 4 : 0);
@@ -74,7 +82,6 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   }
 
   // Dot-kernel path.
-  const quant::DotKernel* kernel = &quant::dot_kernel(w.dtype);
   const size_t act_row_bytes = dtype_bytes(kernel->act_type, K);
   std::shared_ptr<std::vector<char>> act;
   if (kernel->act_type != DType::F32) {
@@ -89,7 +96,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   // Several rows: the batched kernel unpacks each weight block once for all of them (its results
   // equal the single-row kernel's bit for bit, and one row is faster without it). Else weight
   // rows go in tiles that stay in L1 while every activation row is dotted with them.
-  const quant::DotBatchFn batch = act && T > 1 ? quant::dot_batch_kernel(w.dtype) : nullptr;
+  const quant::DotBatchFn batch = gemm ? gemm : act && T > 1 ? quant::dot_batch_kernel(w.dtype) : nullptr;
   const int64_t tile_rows = std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes));
   cs.record("linear_dot", [=](int ith, int nth) {
     int64_t r0, r1;
