@@ -3,8 +3,10 @@
 // for bit those of llama.cpp's dequantize_row_* and gguf-py.
 #include <cstring>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "quant/formats.h"
+#include "quant/kernels.h"
 #include "quant/quant.h"
 
 namespace ferrum::quant {
@@ -188,9 +190,12 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   const int64_t nb = n / block;
   switch (t) {
     case DType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
-    case DType::F16: {
+    case DType::F16: {  // prefill dequantizes f16 weights a tile at a time: hot
       const uint16_t* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+      static const bool avx512 = cpu_features().avx512f && cpu_features().avx512bw &&
+                                 cpu_features().avx512vl && cpu_features().f16c;
+      if (avx512) detail::avx512_f16_to_f32(h, dst, n);
+      else for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
       return;
     }
     case DType::BF16: {

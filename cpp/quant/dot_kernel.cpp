@@ -88,10 +88,26 @@ DotBatchFn dot_batch_kernel(DType weight_type) {
   return avx512 ? detail::avx512_dot_batch(weight_type) : nullptr;
 }
 
+namespace {
+bool bf16_gemm_supported() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx512f && f.avx512bw && f.avx512vl && f.avx512_bf16;
+}
+}  // namespace
+
 DotBatchFn gemm_kernel(DType weight_type) {
   type_index(weight_type);
+  if (weight_type == DType::BF16) {
+    static const bool bf16 = bf16_gemm_supported();
+    return bf16 ? detail::avx512_bf16_gemm() : nullptr;
+  }
   static const bool avx512 = isa_supported(0);
   return avx512 ? detail::avx512_gemm(weight_type) : nullptr;
+}
+
+DType gemm_act_type(DType weight_type) {
+  // bf16 weights' dot kernel takes f32 activations; their GEMM takes bf16 ones.
+  return weight_type == DType::BF16 ? DType::BF16 : detail::dot_act_type(weight_type);
 }
 
 const DotKernel& dot_kernel_scalar(DType weight_type) {

@@ -18,6 +18,13 @@ void avx512_quantize_q8_0(const float* x, void* dst, int64_t nb);
 // Batched kernels (nullptr where there is none); only with the ISA present.
 DotBatchFn avx512_dot_batch(DType weight_type);
 DotBatchFn avx512_gemm(DType weight_type);
+// The BF16 GEMM (gemm_bf16_avx512.cpp): bf16 activations; AVX-512 F/BW/VL + BF16 only.
+DotBatchFn avx512_bf16_gemm();
+
+// f16 -> f32 and f32 -> bf16, bit-identical to the scalar reference (signaling NaNs aside, see
+// convert_avx512.cpp); AVX-512 F/BW/VL + F16C only.
+void avx512_f16_to_f32(const uint16_t* src, float* dst, int64_t n);
+void avx512_f32_to_bf16(const float* src, uint16_t* dst, int64_t n);
 
 // The activation format each weight type is dotted with (the same for every ISA).
 DType dot_act_type(DType weight_type);

@@ -315,9 +315,11 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
       return;
     }
-    case DType::BF16: {
+    case DType::BF16: {  // the bf16 GEMM's activation type: hot
       uint16_t* h = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(src[i]);
+      static const bool avx512 = cpu_features().avx512f && cpu_features().avx512bw && cpu_features().avx512vl;
+      if (avx512) detail::avx512_f32_to_bf16(src, h, n);
+      else for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(src[i]);
       return;
     }
     case DType::Q4_0: quant_q4_0(src, static_cast<BlockQ4_0*>(dst), nb); return;

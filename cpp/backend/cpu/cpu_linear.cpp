@@ -5,8 +5,9 @@
 //     kernel's activation type.
 //   - many rows (prefill): legacy quantized weights (Q4_0 ... Q8_0) go to the int8 GEMM kernel
 //     (activations quantized once, as for the dot kernels; about 2x the multiply-adds per
-//     second of sgemm); f32 weights go to sgemm on each thread's slice of N; other types are
-//     dequantized a tile of rows at a time into per-thread scratch, then sgemm.
+//     second of sgemm), bf16 weights to the vdpbf16ps GEMM (activations rounded to bf16 once);
+//     f32 weights go to sgemm on each thread's slice of N; other types are dequantized a tile
+//     of rows at a time into per-thread scratch, then sgemm.
 //   - a scoring step (Stream::float_activations) never quantizes activations: every matmul of
 //     more than one row is dequantize + sgemm, so scores agree with a float reference.
 #include <cblas.h>
@@ -52,7 +53,8 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const bool decodes = T <= std::min(s.decode_rows, kMaxDecodeRows);
   const bool many_rows = T > kMaxDotTokens && !decodes;
   const bool float_act = s.float_activations && T > 1 && kernel->act_type != DType::F32;
-  const quant::DotBatchFn gemm = many_rows && !float_act ? quant::gemm_kernel(w.dtype) : nullptr;
+  // Never in a scoring step, also where the dot kernel takes f32 (bf16 weights: bf16 activations).
+  const quant::DotBatchFn gemm = many_rows && !s.float_activations ? quant::gemm_kernel(w.dtype) : nullptr;
   if ((many_rows && !gemm) || float_act || (w.dtype == DType::F32 && T > 1)) {
     // GEMM path. f32 weights are used in place; others are dequantized per tile.
     const bool dequant = w.dtype != DType::F32;
@@ -81,16 +83,17 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
     return;
   }
 
-  // Dot-kernel path.
-  const size_t act_row_bytes = dtype_bytes(kernel->act_type, K);
+  // Dot-kernel path (or the GEMM kernel, which may take another activation type).
+  const DType act_type = gemm ? quant::gemm_act_type(w.dtype) : kernel->act_type;
+  const size_t act_row_bytes = dtype_bytes(act_type, K);
   std::shared_ptr<std::vector<char>> act;
-  if (kernel->act_type != DType::F32) {
+  if (act_type != DType::F32) {
     act = scratch(Scratch::Activations, size_t(T) * act_row_bytes);
     cs.record("quantize_act", [=](int ith, int nth) {
       int64_t b, e;
       split_range(T, ith, nth, &b, &e);
       for (int64_t t = b; t < e; ++t)
-        quant::quantize_row(kernel->act_type, host_ptr<float>(x) + t * K, act->data() + t * act_row_bytes, K);
+        quant::quantize_row(act_type, host_ptr<float>(x) + t * K, act->data() + t * act_row_bytes, K);
     });
   }
   // Several rows: the batched kernel unpacks each weight block once for all of them (its results
