@@ -9,6 +9,10 @@ Bounds (normalised mean squared error, NMSE = |a - b|^2 / |b|^2):
   about 3e-5 for Gaussian activations (the Q8_0 / Q8_K round-trip error of the activations
   themselves, measured 3.2e-5 / 5.8e-5; CPU vs OpenCL measured 2e-5 .. 7e-5). Bound 3e-4.
   OpenCL itself is held to f32 accuracy against a float64 product with the dequantized weights.
+- linear over bf16 weights with many rows (T > 8, AVX512_BF16 CPUs): the CPU's bf16 GEMM rounds
+  activations to bf16 (relative error up to 2^-8); its NMSE against the exact product is about
+  2.7e-6 for Gaussian activations (measured 2.2e-6 .. 3.2e-6 over 3 seeds, T = 9 / 33 / 128).
+  Bound 1e-5.
 - f16 KV cache: both round each stored K/V element to the nearest f16; an element can differ
   by one f16 ulp (2^-11 relative) when the f32 values before rounding differ in their last
   bit (after QK-norm / RoPE in a different order). One such element among the ~6000 compared
@@ -38,6 +42,7 @@ WEIGHT_DTYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "
 FLOAT_DTYPES = ("f32", "f16", "bf16")
 F32_BOUND = 1e-7
 Q8_ACT_BOUND = 3e-4
+BF16_ACT_BOUND = 1e-5  # the CPU's bf16 GEMM (prefill) rounds activations to bf16
 MOE_Q8K_ACT_BOUND = 1e-3  # moe_experts with k-quant experts (Q8_K activations, rounded twice)
 CPU_DOT_MAX_TOKENS = 8  # cpp/backend/cpu/cpu_linear.cpp: kMaxDotTokens
 
@@ -109,8 +114,13 @@ def test_linear_parity(cpu, ocl, rng, dtype, tokens):
     ref = x.astype(np.float64) @ wref.T + bias
     o, c = outs["opencl"][:, out_col:out_col + N], outs["cpu"][:, out_col:out_col + N]
     assert R.nmse(o, ref) < 1e-10
-    cpu_quantizes_act = dtype not in FLOAT_DTYPES and (tokens <= CPU_DOT_MAX_TOKENS or _core.quant.has_gemm(dtype))
-    assert R.nmse(o, c) < (Q8_ACT_BOUND if cpu_quantizes_act else F32_BOUND)
+    cpu_gemm = tokens > CPU_DOT_MAX_TOKENS and _core.quant.has_gemm(dtype)
+    if dtype == "bf16":  # f32 activations in the dot kernel, bf16 ones in the GEMM
+        bound = BF16_ACT_BOUND if cpu_gemm else F32_BOUND
+    else:
+        cpu_quantizes_act = dtype not in FLOAT_DTYPES and (tokens <= CPU_DOT_MAX_TOKENS or cpu_gemm)
+        bound = Q8_ACT_BOUND if cpu_quantizes_act else F32_BOUND
+    assert R.nmse(o, c) < bound
 
 
 QUANT_DTYPES = [d for d in WEIGHT_DTYPES if d not in FLOAT_DTYPES]
