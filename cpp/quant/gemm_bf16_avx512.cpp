@@ -24,9 +24,9 @@ namespace ferrum::quant::detail {
 
 namespace {
 
-constexpr int kVecs = 4;           // 16-row weight registers per tile
+constexpr int kVecs = 2;           // 16-row weight registers per tile
 constexpr int kRows = 16 * kVecs;  // weight rows per tile
-constexpr int kActs = 6;           // activation rows per register block: kActs * kVecs accumulators
+constexpr int kActs = 8;           // activation rows per register block: kActs * kVecs accumulators
 
 // 16 x 16 transpose of 32-bit words: out[j] = word j of each of r[0..15].
 FERRUM_BF16 inline void transpose16(const __m512i r[16], __m512i out[16]) {
@@ -115,6 +115,16 @@ FERRUM_BF16 void gemm_block(int64_t n, const __m512i* packed, const char* act, s
     }
 }
 
+// The last `left` (< kActs) activation rows, in one block of that many.
+template <int kA>
+FERRUM_BF16 void gemm_tail(int64_t left, int64_t n, const __m512i* packed, const char* act, size_t act_row_bytes,
+                           float* out, int64_t ldo, int64_t rows) {
+  if constexpr (kA > 0) {
+    if (left == kA) gemm_block<kA>(n, packed, act, act_row_bytes, out, ldo, rows);
+    else gemm_tail<kA - 1>(left, n, packed, act, act_row_bytes, out, ldo, rows);
+  }
+}
+
 FERRUM_BF16 void gemm_bf16(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                            size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
   thread_local std::vector<__m512i> packed;
@@ -125,15 +135,8 @@ FERRUM_BF16 void gemm_bf16(int64_t n, const void* w, size_t w_row_bytes, int64_t
     int64_t t = 0;
     for (; t + kActs <= T; t += kActs)
       gemm_block<kActs>(n, packed.data(), a + t * act_row_bytes, act_row_bytes, out + t * ldo + r0, ldo, tile_rows);
-    static_assert(kActs <= 6, "the tail switch covers up to 5 rows");
-    switch (T - t) {  // the tail in one block
-      case 5: gemm_block<5>(n, packed.data(), a + t * act_row_bytes, act_row_bytes, out + t * ldo + r0, ldo, tile_rows); break;
-      case 4: gemm_block<4>(n, packed.data(), a + t * act_row_bytes, act_row_bytes, out + t * ldo + r0, ldo, tile_rows); break;
-      case 3: gemm_block<3>(n, packed.data(), a + t * act_row_bytes, act_row_bytes, out + t * ldo + r0, ldo, tile_rows); break;
-      case 2: gemm_block<2>(n, packed.data(), a + t * act_row_bytes, act_row_bytes, out + t * ldo + r0, ldo, tile_rows); break;
-      case 1: gemm_block<1>(n, packed.data(), a + t * act_row_bytes, act_row_bytes, out + t * ldo + r0, ldo, tile_rows); break;
-      default: break;
-    }
+    gemm_tail<kActs - 1>(T - t, n, packed.data(), a + t * act_row_bytes, act_row_bytes, out + t * ldo + r0, ldo,
+                         tile_rows);
   }
 }
 
