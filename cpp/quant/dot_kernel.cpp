@@ -89,17 +89,17 @@ DotBatchFn dot_batch_kernel(DType weight_type) {
 }
 
 namespace {
-bool bf16_gemm_supported() {
+bool float_gemm_supported() {
   const CpuFeatures& f = cpu_features();
-  return f.avx512f && f.avx512bw && f.avx512vl && f.avx512_bf16;
+  return f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.avx512_bf16;
 }
 }  // namespace
 
 DotBatchFn gemm_kernel(DType weight_type) {
   type_index(weight_type);
-  if (weight_type == DType::BF16) {
-    static const bool bf16 = bf16_gemm_supported();
-    return bf16 ? detail::avx512_bf16_gemm() : nullptr;
+  if (weight_type == DType::BF16 || weight_type == DType::F16) {
+    static const bool supported = float_gemm_supported();
+    return supported ? detail::avx512_float_gemm(weight_type) : nullptr;
   }
   static const bool avx512 = isa_supported(0);
   return avx512 ? detail::avx512_gemm(weight_type) : nullptr;

@@ -18,8 +18,9 @@ void avx512_quantize_q8_0(const float* x, void* dst, int64_t nb);
 // Batched kernels (nullptr where there is none); only with the ISA present.
 DotBatchFn avx512_dot_batch(DType weight_type);
 DotBatchFn avx512_gemm(DType weight_type);
-// The BF16 GEMM (gemm_bf16_avx512.cpp): bf16 activations; AVX-512 F/BW/VL + BF16 only.
-DotBatchFn avx512_bf16_gemm();
+// The 16-bit float GEMMs (gemm_float_avx512.cpp), nullptr for other types: BF16 weights take
+// bf16 activations, F16 weights f32 ones. AVX-512 F/BW/VL + F16C + BF16 only.
+DotBatchFn avx512_float_gemm(DType weight_type);
 
 // f16 -> f32 and f32 -> bf16, bit-identical to the scalar reference (signaling NaNs aside, see
 // convert_avx512.cpp); AVX-512 F/BW/VL + F16C only.

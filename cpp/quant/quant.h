@@ -52,7 +52,8 @@ DotBatchFn dot_batch_kernel(DType weight_type);
 // CPU / weight type has none. About 2x dequantize + sgemm at T = 128; linear() uses it for
 // prefill but not for scoring steps (Stream::float_activations): 8-bit activations move the
 // real SmolLM2 Q4_1 model's perplexity past 1e-5 per token from transformers'.
-// BF16 weights: vdpbf16ps on bf16 activations (AVX512_BF16 CPUs).
+// BF16 weights: vdpbf16ps on bf16 activations; F16 weights: f32 FMAs on f32 activations (both
+// on AVX512_BF16 CPUs).
 DotBatchFn gemm_kernel(DType weight_type);
 // The activation format gemm_kernel(t) takes: dot_kernel(t).act_type, but BF16 for BF16 weights.
 DType gemm_act_type(DType weight_type);

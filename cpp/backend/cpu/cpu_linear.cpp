@@ -5,7 +5,8 @@
 //     kernel's activation type.
 //   - many rows (prefill): legacy quantized weights (Q4_0 ... Q8_0) go to the int8 GEMM kernel
 //     (activations quantized once, as for the dot kernels; about 2x the multiply-adds per
-//     second of sgemm), bf16 weights to the vdpbf16ps GEMM (activations rounded to bf16 once);
+//     second of sgemm), bf16 weights to the vdpbf16ps GEMM (activations rounded to bf16 once),
+//     f16 weights to the f32-FMA GEMM that converts them as it packs a tile (f32 activations);
 //     f32 weights go to sgemm on each thread's slice of N; other types are dequantized a tile
 //     of rows at a time into per-thread scratch, then sgemm.
 //   - a scoring step (Stream::float_activations) never quantizes activations: every matmul of
@@ -107,8 +108,8 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
     if (r0 >= r1) return;
     float* op = host_ptr<float>(out) + out_col;
     if (batch) {
-      batch(K, host_ptr<char>(w) + r0 * w_row_bytes, w_row_bytes, r1 - r0, act->data(), act_row_bytes, T,
-            op + r0, ldo);
+      const void* a = act ? static_cast<const void*>(act->data()) : static_cast<const void*>(host_ptr<float>(x));
+      batch(K, host_ptr<char>(w) + r0 * w_row_bytes, w_row_bytes, r1 - r0, a, act_row_bytes, T, op + r0, ldo);
     } else {
       for (int64_t tr = r0; tr < r1; tr += tile_rows) {
         const int64_t rows = std::min(tile_rows, r1 - tr);
