@@ -97,7 +97,9 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   // equal the single-row kernel's bit for bit, and one row is faster without it). Else weight
   // rows go in tiles that stay in L1 while every activation row is dotted with them.
   const quant::DotBatchFn batch = gemm ? gemm : act && T > 1 ? quant::dot_batch_kernel(w.dtype) : nullptr;
-  const int64_t tile_rows = std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes));
+  // One activation row: a single call over the thread's rows (the kernel prepares the
+  // activation once per call).
+  const int64_t tile_rows = T == 1 ? N : std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes));
   cs.record("linear_dot", [=](int ith, int nth) {
     int64_t r0, r1;
     split_range(N, ith, nth, &r0, &r1);
