@@ -278,6 +278,15 @@ FERRUM_AVX512 void prepare_acts(int64_t nb, const void* act, size_t act_row_byte
   }
 }
 
+// A block's 32 quants as signed bytes, minus the zero point for the symmetric formats.
+template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+FERRUM_AVX512_INLINE __m256i signed_quants(const Block& b) {
+  if constexpr (kBits == 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
+  const __m256i q = unsigned_quants<Block, kBits>(b);
+  if constexpr (kHasMin) return q;
+  return _mm256_sub_epi8(q, _mm256_set1_epi8(char(1 << kOffsetShift)));
+}
+
 // The pairs of accumulator chain c, in order.
 template <class F>
 inline void for_each_chain_pair(int c, int64_t np, int64_t two_chain_pairs, F&& f) {
@@ -293,7 +302,6 @@ FERRUM_AVX512 void legacy_block(int64_t nb, const char* w, size_t w_row_bytes, c
   const int64_t np = p.np, two_chain_pairs = nb / 4 * 2;
   const Block* x[kRows];
   for (int r = 0; r < kRows; ++r) x[r] = reinterpret_cast<const Block*>(w + r * w_row_bytes);
-  const BlockPairs<Block, kBits> pairs;
   __m512 chain[2][kRows][kActs], chain_min[2][kRows][kActs];
   for (int c = 0; c < 2; ++c) {
     __m512 acc[kRows][kActs];
@@ -305,13 +313,11 @@ FERRUM_AVX512 void legacy_block(int64_t nb, const char* w, size_t w_row_bytes, c
       __m512 dw[kRows];
       for (int r = 0; r < kRows; ++r) {
         const Block* b = x[r] + 2 * i;
-        const __m512i v = scale_source(pairs, b, both);
-        q[r] = pairs.quants(b, v, both);
-        if constexpr (!kHasMin) q[r] = _mm512_sub_epi8(q[r], _mm512_set1_epi8(char(1 << kOffsetShift)));
-        if (!both) q[r] = _mm512_maskz_mov_epi8(0xffffffff, q[r]);  // no second block: zero weights
+        q[r] = pair(signed_quants<Block, kBits, kOffsetShift, kHasMin>(b[0]),
+                    both ? signed_quants<Block, kBits, kOffsetShift, kHasMin>(b[1]) : _mm256_setzero_si256());
         const __m512i sum_w = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q[r]);
         offset[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum_w, 7));
-        dw[r] = pairs.scales(v);
+        dw[r] = pair(h2f(b[0].d), both ? h2f(b[1].d) : 0.0f);
       }
       for (int j = 0; j < kActs; ++j) {
         const size_t k = size_t((t0 + j) * np + i);
@@ -330,7 +336,7 @@ FERRUM_AVX512 void legacy_block(int64_t nb, const char* w, size_t w_row_bytes, c
       for_each_chain_pair(c, np, two_chain_pairs, [&](int64_t i) {
         const bool both = 2 * i + 1 < nb;
         __m512 m[kRows];
-        for (int r = 0; r < kRows; ++r) m[r] = pairs.mins(pairs.load(x[r] + 2 * i, both));
+        for (int r = 0; r < kRows; ++r) m[r] = pair(h2f(x[r][2 * i].m), both ? h2f(x[r][2 * i + 1].m) : 0.0f);
         for (int j = 0; j < kActs; ++j) {
           const __m512 s = p.min_terms[size_t((t0 + j) * np + i)];
           for (int r = 0; r < kRows; ++r) acc[r][j] = _mm512_fmadd_ps(s, m[r], acc[r][j]);
