@@ -29,7 +29,8 @@ namespace {
 constexpr int64_t kMaxDotTokens = 8;
 constexpr int64_t kMaxDecodeRows = 64;
 constexpr int64_t kTileRows = 128;
-constexpr size_t kDotTileBytes = 16 * 1024;  // weight rows dotted with every activation row at once
+constexpr size_t kDotTileBytes = 16 * 1024;
+constexpr int64_t kMaxInlineQuantize = 16384;  // row length quantized by every thread (see below)  // weight rows dotted with every activation row at once
 
 // out points at column 0 of this weight's columns; ldo is the row stride of out.
 void add_bias(const Tensor& bias, float* out, int64_t tokens, int64_t ldo, int64_t r0, int64_t r1) {
@@ -81,10 +82,16 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
     return;
   }
 
-  // Dot-kernel path.
+  // Dot-kernel path. Activations are quantized once by a command of their own, or, for one
+  // short row (a single decode), by every thread into its own copy inside the dot command:
+  // a few hundred nanoseconds of redundant work instead of a barrier between the two.
   const size_t act_row_bytes = dtype_bytes(kernel->act_type, K);
+  const bool quantize = kernel->act_type != DType::F32;
+  const bool quantize_in_dot = quantize && T == 1 && K <= kMaxInlineQuantize;
   std::shared_ptr<std::vector<char>> act;
-  if (kernel->act_type != DType::F32) {
+  if (quantize_in_dot) {
+    act = scratch(Scratch::Activations, size_t(pool_.size()) * act_row_bytes);
+  } else if (quantize) {
     act = scratch(Scratch::Activations, size_t(T) * act_row_bytes);
     cs.record("quantize_act", [=](int ith, int nth) {
       int64_t b, e;
@@ -105,15 +112,20 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
     split_range(N, ith, nth, &r0, &r1);
     if (r0 >= r1) return;
     float* op = host_ptr<float>(out) + out_col;
+    char* acts = act ? act->data() : nullptr;
+    if (quantize_in_dot) {
+      acts += size_t(ith) * act_row_bytes;
+      quant::quantize_row(kernel->act_type, host_ptr<float>(x), acts, K);
+    }
     if (batch) {
-      batch(K, host_ptr<char>(w) + r0 * w_row_bytes, w_row_bytes, r1 - r0, act->data(), act_row_bytes, T,
+      batch(K, host_ptr<char>(w) + r0 * w_row_bytes, w_row_bytes, r1 - r0, acts, act_row_bytes, T,
             op + r0, ldo);
     } else {
       for (int64_t tr = r0; tr < r1; tr += tile_rows) {
         const int64_t rows = std::min(tile_rows, r1 - tr);
         const char* wp = host_ptr<char>(w) + tr * w_row_bytes;
         for (int64_t t = 0; t < T; ++t) {
-          const void* a = act ? static_cast<const void*>(act->data() + t * act_row_bytes)
+          const void* a = act ? static_cast<const void*>(acts + t * act_row_bytes)
                               : static_cast<const void*>(host_ptr<float>(x) + t * K);
           kernel->dot_rows(K, wp, w_row_bytes, rows, a, op + t * ldo + tr);
         }
