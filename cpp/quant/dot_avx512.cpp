@@ -162,8 +162,9 @@ FERRUM_AVX512_INLINE float legacy_total(__m512 acc0, __m512 acc1, __m512 acc_min
 }
 
 // One activation row prepared once per call for the row kernel, per block pair: its signed
-// quants, d_a, and the zero-point term (zero * lane sums of a) or, for the min formats, d_a *
-// lane sums of a (the batched kernel's min term, so both kernels round alike).
+// quants, d_a, and the zero-point term -zero * lane sums of a (the integer dot product's start)
+// or, for the min formats, d_a * lane sums of a (the batched kernel's min term, so both kernels
+// round alike).
 struct RowActs {
   std::vector<__m512i> quants, zero_terms;
   std::vector<__m512> scales, min_terms;
@@ -191,7 +192,7 @@ FERRUM_AVX512 void prepare_row_acts(int64_t nb, const BlockQ8_0* y, RowActs& p) 
     if constexpr (kHasMin)
       p.min_terms[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(sum_a), p.scales[i]);
     else
-      p.zero_terms[i] = _mm512_slli_epi32(sum_a, kOffsetShift);
+      p.zero_terms[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum_a, kOffsetShift));
   }
 }
 
@@ -202,14 +203,11 @@ FERRUM_AVX512_INLINE void row_pair_step(const BlockPairs<Block, kBits>& pairs, c
   const Block* b = x + 2 * i;
   const bool both = 2 * i + 1 < nb;
   const __m512i v = scale_source(pairs, b, both);
-  const __m512i sum_qa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), pairs.quants(b, v, both), p.quants[i]);
+  const __m512i start = kHasMin ? _mm512_setzero_si512() : p.zero_terms[i];
+  const __m512i sum_qa = _mm512_dpbusd_epi32(start, pairs.quants(b, v, both), p.quants[i]);
   const __m512 scale = _mm512_mul_ps(pairs.scales(v), p.scales[i]);
-  if constexpr (kHasMin) {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), scale, acc);
-    acc_min = _mm512_fmadd_ps(p.min_terms[i], pairs.mins(v), acc_min);
-  } else {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum_qa, p.zero_terms[i])), scale, acc);
-  }
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), scale, acc);
+  if constexpr (kHasMin) acc_min = _mm512_fmadd_ps(p.min_terms[i], pairs.mins(v), acc_min);
 }
 
 // Rows of legacy weights against one Q8_0 activation row. Block pair p goes to accumulator
