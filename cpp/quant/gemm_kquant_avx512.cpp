@@ -13,6 +13,7 @@
 // depend on its batch. Super-blocks are the outer loop: one packed super-block of a tile (8 KiB)
 // stays in L1 while every activation row passes over it, into a float accumulator per output.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -43,78 +44,120 @@ struct KActs {
   std::vector<int32_t> terms;          // [T][nb][16], see prepare_acts
 };
 
-// The formats: a super-block's quants as 256 unsigned bytes in element order, its sub-block
-// scales, and (Q4_K / Q5_K) mins.
+// Packing goes 16 rows (one register's lanes) at a time: each row's bytes are loaded as 16
+// dwords and a 16 x 16 transpose puts dword j of every row into register j, where the quants are
+// unpacked lane-wise (4 elements per dword keep their order through the transpose).
 
-FERRUM_AVX512 inline __m256i load32(const uint8_t* p) {
-  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+// r[i] holds 16 dwords of row i; afterwards r[j] holds dword j of rows 0..15.
+FERRUM_AVX512 inline void transpose16x16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: rows i, i + 1 interleaved
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // r[i + e], 128-bit lane L: dword 4L + e of rows i..i + 3
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {  // 4 x 4 transpose of 128-bit lanes across r[e], r[4 + e], ...
+    const __m512i u0 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44), u1 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xee);
+    const __m512i u2 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44), u3 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xee);
+    t[e] = _mm512_shuffle_i32x4(u0, u2, 0x88);
+    t[4 + e] = _mm512_shuffle_i32x4(u0, u2, 0xdd);
+    t[8 + e] = _mm512_shuffle_i32x4(u1, u3, 0x88);
+    t[12 + e] = _mm512_shuffle_i32x4(u1, u3, 0xdd);
+  }
+  for (int j = 0; j < 16; ++j) r[j] = t[j];
 }
-FERRUM_AVX512 inline void store32(uint8_t* p, __m256i v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+
+// The first `dwords` dwords at byte `offset` of 16 blocks (nullptr: a row past the tile, zero),
+// transposed.
+FERRUM_AVX512 inline void load_transposed(const uint8_t* const blocks[16], size_t offset, int dwords,
+                                          __m512i r[16]) {
+  const __mmask16 m = __mmask16((1u << dwords) - 1);
+  for (int i = 0; i < 16; ++i) r[i] = blocks[i] ? _mm512_maskz_loadu_epi32(m, blocks[i] + offset) : _mm512_setzero_si512();
+  transpose16x16(r);
 }
+
+FERRUM_AVX512 inline void store_lanes(void* dst, __m512i v) { _mm512_store_si512(dst, v); }
+FERRUM_AVX512 inline __m512i bytes(int v) { return _mm512_set1_epi8(char(v)); }
 
 // Q4_K / Q5_K: each 32 bytes of qs hold sub-block 2c in the low nibbles and 2c + 1 in the high
-// ones; Q5_K's fifth bit of element l of those sub-blocks is bit 2c / 2c + 1 of qh[l].
+// ones, so dword m of those bytes is group 16c + m (low) and 16c + 8 + m (high); Q5_K's fifth
+// bit of element l of those sub-blocks is bit 2c / 2c + 1 of qh[l].
 template <class Block, bool kFiveBit>
 struct K4Format {
   using BlockType = Block;
   static constexpr int kSubBlocks = 8;
   static constexpr bool kHasMin = true;
 
-  FERRUM_AVX512 static void unpack(const Block& b, uint8_t* q) {
-    const __m256i low4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    for (int c = 0; c < 4; ++c) {
-      const __m256i x = load32(b.qs + 32 * c);
-      __m256i lo = _mm256_and_si256(x, low4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
-      if constexpr (kFiveBit) {
-        const __m256i qh = load32(b.qh);
-        const __m256i bit_lo = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
-        const __m256i bit_hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(bit_lo, 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(bit_hi, 4));
+  // Rows 16v.. of p from their blocks.
+  FERRUM_AVX512 static void pack16(const uint8_t* const blocks[16], int v, PackedSuperBlock& p) {
+    __m512i qh[16], qs[16];
+    if constexpr (kFiveBit) load_transposed(blocks, offsetof(Block, qh), 8, qh);
+    for (int half = 0; half < 2; ++half) {  // chunks 2 half, 2 half + 1
+      load_transposed(blocks, offsetof(Block, qs) + 64 * half, 16, qs);
+      for (int j = 0; j < 16; ++j) {
+        const int c = 2 * half + j / 8, m = j % 8;
+        __m512i lo = _mm512_and_si512(qs[j], bytes(15));
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi32(qs[j], 4), bytes(15));
+        if constexpr (kFiveBit) {
+          lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(qh[m], 2 * c), bytes(1)), 4));
+          hi = _mm512_or_si512(hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(qh[m], 2 * c + 1), bytes(1)), 4));
+        }
+        store_lanes(&p.quants[16 * c + m][16 * v], lo);
+        store_lanes(&p.quants[16 * c + 8 + m][16 * v], hi);
       }
-      store32(q + 64 * c, lo);
-      store32(q + 64 * c + 32, hi);
     }
-  }
-
-  FERRUM_AVX512 static void scales(const Block& b, int r, PackedSuperBlock& p) {
-    uint64_t scales, mins;
-    unpack_k4_scales(b.scales, scales, mins);
-    for (int s = 0; s < kSubBlocks; ++s) p.scales[s][r] = int32_t((scales >> (8 * s)) & 0xff);
-    for (int k = 0; k < 4; ++k)
-      p.min_pairs[k][r] = int32_t((mins >> (16 * k)) & 0xff) | int32_t(((mins >> (16 * k + 8)) & 0xff) << 16);
-    p.d[r] = h2f(b.d);
-    p.dmin[r] = h2f(b.dmin);
+    __m512i sm[16];  // row i: its 8 scales, then its 8 mins, as int32
+    for (int i = 0; i < 16; ++i) {
+      uint64_t scales = 0, mins = 0;
+      if (blocks[i]) unpack_k4_scales(reinterpret_cast<const Block*>(blocks[i])->scales, scales, mins);
+      sm[i] = _mm512_cvtepu8_epi32(_mm_set_epi64x(int64_t(mins), int64_t(scales)));
+    }
+    transpose16x16(sm);
+    for (int s = 0; s < 8; ++s) store_lanes(&p.scales[s][16 * v], sm[s]);
+    for (int k = 0; k < 4; ++k) store_lanes(&p.min_pairs[k][16 * v], _mm512_or_si512(sm[8 + 2 * k], _mm512_slli_epi32(sm[9 + 2 * k], 16)));
+    for (int i = 0; i < 16; ++i) {
+      const Block* b = reinterpret_cast<const Block*>(blocks[i]);
+      p.d[16 * v + i] = b ? h2f(b->d) : 0.0f;
+      p.dmin[16 * v + i] = b ? h2f(b->dmin) : 0.0f;
+    }
   }
 };
 
-// Q6_K: each half (128 elements) takes 64 bytes of ql and 32 of qh; its four 32-element quarters
-// are the low / high nibbles of ql[0..31] / ql[32..63] with successive 2-bit fields of qh on top.
-// Quants stay unsigned (0..63); the -32 offset comes in through the activation sums.
+// Q6_K: each half h (128 elements) takes 64 bytes of ql and 32 of qh; its four 32-element
+// quarters k are the low (k = 0, 1) / high (k = 2, 3) nibbles of ql[0..31] / ql[32..63] with
+// bits 2k, 2k + 1 of qh on top, so dword m of each gives group 32h + 8k + m. Quants stay
+// unsigned (0..63); the -32 offset comes in through the activation sums.
 struct Q6Format {
   using BlockType = BlockQ6_K;
   static constexpr int kSubBlocks = 16;
   static constexpr bool kHasMin = false;
 
-  FERRUM_AVX512 static void unpack(const BlockQ6_K& b, uint8_t* q) {
-    const __m256i low4 = _mm256_set1_epi8(15), two_bits = _mm256_set1_epi8(3 << 4);
+  FERRUM_AVX512 static void pack16(const uint8_t* const blocks[16], int v, PackedSuperBlock& p) {
+    __m512i qh[16], ql[16];
+    load_transposed(blocks, offsetof(BlockQ6_K, qh), 16, qh);
     for (int h = 0; h < 2; ++h) {
-      const __m256i ql0 = load32(b.ql + 64 * h), ql1 = load32(b.ql + 64 * h + 32);
-      const __m256i qh = load32(b.qh + 32 * h);
-      const __m256i lows[4] = {_mm256_and_si256(ql0, low4), _mm256_and_si256(ql1, low4),
-                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
-                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4)};
-      // Quarter k's 2 high bits are bits 2k, 2k + 1 of qh; move them to bits 4, 5.
-      const __m256i highs[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh, _mm256_srli_epi16(qh, 2)};
-      for (int k = 0; k < 4; ++k)
-        store32(q + 128 * h + 32 * k, _mm256_or_si256(lows[k], _mm256_and_si256(highs[k], two_bits)));
+      load_transposed(blocks, offsetof(BlockQ6_K, ql) + 64 * h, 16, ql);
+      for (int m = 0; m < 8; ++m) {
+        const __m512i high = qh[8 * h + m];  // bits 2k, 2k + 1 of each byte go to bits 4, 5
+        const __m512i high_bits[4] = {_mm512_slli_epi32(high, 4), _mm512_slli_epi32(high, 2), high, _mm512_srli_epi32(high, 2)};
+        const __m512i low_bits[4] = {ql[m], ql[8 + m], _mm512_srli_epi32(ql[m], 4), _mm512_srli_epi32(ql[8 + m], 4)};
+        for (int k = 0; k < 4; ++k)
+          store_lanes(&p.quants[32 * h + 8 * k + m][16 * v],
+                      _mm512_or_si512(_mm512_and_si512(low_bits[k], bytes(15)), _mm512_and_si512(high_bits[k], bytes(0x30))));
+      }
     }
-  }
-
-  FERRUM_AVX512 static void scales(const BlockQ6_K& b, int r, PackedSuperBlock& p) {
-    for (int s = 0; s < kSubBlocks; ++s) p.scales[s][r] = b.scales[s];
-    p.d[r] = h2f(b.d);
+    __m512i sc[16];  // row i: its 16 scales as int32
+    for (int i = 0; i < 16; ++i)
+      sc[i] = blocks[i] ? _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks[i] + offsetof(BlockQ6_K, scales))))
+                        : _mm512_setzero_si512();
+    transpose16x16(sc);
+    for (int s = 0; s < 16; ++s) store_lanes(&p.scales[s][16 * v], sc[s]);
+    for (int i = 0; i < 16; ++i) p.d[16 * v + i] = blocks[i] ? h2f(reinterpret_cast<const BlockQ6_K*>(blocks[i])->d) : 0.0f;
   }
 };
 
@@ -122,13 +165,26 @@ struct Q6Format {
 template <class F>
 FERRUM_AVX512 void pack_super_block(const char* w, size_t w_row_bytes, int64_t rows, int64_t sb,
                                     PackedSuperBlock& p) {
-  if (rows < kRows) std::memset(&p, 0, sizeof(p));
-  for (int r = 0; r < rows; ++r) {
-    const auto& blk = reinterpret_cast<const typename F::BlockType*>(w + r * w_row_bytes)[sb];
-    alignas(64) uint32_t q[kGroups];
-    F::unpack(blk, reinterpret_cast<uint8_t*>(q));
-    for (int g = 0; g < kGroups; ++g) p.quants[g][r] = q[g];
-    F::scales(blk, r, p);
+  for (int v = 0; v < kVecs; ++v) {
+    const uint8_t* blocks[16];
+    for (int i = 0; i < 16; ++i) {
+      const int64_t r = 16 * v + i;
+      blocks[i] = r < rows ? reinterpret_cast<const uint8_t*>(w + r * w_row_bytes + sb * int64_t(sizeof(typename F::BlockType)))
+                           : nullptr;
+    }
+    F::pack16(blocks, v, p);
+  }
+}
+
+// Requests super-block sb of `rows` weight rows into L1 ahead of packing it: the rows are far apart,
+// so the hardware prefetcher does not see these reads coming.
+template <class F>
+FERRUM_AVX512 void prefetch_super_block(const char* w, size_t w_row_bytes, int64_t rows, int64_t sb) {
+  constexpr size_t kBytes = sizeof(typename F::BlockType);
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* b = w + r * w_row_bytes + sb * int64_t(kBytes);
+    for (size_t off = 0; off < kBytes; off += 64) _mm_prefetch(b + off, _MM_HINT_T0);
+    _mm_prefetch(b + kBytes - 1, _MM_HINT_T0);
   }
 }
 
@@ -181,7 +237,9 @@ FERRUM_AVX512 void multiply_block(const PackedSuperBlock& p, const KActs& acts, 
     for (int j = 0; j < kN; ++j)
       for (int v = 0; v < kVecs; ++v)
         sum[j][v] = F::kHasMin ? _mm512_setzero_si512() : _mm512_set1_epi32(terms[j][s]);
-    for (int g = s * kGroupsPerSub; g < (s + 1) * kGroupsPerSub; ++g) {
+#pragma GCC unroll 8  // straight-line dpbusd: the rolled loop shuffles the accumulators between registers
+    for (int gi = 0; gi < kGroupsPerSub; ++gi) {
+      const int g = s * kGroupsPerSub + gi;
       __m512i q[kVecs];
       for (int v = 0; v < kVecs; ++v) q[v] = _mm512_load_si512(&p.quants[g][16 * v]);
       for (int j = 0; j < kN; ++j) {
@@ -228,7 +286,12 @@ FERRUM_AVX512 void gemm_kquant(int64_t n, const void* w, size_t w_row_bytes, int
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const int64_t tile_rows = std::min<int64_t>(kRows, rows - r0);
     for (int64_t sb = 0; sb < nb; ++sb) {
-      pack_super_block<F>(static_cast<const char*>(w) + r0 * w_row_bytes, w_row_bytes, tile_rows, sb, packed);
+      const char* tile = static_cast<const char*>(w) + r0 * w_row_bytes;
+      pack_super_block<F>(tile, w_row_bytes, tile_rows, sb, packed);
+      if (sb + 1 < nb)
+        prefetch_super_block<F>(tile, w_row_bytes, tile_rows, sb + 1);
+      else if (r0 + kRows < rows)
+        prefetch_super_block<F>(tile + kRows * w_row_bytes, w_row_bytes, std::min<int64_t>(kRows, rows - r0 - kRows), 0);
       int64_t t = 0;
       for (; t + kActs <= T; t += kActs) multiply_block<F, kActs>(packed, acts, nb, sb, t, acc);
       for (; t < T; ++t) multiply_block<F, 1>(packed, acts, nb, sb, t, acc);
