@@ -73,7 +73,7 @@ double thread_seconds() {
 // thread, GMAC per CPU second, best of 3: the int8 GEMM where the type has one, and what linear()
 // does without it (dequantize 128-row tiles to f32, then sgemm).
 void bench_gemm() {
-  const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+  const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
   const int T = 128, rows = 5632, n = 2048, tile = 128;
   openblas_set_num_threads(1);
   std::mt19937 rng(3);

@@ -1,13 +1,15 @@
-// AVX-512 VNNI int8 GEMM for the k-quants (Q4_K, Q5_K, Q6_K) against Q8_K activations: what
+// AVX-512 VNNI int8 GEMM for the k-quants (Q2_K .. Q6_K) against Q8_K activations: what
 // linear() runs for prefill. The layout follows gemm_legacy in dot_avx512.cpp: weight rows go
 // across the lanes, kRows at a time, and for each 4-element group g one register holds elements
 // 4g..4g+3 of 16 rows as unsigned quants; an activation row's 4 bytes are broadcast against it,
 // so every packed register serves many activation rows and there is no horizontal sum.
 //
 // Per 256-element super-block, output (row, t) is computed as
-//   isum = sum_s scale_s * (sum over sub-block s of q * a  [- 32 * bsum_s for Q6_K])   (int32)
+//   isum = sum_s scale_s * (sum over sub-block s of q * a  - zero point * bsum_s)    (int32)
 //   acc += float(isum) * (d * d_a)
-//   acc -= float(sum_s min_s * bsum_s) * (dmin * d_a)                   (Q4_K / Q5_K only)
+//   acc -= float(sum_s min_s * bsum_s) * (dmin * d_a)                (Q2_K, Q4_K, Q5_K)
+// with q the unsigned quants; the zero point is 32 for Q6_K, 4 for Q3_K, 0 for the formats
+// with mins.
 // The integers are exact (|isum| < 2^29), and the float steps run in super-block order with the
 // same operands whatever T or the output's place in a register block, so a row's result does not
 // depend on its batch. Super-blocks are the outer loop: one packed super-block of a tile (8 KiB)
@@ -15,6 +17,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "quant/avx512_common.h"
@@ -33,8 +36,8 @@ constexpr int kGroups = kQKK / 4;  // 4-byte groups per super-block
 // One super-block of a tile, ready for the multiply loop; lanes past the tile's rows are zero.
 struct PackedSuperBlock {
   alignas(64) uint32_t quants[kGroups][kRows];  // unsigned quants, 4 per lane
-  alignas(64) int32_t scales[16][kRows];        // sub-block scales (Q4_K / Q5_K use 8)
-  alignas(64) int32_t min_pairs[4][kRows];      // Q4_K / Q5_K: mins 2k, 2k + 1 as int16 halves
+  alignas(64) int32_t scales[16][kRows];        // sub-block scales (8 or 16 used)
+  alignas(64) int32_t min_pairs[8][kRows];      // formats with mins: mins 2k, 2k + 1 as int16 halves
   alignas(64) float d[kRows], dmin[kRows];
 };
 
@@ -92,6 +95,7 @@ struct K4Format {
   using BlockType = Block;
   static constexpr int kSubBlocks = 8;
   static constexpr bool kHasMin = true;
+  static constexpr int kZeroPoint = 0;
 
   // Rows 16v.. of p from their blocks.
   FERRUM_AVX512 static void pack16(const uint8_t* const blocks[16], int v, PackedSuperBlock& p) {
@@ -136,6 +140,7 @@ struct Q6Format {
   using BlockType = BlockQ6_K;
   static constexpr int kSubBlocks = 16;
   static constexpr bool kHasMin = false;
+  static constexpr int kZeroPoint = 32;
 
   FERRUM_AVX512 static void pack16(const uint8_t* const blocks[16], int v, PackedSuperBlock& p) {
     __m512i qh[16], ql[16];
@@ -158,6 +163,55 @@ struct Q6Format {
     transpose16x16(sc);
     for (int s = 0; s < 16; ++s) store_lanes(&p.scales[s][16 * v], sc[s]);
     for (int i = 0; i < 16; ++i) p.d[16 * v + i] = blocks[i] ? h2f(reinterpret_cast<const BlockQ6_K*>(blocks[i])->d) : 0.0f;
+  }
+};
+
+// Q2_K / Q3_K: each 32 bytes of qs hold four 32-element quarters j in successive 2-bit fields,
+// so dword m of qs[32h..] gives group 32h + 8j + m; every 16 elements have their own scale. Q3_K
+// adds bit 4h + j of hmask[l] as the quant's third bit and has a zero point of 4; Q2_K has a
+// 4-bit scale and min per sub-block.
+template <bool kThreeBit>
+struct K2Format {
+  using BlockType = std::conditional_t<kThreeBit, BlockQ3_K, BlockQ2_K>;
+  static constexpr int kSubBlocks = 16;
+  static constexpr bool kHasMin = !kThreeBit;
+  static constexpr int kZeroPoint = kThreeBit ? 4 : 0;
+
+  FERRUM_AVX512 static void pack16(const uint8_t* const blocks[16], int v, PackedSuperBlock& p) {
+    __m512i qs[16], hmask[16];
+    load_transposed(blocks, offsetof(BlockType, qs), 16, qs);
+    if constexpr (kThreeBit) load_transposed(blocks, offsetof(BlockType, hmask), 8, hmask);
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 4; ++j)
+        for (int m = 0; m < 8; ++m) {
+          __m512i q = _mm512_and_si512(_mm512_srli_epi32(qs[8 * h + m], 2 * j), bytes(3));
+          if constexpr (kThreeBit)
+            q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hmask[m], 4 * h + j), bytes(1)), 2));
+          store_lanes(&p.quants[32 * h + 8 * j + m][16 * v], q);
+        }
+    __m512i sc[16], mins[16];  // row i: its 16 scales (Q2_K: and mins) as int32
+    for (int i = 0; i < 16; ++i) {
+      const BlockType* b = reinterpret_cast<const BlockType*>(blocks[i]);
+      if constexpr (kThreeBit) {
+        alignas(64) int32_t scales[16] = {};
+        for (int s = 0; b && s < 16; ++s) scales[s] = q3k_scale(b->scales, s) - 32;
+        sc[i] = _mm512_load_si512(scales);
+      } else {
+        const __m512i packed = b ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales)))
+                                 : _mm512_setzero_si512();
+        sc[i] = _mm512_and_si512(packed, _mm512_set1_epi32(15));
+        mins[i] = _mm512_srli_epi32(packed, 4);
+      }
+      p.d[16 * v + i] = b ? h2f(b->d) : 0.0f;
+      if constexpr (!kThreeBit) p.dmin[16 * v + i] = b ? h2f(b->dmin) : 0.0f;
+    }
+    transpose16x16(sc);
+    for (int s = 0; s < 16; ++s) store_lanes(&p.scales[s][16 * v], sc[s]);
+    if constexpr (!kThreeBit) {
+      transpose16x16(mins);
+      for (int k = 0; k < 8; ++k)
+        store_lanes(&p.min_pairs[k][16 * v], _mm512_or_si512(mins[2 * k], _mm512_slli_epi32(mins[2 * k + 1], 16)));
+    }
   }
 };
 
@@ -188,9 +242,9 @@ FERRUM_AVX512 void prefetch_super_block(const char* w, size_t w_row_bytes, int64
   }
 }
 
-// terms[t][sb][.]: Q4_K / Q5_K: the 32-element sub-block sums of a (bsums 2j + 2j + 1) in int16
-// pairs (sums 2k, 2k + 1 in term k), for the min term; Q6_K: -32 * bsums[s], where sub-block s's
-// integer sum starts.
+// terms[t][sb][.]: formats with mins: the sub-block sums of a (bsums, summed in pairs for the
+// 32-element sub-blocks) as int16 pairs, sums 2k, 2k + 1 in term k; formats with a zero point:
+// -zero point * bsums[s], where sub-block s's integer sum starts.
 template <class F>
 void prepare_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T, KActs& acts) {
   acts.rows.resize(size_t(T));
@@ -201,14 +255,17 @@ void prepare_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T, 
     for (int64_t sb = 0; sb < nb; ++sb) {
       int32_t* terms = &acts.terms[size_t((t * nb + sb) * 16)];
       const int16_t* bsums = y[sb].bsums;
-      for (int s = 0; s < 16; ++s) {
-        if constexpr (F::kHasMin) {
-          if (s >= 4) break;
-          const int lo = bsums[4 * s] + bsums[4 * s + 1], hi = bsums[4 * s + 2] + bsums[4 * s + 3];
-          terms[s] = int32_t(uint32_t(uint16_t(lo)) | (uint32_t(uint16_t(hi)) << 16));
-        } else {
-          terms[s] = -32 * bsums[s];
+      if constexpr (F::kHasMin) {
+        constexpr int kPer = 16 / F::kSubBlocks;  // bsums per sub-block
+        int sub_sums[16];
+        for (int s = 0; s < F::kSubBlocks; ++s) {
+          sub_sums[s] = 0;
+          for (int k = 0; k < kPer; ++k) sub_sums[s] += bsums[kPer * s + k];
         }
+        for (int k = 0; k < F::kSubBlocks / 2; ++k)
+          terms[k] = int32_t(uint32_t(uint16_t(sub_sums[2 * k])) | (uint32_t(uint16_t(sub_sums[2 * k + 1])) << 16));
+      } else {
+        for (int s = 0; s < 16; ++s) terms[s] = -F::kZeroPoint * bsums[s];
       }
     }
   }
@@ -236,7 +293,7 @@ FERRUM_AVX512 void multiply_block(const PackedSuperBlock& p, const KActs& acts, 
     __m512i sum[kN][kVecs];
     for (int j = 0; j < kN; ++j)
       for (int v = 0; v < kVecs; ++v)
-        sum[j][v] = F::kHasMin ? _mm512_setzero_si512() : _mm512_set1_epi32(terms[j][s]);
+        sum[j][v] = F::kZeroPoint == 0 ? _mm512_setzero_si512() : _mm512_set1_epi32(terms[j][s]);
 #pragma GCC unroll 8  // straight-line dpbusd: the rolled loop shuffles the accumulators between registers
     for (int gi = 0; gi < kGroupsPerSub; ++gi) {
       const int g = s * kGroupsPerSub + gi;
@@ -263,7 +320,7 @@ FERRUM_AVX512 void multiply_block(const PackedSuperBlock& p, const KActs& acts, 
       a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(_mm512_load_ps(&p.d[16 * v]), d_act), a);
       if constexpr (F::kHasMin) {
         __m512i min_sum = _mm512_setzero_si512();
-        for (int k = 0; k < 4; ++k)
+        for (int k = 0; k < F::kSubBlocks / 2; ++k)
           min_sum = _mm512_dpwssd_epi32(min_sum, _mm512_load_si512(&p.min_pairs[k][16 * v]), _mm512_set1_epi32(terms[j][k]));
         a = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum), _mm512_mul_ps(_mm512_load_ps(&p.dmin[16 * v]), d_act), a);
       }
@@ -309,6 +366,8 @@ FERRUM_AVX512 void gemm_kquant(int64_t n, const void* w, size_t w_row_bytes, int
 
 DotBatchFn avx512_gemm_kquant(DType t) {
   switch (t) {
+    case DType::Q2_K: return gemm_kquant<K2Format<false>>;
+    case DType::Q3_K: return gemm_kquant<K2Format<true>>;
     case DType::Q4_K: return gemm_kquant<K4Format<BlockQ4_K, false>>;
     case DType::Q5_K: return gemm_kquant<K4Format<BlockQ5_K, true>>;
     case DType::Q6_K: return gemm_kquant<Q6Format>;

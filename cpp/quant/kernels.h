@@ -20,7 +20,7 @@ void avx512_quantize_q8_k(const float* x, void* dst, int64_t nb);
 // Batched kernels (nullptr where there is none); only with the ISA present.
 DotBatchFn avx512_dot_batch(DType weight_type);
 DotBatchFn avx512_gemm(DType weight_type);
-DotBatchFn avx512_gemm_kquant(DType weight_type);  // Q4_K / Q5_K / Q6_K; avx512_gemm returns it
+DotBatchFn avx512_gemm_kquant(DType weight_type);  // Q2_K .. Q6_K; avx512_gemm returns it
 
 // The activation format each weight type is dotted with (the same for every ISA).
 DType dot_act_type(DType weight_type);

@@ -145,7 +145,7 @@ TEST(Gemm, MatchesDequantizedReferenceAndIgnoresBatchSize) {
 TEST(Gemm, KQuantsMatchDequantizedReferenceAndIgnoreBatchSize) {
   const CpuFeatures& f = cpu_features();
   std::mt19937 rng(7);
-  for (DType wt : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+  for (DType wt : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     DotBatchFn gemm = gemm_kernel(wt);
     EXPECT_EQ(gemm != nullptr, f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni);
     if (!gemm) continue;
