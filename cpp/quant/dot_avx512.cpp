@@ -1,31 +1,18 @@
 // AVX-512 (F/BW/VL + VNNI) dot kernels. Integer dot products use vpdpbusd (unsigned x signed
 // bytes) with the weight quants kept unsigned and the zero point removed through the activation
 // sum, and vpdpwssd to apply the k-quant sub-block scales.
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <vector>
 
+#include "quant/avx512_common.h"
 #include "quant/formats.h"
 #include "quant/kernels.h"
-
-// GCC 12 reports the intrinsics' deliberately undefined upper lanes as uninitialized.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-#define FERRUM_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-// For helpers called in kernel loops: an out-of-line call there spills every vector register.
-#define FERRUM_AVX512_INLINE \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"), always_inline)) inline
 
 namespace ferrum::quant::detail {
 
 namespace {
-
-FERRUM_AVX512_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 // ---- float weights against f32 activations; the tail is a masked load ----
 
@@ -625,7 +612,7 @@ DotBatchFn avx512_gemm(DType t) {
     case DType::Q5_0: return gemm_legacy<BlockQ5_0, 5, 4, false>;
     case DType::Q5_1: return gemm_legacy<BlockQ5_1, 5, 0, true>;
     case DType::Q8_0: return gemm_legacy<BlockQ8_0, 8, 7, false>;
-    default: return nullptr;
+    default: return avx512_gemm_kquant(t);
   }
 }
 

@@ -48,9 +48,10 @@ using DotBatchFn = void (*)(int64_t n, const void* w, size_t w_row_bytes, int64_
 DotBatchFn dot_batch_kernel(DType weight_type);
 // The same contract for many activation rows (prefill), register-tiled over weight rows and
 // activation rows: not bit-identical to the row kernel, but a result does not depend on T.
-// nullptr when this CPU / weight type has none. About 2x dequantize + sgemm at T = 128; linear()
-// uses it for prefill but not for scoring steps (Stream::float_activations): 8-bit activations
-// move the real SmolLM2 Q4_1 model's perplexity past 1e-5 per token from transformers'.
+// nullptr when this CPU / weight type has none (AVX-512 VNNI: the legacy formats and Q2_K ..
+// Q6_K). 2-4x dequantize + sgemm at T = 128; linear() uses it for prefill but not for scoring
+// steps (Stream::float_activations): 8-bit activations move the real SmolLM2 Q4_1 model's
+// perplexity past 1e-5 per token from transformers'.
 DotBatchFn gemm_kernel(DType weight_type);
 
 }  // namespace ferrum::quant

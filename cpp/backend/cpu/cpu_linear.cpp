@@ -3,9 +3,9 @@
 //     rows and runs the weight type's dot kernel straight from the stored (possibly quantized)
 //     rows, the batched kernel where there is one; activations are first quantized once to the
 //     kernel's activation type.
-//   - many rows (prefill): legacy quantized weights (Q4_0 ... Q8_0) go to the int8 GEMM kernel
-//     (activations quantized once, as for the dot kernels; about 2x the multiply-adds per
-//     second of sgemm); f32 weights go to sgemm on each thread's slice of N; other types are
+//   - many rows (prefill): quantized weights with an int8 GEMM kernel (Q4_0 ... Q8_0, Q2_K ...
+//     Q6_K) go to it (activations quantized once, as for the dot kernels; 2-3x the
+//     multiply-adds per second of sgemm); f32 weights go to sgemm on each thread's slice of N; other types are
 //     dequantized a tile of rows at a time into per-thread scratch, then sgemm.
 //   - a scoring step (Stream::float_activations) never quantizes activations: every matmul of
 //     more than one row is dequantize + sgemm, so scores agree with a float reference.
