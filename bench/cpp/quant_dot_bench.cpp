@@ -1,10 +1,14 @@
 // GEMV throughput of the dot kernels: weight bytes read per second, single thread, for every
 // type and ISA variant this CPU supports; then the batched kernels (a batch of decodes) in
-// multiply-adds per second. Not a test; build with -DFERRUM_BENCH=ON.
-// usage: quant_dot_bench [batch]   (batch: only the batched kernels)
+// multiply-adds per second; then the prefill GEMM against dequantize + sgemm. Not a test; build
+// with -DFERRUM_BENCH=ON.
+// usage: quant_dot_bench [batch|gemm]   (only the batched kernels / only the GEMM)
+#include <cblas.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,10 +62,61 @@ void bench_batch() {
   }
 }
 
+// This thread's CPU seconds: on a shared machine, time spent descheduled does not count.
+double thread_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Prefill at T = 128 activation rows against a 5632 x 2048 weight (TinyLlama's FFN up shape), one
+// thread, GMAC per CPU second, best of 3: the int8 GEMM where the type has one, and what linear()
+// does without it (dequantize 128-row tiles to f32, then sgemm).
+void bench_gemm() {
+  const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+  const int T = 128, rows = 5632, n = 2048, tile = 128;
+  openblas_set_num_threads(1);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::printf("prefill T=%d %dx%d (GMAC per CPU s)   int8 GEMM   dequantize + sgemm\n", T, rows, n);
+  for (DType t : types) {
+    const DType at = dot_kernel(t).act_type;
+    const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(at, n);
+    std::vector<uint8_t> w(row_bytes * rows), act(act_bytes * T);
+    std::vector<float> x(size_t(T) * n), out(size_t(T) * rows), wf(size_t(tile) * n);
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < n; ++i) x[size_t(i)] = u(rng);
+      quantize_row(t, x.data(), w.data() + r * row_bytes, n);
+    }
+    for (float& v : x) v = u(rng);
+    for (int r = 0; r < T; ++r) quantize_row(at, x.data() + size_t(r) * n, act.data() + r * act_bytes, n);
+    auto best_gmacs = [&](auto&& run) {
+      double best = 1e30;
+      for (int rep = 0; rep < 3; ++rep) {
+        const double t0 = thread_seconds();
+        run();
+        best = std::min(best, thread_seconds() - t0);
+      }
+      return double(rows) * n * T / best / 1e9;
+    };
+    const DotBatchFn gemm = gemm_kernel(t);
+    const double int8 = gemm ? best_gmacs([&] { gemm(n, w.data(), row_bytes, rows, act.data(), act_bytes, T, out.data(), rows); }) : 0;
+    const double sgemm = best_gmacs([&] {
+      for (int r0 = 0; r0 < rows; r0 += tile) {
+        for (int r = 0; r < tile; ++r) dequantize_row(t, w.data() + (r0 + r) * row_bytes, wf.data() + size_t(r) * n, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, tile, n, 1.0f, x.data(), n, wf.data(), n, 0.0f,
+                    out.data() + r0, rows);
+      }
+    });
+    std::printf("%-6s                          %9.1f   %9.1f\n", dtype_name(t), int8, sgemm);
+  }
+}
+
 int main(int argc, char** argv) {
   std::printf("cpu: %s\n", cpu_features().str().c_str());
-  if (argc > 1 && std::string(argv[1]) == "batch") {
-    bench_batch();
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "batch" || mode == "gemm") {
+    mode == "batch" ? bench_batch() : bench_gemm();
     return 0;
   }
   const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
@@ -107,5 +162,6 @@ int main(int argc, char** argv) {
                   gbps[k][1]);
   }
   bench_batch();
+  bench_gemm();
   return 0;
 }

@@ -1,27 +1,18 @@
 // AVX-512 (F/BW/VL + VNNI) dot kernels. Integer dot products use vpdpbusd (unsigned x signed
 // bytes) with the weight quants kept unsigned and the zero point removed through the activation
 // sum, and vpdpwssd to apply the k-quant sub-block scales.
-#include <immintrin.h>
-
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
+#include "quant/avx512_common.h"
 #include "quant/formats.h"
 #include "quant/kernels.h"
-
-// GCC 12 reports the intrinsics' deliberately undefined upper lanes as uninitialized.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-#define FERRUM_AVX512 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 namespace ferrum::quant::detail {
 
 namespace {
-
-FERRUM_AVX512 inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 // ---- float weights against f32 activations; the tail is a masked load ----
 
@@ -59,7 +50,7 @@ FERRUM_AVX512 float dot_float(int64_t n, const void* w, const void* act) {
 
 // A block's 32 quants as unsigned bytes in element order (Q8_0: w + 128).
 template <class Block, int kBits>
-FERRUM_AVX512 inline __m256i unsigned_quants(const Block& b) {
+FERRUM_AVX512_INLINE __m256i unsigned_quants(const Block& b) {
   if constexpr (kBits == 8) {
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs)),
                             _mm256_set1_epi8(char(0x80)));
@@ -75,64 +66,159 @@ FERRUM_AVX512 inline __m256i unsigned_quants(const Block& b) {
   }
 }
 
-FERRUM_AVX512 inline __m512i pair(__m256i lo, __m256i hi) {
+FERRUM_AVX512_INLINE __m512i pair(__m256i lo, __m256i hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
-FERRUM_AVX512 inline __m512 pair(float lo, float hi) {
+FERRUM_AVX512_INLINE __m512 pair(float lo, float hi) {
   return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
 }
-FERRUM_AVX512 inline __m256i load_act(const BlockQ8_0& b) {
+FERRUM_AVX512_INLINE __m256i load_act(const BlockQ8_0& b) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
 }
 
-// Blocks i and i + 1 (kBoth) or block i against a zero second half (an odd last block).
-// kOffsetShift: log2 of the zero point (8, 16, 128) of the symmetric formats. The min term of
-// Q4_1 / Q5_1 is m * (d_a * lane sum of a): the batched kernel precomputes d_a * sum per
-// activation row, and both kernels must round alike.
-template <class Block, int kBits, int kOffsetShift, bool kHasMin, bool kBoth>
-FERRUM_AVX512 inline void legacy_pair(const Block* x, const BlockQ8_0* y, __m512& acc,
-                                      __m512& acc_min) {
-  const __m256i q1 = kBoth ? unsigned_quants<Block, kBits>(x[1]) : _mm256_setzero_si256();
-  const __m256i a1 = kBoth ? load_act(y[1]) : _mm256_setzero_si256();
-  const __m512i q = pair(unsigned_quants<Block, kBits>(x[0]), q1);
-  const __m512i a = pair(load_act(y[0]), a1);
-  const __m512i sum_qa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a);
-  const __m512i sum_a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), a);
-  const __m512 da = pair(h2f(y[0].d), kBoth ? h2f(y[1].d) : 0.0f);
-  const __m512 dw = pair(h2f(x[0].d), kBoth ? h2f(x[1].d) : 0.0f);
-  if constexpr (kHasMin) {
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), _mm512_mul_ps(dw, da), acc);
-    const __m512 m = pair(h2f(x[0].m), kBoth ? h2f(x[1].m) : 0.0f);
-    acc_min = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum_a), da), m, acc_min);
-  } else {
-    const __m512i centred = _mm512_sub_epi32(sum_qa, _mm512_slli_epi32(sum_a, kOffsetShift));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(dw, da), acc);
+// Blocks 2p and 2p + 1 of a row as one 512-bit register pair: lanes 0-7 hold block 2p, lanes
+// 8-15 block 2p + 1 (zero past an odd last block). Every field of the 4/5-bit formats is 16-bit
+// aligned and two blocks span at most 48 bytes, so one masked load (no read past the row) and
+// word permutes place quants and scales; this replaces ~9 scalar scale conversions and inserts
+// per pair with 3 vector operations.
+template <class Block, int kBits>
+struct BlockPairs {
+  static constexpr int kSize = int(sizeof(Block));
+  static constexpr bool kOneLoad = kBits != 8;  // Q8_0's pair spans 68 bytes
+  __m512i quant_words, nibble_shift, scale_words, min_words;
+
+  FERRUM_AVX512 BlockPairs() {
+    alignas(64) int16_t q[32], sh[32], d[32], m[32];
+    for (int j = 0; j < 32; ++j) {
+      const int block = j / 16, in_block = j % 16;
+      q[j] = int16_t(block * kSize / 2 + int(offsetof(Block, qs)) / 2 + in_block % 8);
+      sh[j] = int16_t(in_block < 8 ? 0 : 4);  // words 8..15 of a block: the high nibbles
+      d[j] = int16_t(j < 8 ? 0 : kSize / 2);  // d is every format's first field
+      m[j] = int16_t(d[j] + 1);               // m follows d (Q4_1, Q5_1)
+    }
+    quant_words = _mm512_load_si512(q);
+    nibble_shift = _mm512_load_si512(sh);
+    scale_words = _mm512_load_si512(d);
+    min_words = _mm512_load_si512(m);
   }
+  FERRUM_AVX512_INLINE __m512i load(const Block* b, bool both) const {
+    const int bytes = both ? 2 * kSize : kSize;
+    return _mm512_maskz_loadu_epi8(bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1, b);
+  }
+  // The two blocks' 32 quants each as unsigned bytes in element order (Q8_0: w + 128).
+  FERRUM_AVX512_INLINE __m512i quants(const Block* b, const __m512i& v, bool both) const {
+    if constexpr (kBits == 8) {
+      const __m512i q = pair(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[0].qs)),
+                             both ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[1].qs))
+                                  : _mm256_set1_epi8(char(0x80)));
+      return _mm512_xor_si512(q, _mm512_set1_epi8(char(0x80)));
+    } else {
+      __m512i q = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi16(quant_words, v), nibble_shift),
+                                   _mm512_set1_epi8(15));
+      if constexpr (kBits == 5) {
+        uint32_t lo, hi = 0;
+        std::memcpy(&lo, b[0].qh, 4);
+        if (both) std::memcpy(&hi, b[1].qh, 4);
+        q = _mm512_or_si512(q, _mm512_maskz_set1_epi8(__mmask64(lo) | __mmask64(hi) << 32, 0x10));
+      }
+      return q;
+    }
+  }
+  FERRUM_AVX512_INLINE __m512 scales(const __m512i& v) const { return halves_to_floats(scale_words, v); }
+  FERRUM_AVX512_INLINE __m512 mins(const __m512i& v) const { return halves_to_floats(min_words, v); }
+
+ private:
+  FERRUM_AVX512_INLINE static __m512 halves_to_floats(const __m512i& words, const __m512i& v) {
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(words, v)));
+  }
+};
+
+// The scale words of a Q8_0 pair (d at bytes 0 and 34): one masked load of both blocks' heads.
+template <class Block, int kBits>
+FERRUM_AVX512_INLINE __m512i scale_source(const BlockPairs<Block, kBits>& pairs, const Block* b, bool both) {
+  if constexpr (BlockPairs<Block, kBits>::kOneLoad) return pairs.load(b, both);
+  return _mm512_maskz_loadu_epi8(both ? (__mmask64(1) << 36) - 1 : 3, b);
 }
 
 // The final sum of the accumulator chains, in one order for the row and batched kernels.
 template <bool kHasMin>
-FERRUM_AVX512 inline float legacy_total(__m512 acc0, __m512 acc1, __m512 acc_min0, __m512 acc_min1) {
+FERRUM_AVX512_INLINE float legacy_total(__m512 acc0, __m512 acc1, __m512 acc_min0, __m512 acc_min1) {
   if constexpr (kHasMin)
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc_min0, acc_min1)));
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-template <class Block, int kBits, int kOffsetShift, bool kHasMin>
-FERRUM_AVX512 float dot_legacy(int64_t n, const void* w, const void* act) {
-  const Block* x = static_cast<const Block*>(w);
-  const BlockQ8_0* y = static_cast<const BlockQ8_0*>(act);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc_min0 = acc0, acc_min1 = acc0;
-  const int64_t nb = n / kQK;
-  int64_t i = 0;
-  for (; i + 4 <= nb; i += 4) {  // two independent accumulator chains
-    legacy_pair<Block, kBits, kOffsetShift, kHasMin, true>(x + i, y + i, acc0, acc_min0);
-    legacy_pair<Block, kBits, kOffsetShift, kHasMin, true>(x + i + 2, y + i + 2, acc1, acc_min1);
+// One activation row prepared once per call for the row kernel, per block pair: its signed
+// quants, d_a, and the zero-point term -zero * lane sums of a (the integer dot product's start)
+// or, for the min formats, d_a * lane sums of a (the batched kernel's min term, so both kernels
+// round alike).
+struct RowActs {
+  std::vector<__m512i> quants, zero_terms;
+  std::vector<__m512> scales, min_terms;
+};
+
+// Raw pointers into RowActs for the kernel loop (the vectors are thread_local).
+struct RowActView {
+  const __m512i *quants, *zero_terms;
+  const __m512 *scales, *min_terms;
+};
+
+template <int kOffsetShift, bool kHasMin>
+FERRUM_AVX512 void prepare_row_acts(int64_t nb, const BlockQ8_0* y, RowActs& p) {
+  const int64_t np = (nb + 1) / 2;
+  p.quants.resize(size_t(np));
+  p.scales.resize(size_t(np));
+  if constexpr (kHasMin) p.min_terms.resize(size_t(np));
+  else p.zero_terms.resize(size_t(np));
+  for (int64_t i = 0; i < np; ++i) {
+    const bool both = 2 * i + 1 < nb;
+    const __m512i a = pair(load_act(y[2 * i]), both ? load_act(y[2 * i + 1]) : _mm256_setzero_si256());
+    const __m512i sum_a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), a);
+    p.quants[i] = a;
+    p.scales[i] = pair(h2f(y[2 * i].d), both ? h2f(y[2 * i + 1].d) : 0.0f);
+    if constexpr (kHasMin)
+      p.min_terms[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(sum_a), p.scales[i]);
+    else
+      p.zero_terms[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum_a, kOffsetShift));
   }
-  for (; i + 2 <= nb; i += 2)
-    legacy_pair<Block, kBits, kOffsetShift, kHasMin, true>(x + i, y + i, acc0, acc_min0);
-  if (i < nb) legacy_pair<Block, kBits, kOffsetShift, kHasMin, false>(x + i, y + i, acc0, acc_min0);
-  return legacy_total<kHasMin>(acc0, acc1, acc_min0, acc_min1);
+}
+
+// Block pair i of row x into one accumulator chain.
+template <class Block, int kBits, bool kHasMin>
+FERRUM_AVX512_INLINE void row_pair_step(const BlockPairs<Block, kBits>& pairs, const Block* x, int64_t nb,
+                                        int64_t i, const RowActView& p, __m512& acc, __m512& acc_min) {
+  const Block* b = x + 2 * i;
+  const bool both = 2 * i + 1 < nb;
+  const __m512i v = scale_source(pairs, b, both);
+  const __m512i start = kHasMin ? _mm512_setzero_si512() : p.zero_terms[i];
+  const __m512i sum_qa = _mm512_dpbusd_epi32(start, pairs.quants(b, v, both), p.quants[i]);
+  const __m512 scale = _mm512_mul_ps(pairs.scales(v), p.scales[i]);
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_qa), scale, acc);
+  if constexpr (kHasMin) acc_min = _mm512_fmadd_ps(p.min_terms[i], pairs.mins(v), acc_min);
+}
+
+// Rows of legacy weights against one Q8_0 activation row. Block pair p goes to accumulator
+// chain p % 2 for the first nb / 4 * 2 pairs and to chain 0 after them; the batched kernel
+// below keeps exactly this float order, so its results equal these bit for bit.
+template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+FERRUM_AVX512 void dot_rows_legacy(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
+                                   const void* act, float* out) {
+  const int64_t nb = n / kQK, np = (nb + 1) / 2, two_chain_pairs = nb / 4 * 2;
+  thread_local RowActs acts;
+  prepare_row_acts<kOffsetShift, kHasMin>(nb, static_cast<const BlockQ8_0*>(act), acts);
+  const RowActView p{acts.quants.data(), acts.zero_terms.data(), acts.scales.data(), acts.min_terms.data()};
+  const BlockPairs<Block, kBits> pairs;
+  for (int64_t r = 0; r < rows; ++r) {
+    const Block* x = reinterpret_cast<const Block*>(static_cast<const char*>(w) + r * w_row_bytes);
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, acc_min[2] = {acc[0], acc[0]};
+    int64_t i = 0;
+    for (; i < two_chain_pairs; i += 2) {
+      row_pair_step<Block, kBits, kHasMin>(pairs, x, nb, i, p, acc[0], acc_min[0]);
+      row_pair_step<Block, kBits, kHasMin>(pairs, x, nb, i + 1, p, acc[1], acc_min[1]);
+    }
+    for (; i < np; ++i) row_pair_step<Block, kBits, kHasMin>(pairs, x, nb, i, p, acc[0], acc_min[0]);
+    out[r] = legacy_total<kHasMin>(acc[0], acc[1], acc_min[0], acc_min[1]);
+  }
 }
 
 // ---- legacy formats, many activation rows at once (a batch of decodes) ----
@@ -179,7 +265,7 @@ FERRUM_AVX512 void prepare_acts(int64_t nb, const void* act, size_t act_row_byte
 
 // A block's 32 quants as signed bytes, minus the zero point for the symmetric formats.
 template <class Block, int kBits, int kOffsetShift, bool kHasMin>
-FERRUM_AVX512 inline __m256i signed_quants(const Block& b) {
+FERRUM_AVX512_INLINE __m256i signed_quants(const Block& b) {
   if constexpr (kBits == 8) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs));
   const __m256i q = unsigned_quants<Block, kBits>(b);
   if constexpr (kHasMin) return q;
@@ -526,7 +612,7 @@ DotBatchFn avx512_gemm(DType t) {
     case DType::Q5_0: return gemm_legacy<BlockQ5_0, 5, 4, false>;
     case DType::Q5_1: return gemm_legacy<BlockQ5_1, 5, 0, true>;
     case DType::Q8_0: return gemm_legacy<BlockQ8_0, 8, 7, false>;
-    default: return nullptr;
+    default: return avx512_gemm_kquant(t);
   }
 }
 
@@ -535,11 +621,11 @@ DotRowsFn avx512_dot_rows(DType t) {
     case DType::F32: return for_each_row<dot_float<float, load16_f32>>;
     case DType::F16: return for_each_row<dot_float<uint16_t, load16_f16>>;
     case DType::BF16: return for_each_row<dot_float<uint16_t, load16_bf16>>;
-    case DType::Q4_0: return for_each_row<dot_legacy<BlockQ4_0, 4, 3, false>>;
-    case DType::Q4_1: return for_each_row<dot_legacy<BlockQ4_1, 4, 0, true>>;
-    case DType::Q5_0: return for_each_row<dot_legacy<BlockQ5_0, 5, 4, false>>;
-    case DType::Q5_1: return for_each_row<dot_legacy<BlockQ5_1, 5, 0, true>>;
-    case DType::Q8_0: return for_each_row<dot_legacy<BlockQ8_0, 8, 7, false>>;
+    case DType::Q4_0: return dot_rows_legacy<BlockQ4_0, 4, 3, false>;
+    case DType::Q4_1: return dot_rows_legacy<BlockQ4_1, 4, 0, true>;
+    case DType::Q5_0: return dot_rows_legacy<BlockQ5_0, 5, 4, false>;
+    case DType::Q5_1: return dot_rows_legacy<BlockQ5_1, 5, 0, true>;
+    case DType::Q8_0: return dot_rows_legacy<BlockQ8_0, 8, 7, false>;
     case DType::Q4_K: return for_each_row<dot_k4<false, BlockQ4_K>>;
     case DType::Q5_K: return for_each_row<dot_k4<true, BlockQ5_K>>;
     case DType::Q6_K: return for_each_row<dot_q6_k>;

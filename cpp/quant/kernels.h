@@ -14,10 +14,13 @@ using DotRowsFn = void (*)(int64_t n, const void* w, size_t w_row_bytes, int64_t
 // The Q8_0 quantizer (nb blocks), byte-identical to quantize_row's reference; AVX-512 F/BW/VL
 // only (quantize_row picks it when the CPU has them).
 void avx512_quantize_q8_0(const float* x, void* dst, int64_t nb);
+// The same for Q8_K (nb super-blocks).
+void avx512_quantize_q8_k(const float* x, void* dst, int64_t nb);
 
 // Batched kernels (nullptr where there is none); only with the ISA present.
 DotBatchFn avx512_dot_batch(DType weight_type);
 DotBatchFn avx512_gemm(DType weight_type);
+DotBatchFn avx512_gemm_kquant(DType weight_type);  // Q2_K .. Q6_K; avx512_gemm returns it
 // The 16-bit float GEMMs (gemm_float_avx512.cpp), nullptr for other types: BF16 weights take
 // bf16 activations, F16 weights f32 ones. AVX-512 F/BW/VL + F16C + BF16 only.
 DotBatchFn avx512_float_gemm(DType weight_type);

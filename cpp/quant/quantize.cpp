@@ -22,6 +22,11 @@ namespace {
 uint16_t f2h(float f) { return f32_to_f16(f); }
 float h2f(uint16_t h) { return f16_to_f32(h); }
 int nearest_int(float x) { return int(std::nearbyint(x)); }  // ties to even, like llama.cpp
+// Whether the AVX-512 activation quantizers (byte-identical to the reference ones) can run.
+bool avx512_quantizer() {
+  static const bool ok = cpu_features().avx512f && cpu_features().avx512bw && cpu_features().avx512vl;
+  return ok;
+}
 int clamp_int(int v, int lo, int hi) { return std::min(hi, std::max(lo, v)); }
 
 // The element of largest magnitude, with its sign (the first one on ties).
@@ -327,8 +332,7 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q5_0: quant_q5_0(src, static_cast<BlockQ5_0*>(dst), nb); return;
     case DType::Q5_1: quant_q5_1(src, static_cast<BlockQ5_1*>(dst), nb); return;
     case DType::Q8_0: {  // the activation type of every legacy-format dot kernel: hot
-      static const bool avx512 = cpu_features().avx512f && cpu_features().avx512bw && cpu_features().avx512vl;
-      if (avx512) detail::avx512_quantize_q8_0(src, dst, nb);
+      if (avx512_quantizer()) detail::avx512_quantize_q8_0(src, dst, nb);
       else quant_q8(src, static_cast<BlockQ8_0*>(dst), nb, false);
       return;
     }
@@ -338,7 +342,10 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q4_K: quant_q4_k(src, static_cast<BlockQ4_K*>(dst), nb); return;
     case DType::Q5_K: quant_q5_k(src, static_cast<BlockQ5_K*>(dst), nb); return;
     case DType::Q6_K: quant_q6_k(src, static_cast<BlockQ6_K*>(dst), nb); return;
-    case DType::Q8_K: quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb); return;
+    case DType::Q8_K:  // the k-quants' activation type: as hot
+      if (avx512_quantizer()) detail::avx512_quantize_q8_k(src, dst, nb);
+      else quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb);
+      return;
     default: break;
   }
   throw ValueError(std::string("quantize: unsupported dtype ") + dtype_name(t));

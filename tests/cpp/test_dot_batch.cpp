@@ -136,7 +136,56 @@ TEST(Gemm, MatchesDequantizedReferenceAndIgnoresBatchSize) {
       }
     }
   }
-  EXPECT_EQ(gemm_kernel(DType::Q4_K), nullptr);
+  EXPECT_EQ(gemm_kernel(DType::F32), nullptr);
+}
+
+// The k-quant GEMM (Q8_K activations): within rounding of the dequantized reference, and a row's
+// result bit-identical whatever T (odd weight rows past the 32-row tiles, T past the register
+// blocks of 4).
+TEST(Gemm, KQuantsMatchDequantizedReferenceAndIgnoreBatchSize) {
+  const CpuFeatures& f = cpu_features();
+  std::mt19937 rng(7);
+  for (DType wt : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    DotBatchFn gemm = gemm_kernel(wt);
+    EXPECT_EQ(gemm != nullptr, f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni);
+    if (!gemm) continue;
+    for (int64_t n : {256, 512, 2816}) {
+      const int64_t rows = n == 2816 ? 45 : 71;  // tiles of 32 plus 13 / 7
+      const int64_t T = n == 512 ? 128 : 33;
+      SCOPED_TRACE(std::string(dtype_name(wt)) + " n=" + std::to_string(n));
+      Case c = make_case(wt, n, rows, T, rng);
+      const int64_t ldo = rows + 3;
+      std::vector<float> out(size_t(T * ldo), -7.0f);
+      gemm(n, c.w.data(), c.w_row_bytes, rows, c.act.data(), c.act_row_bytes, T, out.data(), ldo);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          // float rounding of the per-super-block scale products: relative to sum |w * a|
+          double ref = 0, sum_abs = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const double p = double(c.wf[size_t(r * n + i)]) * c.af[size_t(t * n + i)];
+            ref += p;
+            sum_abs += std::fabs(p);
+          }
+          EXPECT_NEAR(out[size_t(t * ldo + r)], ref, 1e-5 * sum_abs) << "t " << t << " r " << r;
+        }
+        for (int64_t r = rows; r < ldo; ++r) EXPECT_EQ(out[size_t(t * ldo + r)], -7.0f);  // untouched
+      }
+      // The same rows at other batch sizes (each activation row alone, the first 9) and from a
+      // weight pointer that puts them at another place in the tiles.
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<float> one(static_cast<size_t>(rows));
+        gemm(n, c.w.data(), c.w_row_bytes, rows, c.act.data() + t * c.act_row_bytes, c.act_row_bytes, 1,
+             one.data(), rows);
+        for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(one[size_t(r)], out[size_t(t * ldo + r)]);
+      }
+      const int64_t T9 = 9, skip = 5;
+      std::vector<float> nine(size_t(T9 * rows));
+      gemm(n, c.w.data() + skip * c.w_row_bytes, c.w_row_bytes, rows - skip, c.act.data(), c.act_row_bytes, T9,
+           nine.data(), rows);
+      for (int64_t t = 0; t < T9; ++t)
+        for (int64_t r = skip; r < rows; ++r) EXPECT_EQ(nine[size_t(t * rows + r - skip)], out[size_t(t * ldo + r)]);
+    }
+  }
 }
 
 }  // namespace

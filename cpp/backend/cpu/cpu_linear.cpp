@@ -3,12 +3,12 @@
 //     rows and runs the weight type's dot kernel straight from the stored (possibly quantized)
 //     rows, the batched kernel where there is one; activations are first quantized once to the
 //     kernel's activation type.
-//   - many rows (prefill): legacy quantized weights (Q4_0 ... Q8_0) go to the int8 GEMM kernel
-//     (activations quantized once, as for the dot kernels; about 2x the multiply-adds per
-//     second of sgemm), bf16 weights to the vdpbf16ps GEMM (activations rounded to bf16 once),
-//     f16 weights to the f32-FMA GEMM that converts them as it packs a tile (f32 activations);
-//     f32 weights go to sgemm on each thread's slice of N; other types are dequantized a tile
-//     of rows at a time into per-thread scratch, then sgemm.
+//   - many rows (prefill): quantized weights with an int8 GEMM kernel (Q4_0 ... Q8_0, Q2_K ...
+//     Q6_K) go to it (activations quantized once, as for the dot kernels; 2-3x the
+//     multiply-adds per second of sgemm), bf16 weights to the vdpbf16ps GEMM (activations
+//     rounded to bf16 once), f16 weights to the f32-FMA GEMM that converts them as it packs a
+//     tile (f32 activations); f32 weights go to sgemm on each thread's slice of N; other types
+//     are dequantized a tile of rows at a time into per-thread scratch, then sgemm.
 //   - a scoring step (Stream::float_activations) never quantizes activations: every matmul of
 //     more than one row is dequantize + sgemm, so scores agree with a float reference.
 #include <cblas.h>
@@ -31,7 +31,8 @@ namespace {
 constexpr int64_t kMaxDotTokens = 8;
 constexpr int64_t kMaxDecodeRows = 64;
 constexpr int64_t kTileRows = 128;
-constexpr size_t kDotTileBytes = 16 * 1024;  // weight rows dotted with every activation row at once
+constexpr size_t kDotTileBytes = 16 * 1024;
+constexpr int64_t kMaxInlineQuantize = 16384;  // row length quantized by every thread (see below)  // weight rows dotted with every activation row at once
 
 // out points at column 0 of this weight's columns; ldo is the row stride of out.
 void add_bias(const Tensor& bias, float* out, int64_t tokens, int64_t ldo, int64_t r0, int64_t r1) {
@@ -84,11 +85,18 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
     return;
   }
 
-  // Dot-kernel path (or the GEMM kernel, which may take another activation type).
+  // Dot-kernel path (or the GEMM kernel, which may take another activation type). Activations
+  // are quantized once by a command of their own, or, for one short row (a single decode), by
+  // every thread into its own copy inside the dot command: a few hundred nanoseconds of
+  // redundant work instead of a barrier between the two.
   const DType act_type = gemm ? quant::gemm_act_type(w.dtype) : kernel->act_type;
   const size_t act_row_bytes = dtype_bytes(act_type, K);
+  const bool quantize = act_type != DType::F32;
+  const bool quantize_in_dot = quantize && T == 1 && K <= kMaxInlineQuantize;
   std::shared_ptr<std::vector<char>> act;
-  if (act_type != DType::F32) {
+  if (quantize_in_dot) {
+    act = scratch(Scratch::Activations, size_t(pool_.size()) * act_row_bytes);
+  } else if (quantize) {
     act = scratch(Scratch::Activations, size_t(T) * act_row_bytes);
     cs.record("quantize_act", [=](int ith, int nth) {
       int64_t b, e;
@@ -101,21 +109,28 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   // equal the single-row kernel's bit for bit, and one row is faster without it). Else weight
   // rows go in tiles that stay in L1 while every activation row is dotted with them.
   const quant::DotBatchFn batch = gemm ? gemm : act && T > 1 ? quant::dot_batch_kernel(w.dtype) : nullptr;
-  const int64_t tile_rows = std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes));
+  // One activation row: a single call over the thread's rows (the kernel prepares the
+  // activation once per call).
+  const int64_t tile_rows = T == 1 ? N : std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes));
   cs.record("linear_dot", [=](int ith, int nth) {
     int64_t r0, r1;
     split_range(N, ith, nth, &r0, &r1);
     if (r0 >= r1) return;
     float* op = host_ptr<float>(out) + out_col;
+    char* acts = act ? act->data() : nullptr;
+    if (quantize_in_dot) {
+      acts += size_t(ith) * act_row_bytes;
+      quant::quantize_row(act_type, host_ptr<float>(x), acts, K);
+    }
     if (batch) {
-      const void* a = act ? static_cast<const void*>(act->data()) : static_cast<const void*>(host_ptr<float>(x));
+      const void* a = acts ? static_cast<const void*>(acts) : static_cast<const void*>(host_ptr<float>(x));
       batch(K, host_ptr<char>(w) + r0 * w_row_bytes, w_row_bytes, r1 - r0, a, act_row_bytes, T, op + r0, ldo);
     } else {
       for (int64_t tr = r0; tr < r1; tr += tile_rows) {
         const int64_t rows = std::min(tile_rows, r1 - tr);
         const char* wp = host_ptr<char>(w) + tr * w_row_bytes;
         for (int64_t t = 0; t < T; ++t) {
-          const void* a = act ? static_cast<const void*>(act->data() + t * act_row_bytes)
+          const void* a = act ? static_cast<const void*>(acts + t * act_row_bytes)
                               : static_cast<const void*>(host_ptr<float>(x) + t * K);
           kernel->dot_rows(K, wp, w_row_bytes, rows, a, op + t * ldo + tr);
         }
