@@ -173,12 +173,22 @@ FERRUM_AVX512 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t ro
                         size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
   thread_local std::vector<__m512i> packed;
   const char* a = static_cast<const char*>(act);
+  const int64_t blocks = (T + kActs - 1) / kActs;
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const int64_t tile_rows = std::min<int64_t>(kRows, rows - r0);
-    pack_tile<W>(static_cast<const char*>(w) + r0 * w_row_bytes, w_row_bytes, tile_rows, n, packed);
-    int64_t t = 0;
-    for (; t + kActs <= T; t += kActs)
+    const char* tile = static_cast<const char*>(w) + r0 * w_row_bytes;
+    pack_tile<W>(tile, w_row_bytes, tile_rows, n, packed);
+    // The weights come from memory once per call: the next tile's rows (one contiguous span)
+    // are prefetched into L2 a share per activation block, so packing them does not stall.
+    const char* next = tile + tile_rows * w_row_bytes;
+    const int64_t next_bytes = std::min<int64_t>(kRows, rows - r0 - tile_rows) * int64_t(w_row_bytes);
+    const int64_t share = (next_bytes / blocks + 64) & ~int64_t(63);
+    int64_t t = 0, fetched = 0;
+    for (; t + kActs <= T; t += kActs) {
+      for (const int64_t end = std::min(next_bytes, fetched + share); fetched < end; fetched += 64)
+        _mm_prefetch(next + fetched, _MM_HINT_T1);
       gemm_block<W, kActs>(n, packed.data(), a + t * act_row_bytes, act_row_bytes, out + t * ldo + r0, ldo, tile_rows);
+    }
     gemm_tail<W, kActs - 1>(T - t, n, packed.data(), a + t * act_row_bytes, act_row_bytes, out + t * ldo + r0, ldo,
                             tile_rows);
   }
