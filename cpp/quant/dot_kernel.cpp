@@ -97,7 +97,7 @@ bool float_gemm_supported() {
 
 DotBatchFn gemm_kernel(DType weight_type) {
   type_index(weight_type);
-  if (weight_type == DType::BF16 || weight_type == DType::F16) {
+  if (weight_type == DType::BF16 || weight_type == DType::F16 || weight_type == DType::F32) {
     static const bool supported = float_gemm_supported();
     return supported ? detail::avx512_float_gemm(weight_type) : nullptr;
   }

@@ -21,8 +21,8 @@ void avx512_quantize_q8_k(const float* x, void* dst, int64_t nb);
 DotBatchFn avx512_dot_batch(DType weight_type);
 DotBatchFn avx512_gemm(DType weight_type);
 DotBatchFn avx512_gemm_kquant(DType weight_type);  // Q2_K .. Q6_K; avx512_gemm returns it
-// The 16-bit float GEMMs (gemm_float_avx512.cpp), nullptr for other types: BF16 weights take
-// bf16 activations, F16 weights f32 ones. AVX-512 F/BW/VL + F16C + BF16 only.
+// The float-weight GEMMs (gemm_float_avx512.cpp), nullptr for other types: BF16 weights take
+// bf16 activations, F16 / F32 weights f32 ones. AVX-512 F/BW/VL + F16C + BF16 only.
 DotBatchFn avx512_float_gemm(DType weight_type);
 
 // f16 -> f32 and f32 -> bf16, bit-identical to the scalar reference (signaling NaNs aside, see

@@ -50,7 +50,7 @@ DotBatchFn dot_batch_kernel(DType weight_type);
 // activation rows, except that act rows are in gemm_act_type(t): not bit-identical to the row
 // kernel, but a result does not depend on T or the row's place in a tile. nullptr when this
 // CPU / weight type has none (AVX-512 VNNI: the legacy formats and Q2_K .. Q6_K; AVX512_BF16:
-// BF16, with vdpbf16ps on bf16 activations, and F16, with f32 FMAs on f32 activations). 2-4x
+// BF16, with vdpbf16ps on bf16 activations, and F16 / F32, with f32 FMAs on f32 ones). 2-4x
 // dequantize + sgemm at T = 128; linear() uses it for prefill but not for scoring steps
 // (Stream::float_activations): 8-bit activations move the real SmolLM2 Q4_1 model's
 // perplexity past 1e-5 per token from transformers'.

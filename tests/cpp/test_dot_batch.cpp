@@ -136,7 +136,7 @@ TEST(Gemm, MatchesDequantizedReferenceAndIgnoresBatchSize) {
       }
     }
   }
-  EXPECT_EQ(gemm_kernel(DType::F32), nullptr);
+  EXPECT_EQ(gemm_kernel(DType::Q8_1), nullptr);  // float weights: test_gemm_float.cpp
 }
 
 // The k-quant GEMM (Q8_K activations): within rounding of the dequantized reference, and a row's

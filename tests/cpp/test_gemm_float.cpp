@@ -1,4 +1,4 @@
-// The 16-bit float prefill GEMMs (BF16: vdpbf16ps on bf16 activations; F16: f32 FMAs) and the
+// The float-weight prefill GEMMs (BF16: vdpbf16ps on bf16 activations; F16, F32: f32 FMAs) and the
 // SIMD f16 / bf16 conversions that quantize_row / dequantize_row use: conversions bit for bit
 // the scalar reference's; a GEMM within float rounding of a double reference on the inputs it
 // sees, within bf16 rounding of the f32-activation product, and a row's result the same
@@ -66,7 +66,8 @@ TEST(GemmFloat, DispatchAndActivationType) {
   EXPECT_EQ(gemm_act_type(DType::BF16), DType::BF16);
   EXPECT_EQ(gemm_act_type(DType::F16), DType::F32);
   EXPECT_EQ(gemm_act_type(DType::Q4_0), dot_kernel(DType::Q4_0).act_type);
-  EXPECT_EQ(gemm_kernel(DType::F32), nullptr);
+  EXPECT_EQ(gemm_kernel(DType::F32) != nullptr, float_gemm_expected());
+  EXPECT_EQ(gemm_act_type(DType::F32), DType::F32);
 }
 
 std::vector<float> random_row(std::mt19937& rng, int64_t n) {
@@ -80,9 +81,9 @@ std::vector<float> random_row(std::mt19937& rng, int64_t n) {
   return x;
 }
 
-// BF16: bf16 activations; F16: f32 activations.
+// BF16: bf16 activations; F16, F32: f32 activations.
 TEST(GemmFloat, MatchesReferenceAndIgnoresBatchAndTilePlace) {
-  for (DType wt : {DType::BF16, DType::F16}) {
+  for (DType wt : {DType::BF16, DType::F16, DType::F32}) {
     const DotBatchFn gemm = gemm_kernel(wt);
     if (!gemm) continue;
     const DType at = gemm_act_type(wt);
@@ -122,7 +123,7 @@ TEST(GemmFloat, MatchesReferenceAndIgnoresBatchAndTilePlace) {
             // Same inputs: only f32 accumulation rounding (one accumulator per output).
             EXPECT_NEAR(got, ref, 1e-6 * sum_abs) << "t " << t << " r " << r;
             // Against f32 activations: bf16 rounds each activation (relative error <= 2^-8);
-            // twice that for the accumulation's share. (F16: the same as the check above.)
+            // twice that for the accumulation's share. (F16, F32: the same as the check above.)
             EXPECT_NEAR(got, ref_f32, std::ldexp(1.0, -7) * sum_abs_f32) << "t " << t << " r " << r;
           }
           for (int64_t r = rows; r < ldo; ++r) EXPECT_EQ(out[size_t(t * ldo + r)], -7.0f);  // untouched

@@ -6,9 +6,10 @@
 //   - many rows (prefill): quantized weights with an int8 GEMM kernel (Q4_0 ... Q8_0, Q2_K ...
 //     Q6_K) go to it (activations quantized once, as for the dot kernels; 2-3x the
 //     multiply-adds per second of sgemm), bf16 weights to the vdpbf16ps GEMM (activations
-//     rounded to bf16 once), f16 weights to the f32-FMA GEMM that converts them as it packs a
-//     tile (f32 activations); f32 weights go to sgemm on each thread's slice of N; other types
-//     are dequantized a tile of rows at a time into per-thread scratch, then sgemm.
+//     rounded to bf16 once), f16 / f32 weights to the f32-FMA GEMM (f16 converted as it packs
+//     a tile; f32 activations) on AVX512_BF16 CPUs; elsewhere f32 weights go to sgemm on each
+//     thread's slice of N; other types are dequantized a tile of rows at a time into
+//     per-thread scratch, then sgemm. Two to eight rows of f32 weights: sgemm.
 //   - a scoring step (Stream::float_activations) never quantizes activations: every matmul of
 //     more than one row is dequantize + sgemm, so scores agree with a float reference.
 #include <cblas.h>
@@ -57,7 +58,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const bool float_act = s.float_activations && T > 1 && kernel->act_type != DType::F32;
   // Never in a scoring step, also where the dot kernel takes f32 (bf16 weights: bf16 activations).
   const quant::DotBatchFn gemm = many_rows && !s.float_activations ? quant::gemm_kernel(w.dtype) : nullptr;
-  if ((many_rows && !gemm) || float_act || (w.dtype == DType::F32 && T > 1)) {
+  if ((many_rows && !gemm) || float_act || (w.dtype == DType::F32 && T > 1 && !gemm)) {
     // GEMM path. f32 weights are used in place; others are dequantized per tile.
     const bool dequant = w.dtype != DType::F32;
     auto tiles = scratch(Scratch::GemmTiles, dequant ? size_t(pool_.size() * kTileRows * K) * 4 : 0);
