@@ -53,6 +53,36 @@ Case make_case(DType wt, int64_t n, int64_t rows, int64_t T, std::mt19937& rng) 
 
 const DType kLegacy[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0};
 
+// How far a result may be from the double reference: scale * max|w| * sum|a|, or scale *
+// sum|w * a| (tighter, for kernels whose only float error is per super-block).
+enum class Bound { MaxWeightTimesActSum, SumAbsProducts };
+
+// Runs a batched kernel over c's T activation rows into rows + 3 output columns; checks every
+// result against the dequantized reference and that the columns past `rows` are untouched.
+std::vector<float> run_checked(DotBatchFn fn, const Case& c, int64_t n, int64_t rows, int64_t T,
+                               Bound bound, double scale) {
+  const int64_t ldo = rows + 3;
+  std::vector<float> out(size_t(T * ldo), -7.0f);
+  fn(n, c.w.data(), c.w_row_bytes, rows, c.act.data(), c.act_row_bytes, T, out.data(), ldo);
+  for (int64_t t = 0; t < T; ++t) {
+    double sum_abs_a = 0;
+    for (int64_t i = 0; i < n; ++i) sum_abs_a += std::fabs(c.af[size_t(t * n + i)]);
+    for (int64_t r = 0; r < rows; ++r) {
+      double ref = 0, wmax = 0, sum_abs = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double w = c.wf[size_t(r * n + i)], p = w * c.af[size_t(t * n + i)];
+        ref += p;
+        sum_abs += std::fabs(p);
+        wmax = std::max(wmax, std::fabs(w));
+      }
+      const double tol = scale * (bound == Bound::SumAbsProducts ? sum_abs : wmax * sum_abs_a);
+      EXPECT_NEAR(out[size_t(t * ldo + r)], ref, tol) << "t " << t << " r " << r;
+    }
+    for (int64_t r = rows; r < ldo; ++r) EXPECT_EQ(out[size_t(t * ldo + r)], -7.0f);  // untouched
+  }
+  return out;
+}
+
 TEST(DotBatch, MatchesDequantizedReferenceAndIgnoresBatchSize) {
   const CpuFeatures& f = cpu_features();
   const bool expected = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni;
@@ -68,21 +98,7 @@ TEST(DotBatch, MatchesDequantizedReferenceAndIgnoresBatchSize) {
       SCOPED_TRACE(std::string(dtype_name(wt)) + " n=" + std::to_string(n));
       Case c = make_case(wt, n, rows, T, rng);
       const int64_t ldo = rows + 3;
-      std::vector<float> out(size_t(T * ldo), -7.0f);
-      batch(n, c.w.data(), c.w_row_bytes, rows, c.act.data(), c.act_row_bytes, T, out.data(), ldo);
-      for (int64_t t = 0; t < T; ++t) {
-        double sum_abs_a = 0;
-        for (int64_t i = 0; i < n; ++i) sum_abs_a += std::fabs(c.af[size_t(t * n + i)]);
-        for (int64_t r = 0; r < rows; ++r) {
-          double ref = 0, wmax = 0;
-          for (int64_t i = 0; i < n; ++i) {
-            ref += double(c.wf[size_t(r * n + i)]) * c.af[size_t(t * n + i)];
-            wmax = std::max(wmax, double(std::fabs(c.wf[size_t(r * n + i)])));
-          }
-          EXPECT_NEAR(out[size_t(t * ldo + r)], ref, 2e-5 * wmax * sum_abs_a) << "t " << t << " r " << r;
-        }
-        for (int64_t r = rows; r < ldo; ++r) EXPECT_EQ(out[size_t(t * ldo + r)], -7.0f);  // untouched
-      }
+      const std::vector<float> out = run_checked(batch, c, n, rows, T, Bound::MaxWeightTimesActSum, 2e-5);
       // Each activation row alone, and the row kernel, give bit-identical results to the batch.
       for (int64_t t = 0; t < T; ++t) {
         std::vector<float> one(static_cast<size_t>(rows)), by_row(static_cast<size_t>(rows));
@@ -113,21 +129,7 @@ TEST(Gemm, MatchesDequantizedReferenceAndIgnoresBatchSize) {
       SCOPED_TRACE(std::string(dtype_name(wt)) + " n=" + std::to_string(n));
       Case c = make_case(wt, n, rows, T, rng);
       const int64_t ldo = rows + 3;
-      std::vector<float> out(size_t(T * ldo), -7.0f);
-      gemm(n, c.w.data(), c.w_row_bytes, rows, c.act.data(), c.act_row_bytes, T, out.data(), ldo);
-      for (int64_t t = 0; t < T; ++t) {
-        double sum_abs_a = 0;
-        for (int64_t i = 0; i < n; ++i) sum_abs_a += std::fabs(c.af[size_t(t * n + i)]);
-        for (int64_t r = 0; r < rows; ++r) {
-          double ref = 0, wmax = 0;
-          for (int64_t i = 0; i < n; ++i) {
-            ref += double(c.wf[size_t(r * n + i)]) * c.af[size_t(t * n + i)];
-            wmax = std::max(wmax, double(std::fabs(c.wf[size_t(r * n + i)])));
-          }
-          EXPECT_NEAR(out[size_t(t * ldo + r)], ref, 2e-5 * wmax * sum_abs_a) << "t " << t << " r " << r;
-        }
-        for (int64_t r = rows; r < ldo; ++r) EXPECT_EQ(out[size_t(t * ldo + r)], -7.0f);  // untouched
-      }
+      const std::vector<float> out = run_checked(gemm, c, n, rows, T, Bound::MaxWeightTimesActSum, 2e-5);
       for (int64_t t = 0; t < T; ++t) {  // each activation row alone
         std::vector<float> one(static_cast<size_t>(rows));
         gemm(n, c.w.data(), c.w_row_bytes, rows, c.act.data() + t * c.act_row_bytes, c.act_row_bytes, 1,
@@ -155,21 +157,8 @@ TEST(Gemm, KQuantsMatchDequantizedReferenceAndIgnoreBatchSize) {
       SCOPED_TRACE(std::string(dtype_name(wt)) + " n=" + std::to_string(n));
       Case c = make_case(wt, n, rows, T, rng);
       const int64_t ldo = rows + 3;
-      std::vector<float> out(size_t(T * ldo), -7.0f);
-      gemm(n, c.w.data(), c.w_row_bytes, rows, c.act.data(), c.act_row_bytes, T, out.data(), ldo);
-      for (int64_t t = 0; t < T; ++t) {
-        for (int64_t r = 0; r < rows; ++r) {
-          // float rounding of the per-super-block scale products: relative to sum |w * a|
-          double ref = 0, sum_abs = 0;
-          for (int64_t i = 0; i < n; ++i) {
-            const double p = double(c.wf[size_t(r * n + i)]) * c.af[size_t(t * n + i)];
-            ref += p;
-            sum_abs += std::fabs(p);
-          }
-          EXPECT_NEAR(out[size_t(t * ldo + r)], ref, 1e-5 * sum_abs) << "t " << t << " r " << r;
-        }
-        for (int64_t r = rows; r < ldo; ++r) EXPECT_EQ(out[size_t(t * ldo + r)], -7.0f);  // untouched
-      }
+      // float rounding of the per-super-block scale products only
+      const std::vector<float> out = run_checked(gemm, c, n, rows, T, Bound::SumAbsProducts, 1e-5);
       // The same rows at other batch sizes (each activation row alone, the first 9) and from a
       // weight pointer that puts them at another place in the tiles.
       for (int64_t t = 0; t < T; ++t) {
