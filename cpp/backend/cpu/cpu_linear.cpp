@@ -32,8 +32,8 @@ namespace {
 constexpr int64_t kMaxDotTokens = 8;
 constexpr int64_t kMaxDecodeRows = 64;
 constexpr int64_t kTileRows = 128;
-constexpr size_t kDotTileBytes = 16 * 1024;
-constexpr int64_t kMaxInlineQuantize = 16384;  // row length quantized by every thread (see below)  // weight rows dotted with every activation row at once
+constexpr size_t kDotTileBytes = 16 * 1024;  // weight rows dotted with every activation row at once
+constexpr int64_t kMaxInlineQuantize = 16384;  // row length quantized by every thread (see below)
 
 // out points at column 0 of this weight's columns; ldo is the row stride of out.
 void add_bias(const Tensor& bias, float* out, int64_t tokens, int64_t ldo, int64_t r0, int64_t r1) {
