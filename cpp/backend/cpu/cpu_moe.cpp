@@ -215,7 +215,12 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
   sc->act.resize(size_t(P * I));
   const int64_t tile_floats = any_gemm ? kGemmTileRows * std::max(H, I) : 0;
   const int64_t block_rows = any_gemm ? std::max(kDotChunkRows, kGemmTileRows) : kDotChunkRows;
-  sc->per_thread_floats = size_t(tile_floats + 2 * P * block_rows);
+  // An expert chosen by one token of a small call is dotted in one call per matrix over the
+  // thread's whole row range (nothing to keep hot for a second token): long streams, one
+  // activation preparation per matrix.
+  const int64_t whole_range = sc->small ? std::max(H, I) : 0;
+  const int64_t out_floats = std::max(P * block_rows, whole_range);  // each of g and u (y: both)
+  sc->per_thread_floats = size_t(tile_floats + 2 * out_floats);
   sc->per_thread.resize(sc->per_thread_floats * size_t(pool_.size()));
 
   // Plans and quantizes x tokens [t0, t1) into pr.
@@ -278,7 +283,7 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
     if (r0 >= r1) return;
     float* tile = sc->thread_block(ith);
     float* g = tile + tile_floats;
-    float* u = g + P * block_rows;
+    float* u = g + out_floats;
     const size_t grb = gate.row_bytes(), urb = up.row_bytes();
     for (int32_t e : p.active) {
       const int64_t p0 = p.first(e), n = p.count(e);
@@ -308,8 +313,9 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
         }
         continue;
       }
-      for (int64_t c0 = r0; c0 < r1; c0 += kDotChunkRows) {
-        const int64_t rows = std::min(kDotChunkRows, r1 - c0);
+      const int64_t step = sc->small && n == 1 ? r1 - r0 : kDotChunkRows;
+      for (int64_t c0 = r0; c0 < r1; c0 += step) {
+        const int64_t rows = std::min(step, r1 - c0);
         for (int64_t i = p0; i < p0 + n; ++i) {
           const int64_t t = p.pair_token[size_t(i)];
           const float* xr = host_ptr<float>(x) + t * H;
@@ -352,7 +358,7 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
       const int64_t p0 = p.first(e), n = p.count(e);
       const char* de = host_ptr<char>(down) + size_t(e) * down_bytes;
       const bool gemm = sc->gemm(n), batched = sc->batched(n);
-      const int64_t step = gemm ? kGemmTileRows : kDotChunkRows;
+      const int64_t step = gemm ? kGemmTileRows : sc->small && n == 1 ? r1 - r0 : kDotChunkRows;
       for (int64_t c0 = r0; c0 < r1; c0 += step) {
         const int64_t rows = std::min(step, r1 - c0);
         if (gemm) gemm_nt(sc->act.data() + p0 * I, rows_f32(down, de, c0, rows, tile), y, n, rows, I);
