@@ -143,10 +143,28 @@ FERRUM_AVX512_INLINE float legacy_total(__m512 acc0, __m512 acc1, __m512 acc_min
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-// One activation row prepared once per call for the row kernel, per block pair: its signed
-// quants, d_a, and the zero-point term -zero * lane sums of a (the integer dot product's start)
-// or, for the min formats, d_a * lane sums of a (the batched kernel's min term, so both kernels
-// round alike).
+// Activation blocks 2i and 2i + 1 of a Q8_0 row (zero past an odd last block): their signed
+// quants, d_a over 8 lanes each, and the 16 lane sums of a. Both legacy kernels prepare their
+// activations from it, and take the min formats' term d_a * sums from min_term(), so they
+// round alike.
+struct ActPair {
+  __m512i quants, sums;
+  __m512 scales;
+  FERRUM_AVX512_INLINE __m512 min_term() const { return _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scales); }
+};
+
+FERRUM_AVX512_INLINE ActPair act_pair(const BlockQ8_0* y, int64_t nb, int64_t i) {
+  const bool both = 2 * i + 1 < nb;
+  ActPair p;
+  p.quants = pair(load_act(y[2 * i]), both ? load_act(y[2 * i + 1]) : _mm256_setzero_si256());
+  p.sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), p.quants);
+  p.scales = pair(h2f(y[2 * i].d), both ? h2f(y[2 * i + 1].d) : 0.0f);
+  return p;
+}
+
+// One activation row prepared once per call for the row kernel, per block pair (act_pair): its
+// signed quants, d_a, and the zero-point term -zero * lane sums of a (the integer dot product's
+// start) or, for the min formats, the min term.
 struct RowActs {
   std::vector<__m512i> quants, zero_terms;
   std::vector<__m512> scales, min_terms;
@@ -166,15 +184,11 @@ FERRUM_AVX512 void prepare_row_acts(int64_t nb, const BlockQ8_0* y, RowActs& p) 
   if constexpr (kHasMin) p.min_terms.resize(size_t(np));
   else p.zero_terms.resize(size_t(np));
   for (int64_t i = 0; i < np; ++i) {
-    const bool both = 2 * i + 1 < nb;
-    const __m512i a = pair(load_act(y[2 * i]), both ? load_act(y[2 * i + 1]) : _mm256_setzero_si256());
-    const __m512i sum_a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), a);
-    p.quants[i] = a;
-    p.scales[i] = pair(h2f(y[2 * i].d), both ? h2f(y[2 * i + 1].d) : 0.0f);
-    if constexpr (kHasMin)
-      p.min_terms[i] = _mm512_mul_ps(_mm512_cvtepi32_ps(sum_a), p.scales[i]);
-    else
-      p.zero_terms[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum_a, kOffsetShift));
+    const ActPair a = act_pair(y, nb, i);
+    p.quants[i] = a.quants;
+    p.scales[i] = a.scales;
+    if constexpr (kHasMin) p.min_terms[i] = a.min_term();
+    else p.zero_terms[i] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(a.sums, kOffsetShift));
   }
 }
 
@@ -252,15 +266,11 @@ FERRUM_AVX512 void prepare_acts(int64_t nb, const void* act, size_t act_row_byte
   for (int64_t t = 0; t < T; ++t) {
     const BlockQ8_0* y = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
     for (int64_t i = 0; i < np; ++i) {
-      const bool both = 2 * i + 1 < nb;
       const size_t k = size_t(t * np + i);
-      const __m512i a = pair(load_act(y[2 * i]), both ? load_act(y[2 * i + 1]) : _mm256_setzero_si256());
-      p.quants[k] = _mm512_xor_si512(a, _mm512_set1_epi8(char(0x80)));
-      p.scales[k] = pair(h2f(y[2 * i].d), both ? h2f(y[2 * i + 1].d) : 0.0f);
-      if constexpr (kHasMin) {
-        const __m512i sum_a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), a);
-        p.min_terms[k] = _mm512_mul_ps(_mm512_cvtepi32_ps(sum_a), p.scales[k]);
-      }
+      const ActPair a = act_pair(y, nb, i);
+      p.quants[k] = _mm512_xor_si512(a.quants, _mm512_set1_epi8(char(0x80)));
+      p.scales[k] = a.scales;
+      if constexpr (kHasMin) p.min_terms[k] = a.min_term();
     }
   }
 }
