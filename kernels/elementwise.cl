@@ -159,6 +159,46 @@ kernel void moe_route(const global float* logits, long l_off, int T, int E, int 
     for (int j = 0; j < k; ++j) wts[j] /= picked;
 }
 
+// Groups the (token, slot) pairs p = t * k + j of a prompt by expert for moe.cl's tiles:
+// groups[0, P) = the pairs with an id in [0, E), by expert, then by p; groups[P + 3i, +3) = tile
+// i: (expert, index of its first pair in the order, count <= TM), an expert's pairs split into
+// tiles of TM; the tiles after the last get expert -1. max_tiles >= ceil(P / TM) + min(E, P).
+// One work-group; scratch: 2E ints. O(P * E) comparisons: small next to the matmuls it serves.
+kernel void moe_group(const global int* ids, long ids_off, int P, int E, int TM, int max_tiles,
+                      global int* groups, long g_off, local int* scratch) {
+  const int lid = (int)get_local_id(0), L = (int)get_local_size(0);
+  ids += ids_off;
+  groups += g_off;
+  local int* count = scratch;
+  local int* first = scratch + E;
+  for (int e = lid; e < E; e += L) {
+    int c = 0;
+    for (int p = 0; p < P; ++p) c += ids[p] == e;
+    count[e] = c;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  if (lid == 0) {
+    int pos = 0, tile = 0;
+    for (int e = 0; e < E; ++e) {
+      first[e] = pos;
+      for (int f = 0; f < count[e]; f += TM, ++tile) {
+        global int* t = groups + P + 3 * tile;
+        t[0] = e;
+        t[1] = pos + f;
+        t[2] = min(TM, count[e] - f);
+      }
+      pos += count[e];
+    }
+    for (; tile < max_tiles; ++tile) groups[P + 3 * tile] = -1;
+  }
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int e = lid; e < E; e += L) {
+    int pos = first[e];
+    for (int p = 0; p < P; ++p)
+      if (ids[p] == e) groups[pos++] = p;
+  }
+}
+
 // out[t, h] = sum_j wts[t, j] * y[t * k + j, h] over the slots with an id in [0, E), in slot
 // order (deterministic, no atomics). One work-item per output element.
 kernel void moe_combine(const global float* y, long y_off, const global int* ids, long ids_off,

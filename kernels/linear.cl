@@ -7,28 +7,17 @@
 //   weight rows (or 8 x 2) and walks K 32 elements at a time: a chunk of each weight row is
 //   dequantized once into two float16 (block scales once per block) and multiplied into 16
 //   float16 accumulators, so dequantization is shared by the tile's tokens and every activation
-//   load by its rows. Work-items are numbered token-tile fastest, so the work-items of one
-//   work-group share weight rows in cache.
+//   load by its rows (tile_sums, which moe.cl's grouped expert tiles use too). Work-items are
+//   numbered token-tile fastest, so the work-items of one work-group share weight rows in cache.
 #pragma OPENCL FP_CONTRACT ON
 
 #define MAX_TM 8
 #define MAX_TN 4
 
-inline void linear_tile(const int TM, const int TN, const global float* x, int T, int K,
-                        const global uchar* w, long w_row_bytes, int N,
-                        const global float* bias, int has_bias, global float* out, int ldo) {
-  const int tiles_t = (T + TM - 1) / TM;
-  const int gid = (int)get_global_id(0);
-  const int t0 = (gid % tiles_t) * TM, n0 = (gid / tiles_t) * TN;
-  if (n0 >= N) return;
-
-  const global uchar* wr[MAX_TN];
-#pragma unroll
-  for (int i = 0; i < TN; ++i) wr[i] = w + (long)min(n0 + i, N - 1) * w_row_bytes;
-  const global float* xr[MAX_TM];
-#pragma unroll
-  for (int m = 0; m < TM; ++m) xr[m] = x + (long)min(t0 + m, T - 1) * K;
-
+// s[m][i] = xr[m][0, K) . row wr[i] for a register tile of TM activation rows x TN weight rows
+// (stored blocks). Each sum is formed alike whatever the tile's shape and its other rows.
+inline void tile_sums(const int TM, const int TN, const global float* xr[MAX_TM],
+                      const global uchar* wr[MAX_TN], int K, float s[MAX_TM][MAX_TN]) {
   float16 acc[MAX_TM][MAX_TN];
 #pragma unroll
   for (int m = 0; m < TM; ++m)
@@ -60,17 +49,41 @@ inline void linear_tile(const int TM, const int TN, const global float* x, int T
   }
 
 #pragma unroll
+  for (int m = 0; m < TM; ++m)
+#pragma unroll
+    for (int i = 0; i < TN; ++i) {
+      s[m][i] = sum16(acc[m][i]);
+#ifdef W_FLOAT  // plain floats allow any K: the last K % 32 elements one by one
+      for (int k = blocks * CHUNK; k < K; ++k) s[m][i] = fma(xr[m][k], load_elem(wr[i], k), s[m][i]);
+#endif
+    }
+}
+
+inline void linear_tile(const int TM, const int TN, const global float* x, int T, int K,
+                        const global uchar* w, long w_row_bytes, int N,
+                        const global float* bias, int has_bias, global float* out, int ldo) {
+  const int tiles_t = (T + TM - 1) / TM;
+  const int gid = (int)get_global_id(0);
+  const int t0 = (gid % tiles_t) * TM, n0 = (gid / tiles_t) * TN;
+  if (n0 >= N) return;
+
+  const global uchar* wr[MAX_TN];
+#pragma unroll
+  for (int i = 0; i < TN; ++i) wr[i] = w + (long)min(n0 + i, N - 1) * w_row_bytes;
+  const global float* xr[MAX_TM];
+#pragma unroll
+  for (int m = 0; m < TM; ++m) xr[m] = x + (long)min(t0 + m, T - 1) * K;
+  float s[MAX_TM][MAX_TN];
+  tile_sums(TM, TN, xr, wr, K, s);
+
+#pragma unroll
   for (int m = 0; m < TM; ++m) {
     const int t = t0 + m;
 #pragma unroll
     for (int i = 0; i < TN; ++i) {
       const int n = n0 + i;
-      float s = sum16(acc[m][i]);
-#ifdef W_FLOAT  // plain floats allow any K: the last K % 32 elements one by one
-      for (int k = blocks * CHUNK; k < K; ++k) s = fma(xr[m][k], load_elem(wr[i], k), s);
-#endif
-      if (has_bias) s += bias[min(n, N - 1)];
-      if (t < T && n < N) out[(long)t * ldo + n] = s;
+      if (t >= T || n >= N) continue;
+      out[(long)t * ldo + n] = has_bias ? s[m][i] + bias[n] : s[m][i];
     }
   }
 }

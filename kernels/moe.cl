@@ -1,6 +1,6 @@
-// Mixture-of-experts rows over expert weights in any stored type (weights.cl supplies the block
-// loaders; built into the linear program). The router and the weighted sum are in
-// elementwise.cl (moe_route, moe_combine).
+// Mixture-of-experts matmuls over expert weights in any stored type (weights.cl supplies the
+// block loaders; built into the linear program). The router, the grouping of pairs by expert and
+// the weighted sum are in elementwise.cl (moe_route, moe_group, moe_combine).
 //
 // moe_rows: y[p, n] = W[ids[p]][n, :] . x[p / x_div, :] for every (token, slot) pair p = t * k + j
 // and row n < N of the selected expert, one work-item per (pair, row), numbered row fastest; the
@@ -32,4 +32,61 @@ kernel void moe_rows(const global float* x, long x_off, int x_div, int K, const 
   const long r = (long)e * N + n - row0;
   if (r < 0 || r >= nrows) return;
   *o = row_dot(w + w_off + r * w_row_bytes, xr, xs, K);  // linear.cl
+}
+
+// moe_tiles_t4 / moe_tiles_t8 (a prompt): the same y for pairs grouped by expert (moe_group),
+// so an expert's weight rows are read once per tile of TM of its pairs rather than once per pair:
+// linear_t4 / linear_t8's register tiles (tile_sums) over the gathered activation rows.
+// groups: order[P] (pairs sorted by expert), then max_tiles tiles (expert, first, count) with
+// count <= TM, expert -1 for the unused ones; max_tiles is a multiple of TILE_RUN. One work-item
+// per (tile, TN rows): a run of TILE_RUN consecutive tiles (mostly one expert's) goes through all
+// N rows before the next run starts, tile fastest, so a run's activation rows stay in cache while
+// its expert's weight rows stream past once. Launches per device buffer as moe_rows; pairs with
+// an id outside [0, E) are in no tile (moe_combine skips them).
+#define TILE_RUN 16
+
+inline void moe_tile(const int TM, const int TN, const global float* x, int x_div, int K,
+                     const global int* groups, int P, int max_tiles, int N, const global uchar* w,
+                     long w_row_bytes, long row0, long nrows, global float* y, int ldy) {
+  const int gid = (int)get_global_id(0), row_tiles = (N + TN - 1) / TN;
+  const int run = gid / (TILE_RUN * row_tiles), in_run = gid % (TILE_RUN * row_tiles);
+  const int tile = run * TILE_RUN + in_run % TILE_RUN, n0 = (in_run / TILE_RUN) * TN;
+  if (tile >= max_tiles) return;
+  const global int* t = groups + P + 3 * tile;
+  const int e = t[0], first = t[1], count = t[2];
+  if (e < 0) return;
+  const long r0 = (long)e * N + n0 - row0;  // the tile's first weight row in this buffer
+  if (r0 + TN <= 0 || r0 >= nrows) return;
+
+  const global uchar* wr[MAX_TN];
+#pragma unroll
+  for (int i = 0; i < TN; ++i) wr[i] = w + clamp(r0 + i, 0L, nrows - 1) * w_row_bytes;
+  int pairs[MAX_TM];
+  const global float* xr[MAX_TM];
+#pragma unroll
+  for (int m = 0; m < TM; ++m) {
+    pairs[m] = groups[first + min(m, count - 1)];
+    xr[m] = x + (long)(pairs[m] / x_div) * K;
+  }
+  float s[MAX_TM][MAX_TN];
+  tile_sums(TM, TN, xr, wr, K, s);  // linear.cl
+
+#pragma unroll
+  for (int m = 0; m < TM; ++m)
+#pragma unroll
+    for (int i = 0; i < TN; ++i)
+      if (m < count && n0 + i < N && r0 + i >= 0 && r0 + i < nrows) y[(long)pairs[m] * ldy + n0 + i] = s[m][i];
+}
+
+#define MOE_TILE_ARGS                                                                         \
+  const global float *x, long x_off, int x_div, int K, const global int *groups, long g_off,  \
+      int P, int max_tiles, int N, const global uchar *w, long w_off, long w_row_bytes,       \
+      long row0, long nrows, global float *y, long y_off, int ldy
+
+kernel void moe_tiles_t4(MOE_TILE_ARGS) {
+  moe_tile(4, 4, x + x_off, x_div, K, groups + g_off, P, max_tiles, N, w + w_off, w_row_bytes, row0, nrows, y + y_off, ldy);
+}
+
+kernel void moe_tiles_t8(MOE_TILE_ARGS) {
+  moe_tile(8, 2, x + x_off, x_div, K, groups + g_off, P, max_tiles, N, w + w_off, w_row_bytes, row0, nrows, y + y_off, ldy);
 }

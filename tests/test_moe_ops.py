@@ -181,9 +181,11 @@ def test_moe_experts_decode_batch_equals_each_token_alone(backend, rng, dtypes):
 
 
 @pytest.mark.parametrize("T", [4, 40])  # 8 pairs: each thread plans for itself; 80: shared plan
-def test_moe_experts_prompt_batched_equals_each_token_alone(backend, rng, T):
-    """Q8_0 experts chosen by 2..64 tokens of a prompt run the batched dot kernel, which equals
-    the one-token row kernel bit for bit: each token's output is the one it gets alone."""
+def test_moe_experts_prompt_batched_equals_each_token_alone(rng, T):
+    """CPU: Q8_0 experts chosen by 2..64 tokens of a prompt run the batched dot kernel, which
+    equals the one-token row kernel bit for bit: each token's output is the one it gets alone.
+    (OpenCL runs a prompt's experts as grouped tiles, a one-token call as row dots: see below.)"""
+    backend = _core.make_backend("cpu", 2)
     E, I, H, k = 4, 256, 512, 2
     tensors, values = expert_weights(backend, rng, E, I, H, ["q8_0"] * 3)
     x = rng.standard_normal((T, H)).astype(np.float32)

@@ -1,10 +1,12 @@
 """What only the OpenCL backend has: device specs, tensors split over several device buffers, the
-program binary cache, launch profiling, and its bad-input errors."""
+program binary cache, launch profiling, a prompt's experts grouped on the device, and its
+bad-input errors."""
 import numpy as np
 import pytest
 
 import reference as R
 from ferrum import _core
+from test_moe_ops import expert_weights, run_experts, uneven_ids
 
 
 @pytest.fixture(scope="module")
@@ -160,15 +162,20 @@ def test_head_dim_beyond_kernel_limit(ocl):
         ocl.rope(x, ocl.tensor(np.zeros(1, np.int32)), table)
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0"])
-def test_split_expert_weights_moe(ocl, small_alloc, rng, dtype):
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0", "q4_0"])
+# A row dot per pair (each expert tensor: 512 KiB f32 ... 72 KiB q4_0), and a prompt grouped by
+# expert into tiles (two experts, 8 pairs each; 128 KiB f32 ... 18 KiB q4_0, split inside expert 1;
+# activations stay under the 16 KiB buffers).
+@pytest.mark.parametrize("T,E,H,I", [(3, 8, 512, 32), (8, 2, 256, 64)])
+def test_split_expert_weights_moe(ocl, small_alloc, rng, dtype, T, E, H, I):
     """Expert tensors over several buffers (split inside an expert, by rows): the same result as
     unsplit, every row dotted by the same kernel."""
-    E, I, H, T, k = 8, 32, 512, 3, 2  # each expert tensor: 512 KiB f32, 256 f16, 136 q8_0; buffers 16
+    k = 2
     shapes = [(E, I, H), (E, I, H), (E, H, I)]
     ws = [(rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32) for s in shapes]
     x = rng.standard_normal((T, H)).astype(np.float32)
-    ids = np.array([[7, 0], [3, -1], [5, 6]], np.int32)
+    ids = rng.integers(-1, E + 1, (T, k)).astype(np.int32)  # some out of range
+    ids[0] = [E - 1, 0]
     wts = rng.random((T, k)).astype(np.float32)
 
     def put(be, w):
@@ -186,6 +193,47 @@ def test_split_expert_weights_moe(ocl, small_alloc, rng, dtype):
         results.append(out.numpy())
     np.testing.assert_array_equal(results[1], results[0])
     assert np.abs(results[0]).max() > 0
+
+
+@pytest.mark.parametrize("T,E,decode_rows,grouped", [(8, 2, 0, True), (20, 4, 0, True), (40, 4, 0, True),
+                                                     (3, 8, 0, False), (40, 4, 40, False)])
+def test_moe_prompt_is_grouped_by_expert(ocl, rng, T, E, decode_rows, grouped):
+    """A prompt with 8 or more (token, expert) pairs per expert runs each matrix as one launch of
+    tiles over the pairs grouped by expert (the shapes the tests here use); fewer pairs, or a
+    batch of decodes (each token must get what it gets alone), run a row dot per pair."""
+    k, H, I = 2, 64, 32
+    tensors, _ = expert_weights(ocl, rng, E, I, H, ["q8_0"] * 3)
+    s = ocl.stream()
+    s.decode_rows = decode_rows
+    _core.opencl.set_profiling(s, True)
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    ocl.moe_experts(ocl.tensor(rng.standard_normal((T, H)).astype(np.float32)), *tensors, ocl.tensor(ids),
+                    ocl.tensor(rng.random((T, k)).astype(np.float32)), ocl.empty("f32", [T, H]), stream=s)
+    s.submit()
+    s.sync()
+    names = [n for n, _ in _core.opencl.kernel_times(s)]
+    if grouped:
+        assert names == ["moe_group", "moe_tiles_t4", "moe_tiles_t4", "swiglu", "moe_tiles_t4", "moe_combine"]
+    else:
+        assert names == ["moe_rows", "moe_rows", "swiglu", "moe_rows", "moe_combine"]
+
+
+@pytest.mark.parametrize("dtypes", [("q8_0",) * 3, ("q4_0", "q4_0", "q6_k"), ("f16", "q5_1", "q4_k")])
+def test_moe_prompt_token_does_not_depend_on_the_rest(ocl, rng, dtypes):
+    """A prompt token's output is the same, bit for bit, whatever other tokens share its experts:
+    the first and second halves of a prompt run as prompts of their own give the rows of the
+    whole: all three run as tiles of the pairs grouped by expert, different tiles each time (the
+    tile heights differ per weight type, so q4_0 / q6_k makes two groupings). Activations stay
+    f32, so the result has f32 accuracy against float64 over the dequantized experts."""
+    E, I, H, k, T = 4, 256, 256, 2, 40  # 20 tokens: 10 pairs per expert, enough to group
+    tensors, values = expert_weights(ocl, rng, E, I, H, dtypes)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = uneven_ids(rng, T, k, E)  # expert 3 unused
+    w = rng.random((T, k)).astype(np.float32)
+    got = run_experts(ocl, x, tensors, ids, w)
+    halves = [run_experts(ocl, x[h], tensors, ids[h], w[h]) for h in (slice(0, T // 2), slice(T // 2, T))]
+    np.testing.assert_array_equal(got, np.concatenate(halves))
+    assert R.nmse(got, R.moe_experts(x, *values, ids, w)) < 1e-10
 
 
 def test_the_cpu_backend_rejects_opencl_tensors(ocl):

@@ -16,6 +16,15 @@ namespace ferrum::ocl {
 // Largest head_dim the attention kernels keep in private memory.
 constexpr int64_t kMaxHeadDim = 256;
 
+// The register tile of the many-token matmul kernels (linear_t4 / t8, moe_tiles_t4 / t8) for a
+// weight type and the number of tokens sharing each weight row: tokens x weight rows per
+// work-item, and the kernels with that tile.
+struct MatmulTile {
+  int64_t tokens, rows;
+  const char *linear_kernel, *moe_kernel;
+};
+MatmulTile matmul_tile(DType weight_dtype, int64_t tokens);
+
 class ClBackend : public Backend {
  public:
   // selector: what follows "opencl" in the device spec ("", ":P" or ":P:D").
@@ -63,9 +72,13 @@ class ClBackend : public Backend {
   // A launch of `kernel` over `work_items` work-items (1-D), in work-groups of up to max_local.
   Launch launch(cl_program program, const char* kernel, int64_t work_items, int64_t max_local = 16);
   void record(Stream& s, Launch&& l);
-  // moe_experts' row dots: y[p, col + n] = w[ids[p]][n, :] . x[p / x_div, :].
+  // moe_experts' matmuls: y[p, col + n] = w[ids[p]][n, :] . x[p / x_div, :], per pair
+  // (moe_rows) or over the pairs grouped by expert (moe_tiles; groups from moe_group).
   void moe_rows(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& ids,
                 const Tensor& y, int64_t col);
+  Tensor moe_group(Stream& s, const Tensor& ids, int64_t E, int64_t tile_tokens);
+  void moe_tiles(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& groups,
+                 int64_t P, int64_t tile_tokens, const Tensor& y, int64_t col);
   void check_owned(const Tensor& t, const char* op) const;
   // Stands in for an absent optional tensor (bias, QK-norm weights, int8 scales).
   const Tensor& placeholder() const { return placeholder_; }

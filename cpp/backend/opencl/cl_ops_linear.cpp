@@ -8,14 +8,15 @@ namespace ferrum::ocl {
 
 namespace {
 constexpr int64_t kChunk = 32;  // elements per block_chunk
+}  // namespace
 
 // The legacy 4/5-bit types cost the most to dequantize: an 8 tokens x 2 rows tile shares each
 // dequantized chunk among 8 tokens (measured 1.5x on Q4_1 at T = 128), while for the others the
 // 4 x 4 tile's reuse of activation loads wins.
-bool wide_tile_pays(DType w) {
-  return w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1;
+MatmulTile matmul_tile(DType w, int64_t tokens) {
+  const bool wide = tokens >= 8 && (w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1);
+  return wide ? MatmulTile{8, 2, "linear_t8", "moe_tiles_t8"} : MatmulTile{4, 4, "linear_t4", "moe_tiles_t4"};
 }
-}  // namespace
 
 void ClBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
                        const Tensor& out, int64_t out_col) {
@@ -25,15 +26,14 @@ void ClBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor
   cl_program program = linear_program(w.dtype);
   // One token: the GEMV kernel (a row per work-item). More: register tiles of tokens x rows,
   // dequantizing each weight chunk once per tile.
-  const bool gemv = T == 1, wide = T >= 8 && wide_tile_pays(w.dtype);
-  const int64_t tokens_per_item = gemv ? 1 : wide ? 8 : 4;
-  const int64_t rows_per_item = gemv ? 1 : wide ? 2 : 4;  // the register tile of each kernel
-  const char* kernel = gemv ? "linear_t1" : wide ? "linear_t8" : "linear_t4";
+  const bool gemv = T == 1;
+  const MatmulTile tile = gemv ? MatmulTile{1, 1, "linear_t1", ""} : matmul_tile(w.dtype, T);
+  const int64_t tokens_per_item = tile.tokens, rows_per_item = tile.rows;
   const int64_t token_tiles = (T + tokens_per_item - 1) / tokens_per_item;
   const BufferView o = single_buffer(out, "linear");
   for (const RowSegment& seg : row_segments(w, "linear")) {
     if (seg.rows == 0) continue;
-    Launch l = launch(program, kernel,
+    Launch l = launch(program, tile.linear_kernel,
                       token_tiles * ((seg.rows + rows_per_item - 1) / rows_per_item), gemv ? 64 : 16);
     KernelArgs a(l);
     a.tensor(x, "linear").i32(T).i32(K);

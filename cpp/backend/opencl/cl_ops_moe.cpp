@@ -2,16 +2,28 @@
 // ids / weights from device buffers when the stream runs, so a recorded stream replays with new
 // routing.
 //   moe_route    one work-item per token (kernels/elementwise.cl).
-//   moe_experts  per (token, slot) pair p: gu[p] = (gate[e] x, up[e] x) by moe_rows (the
-//                linear_t1 row dot over the stored weight type, reading the selected expert's
-//                rows only), act[p] = swiglu(gu[p]), y[p] = down[e] act[p] by moe_rows, then
-//                out[t] = sum_j weights[t, j] y[t * k + j] by moe_combine in slot order
-//                (deterministic, no atomics). Activations stay f32 throughout.
+//   moe_experts  per (token, slot) pair p: gu[p] = (gate[e] x, up[e] x), act[p] = swiglu(gu[p]),
+//                y[p] = down[e] act[p], then out[t] = sum_j weights[t, j] y[t * k + j] by
+//                moe_combine in slot order (deterministic, no atomics). The matmuls read only
+//                the selected experts' rows: for decodes and short prompts by moe_rows (the
+//                linear_t1 row dot, a pair at a time); for a prompt by moe_tiles over the pairs
+//                grouped by expert on the device (moe_group), so each expert's rows are read
+//                once per tile of its tokens, not once per token. Activations stay f32.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "backend/op_checks.h"
 #include "backend/opencl/cl_backend.h"
 #include "core/error.h"
 
 namespace ferrum::ocl {
+
+namespace {
+// Pairs per expert (on average) from which a prompt's experts run grouped tiles rather than a
+// row dot per pair.
+constexpr int64_t kMinPairsPerExpert = 8;
+}  // namespace
 
 void ClBackend::moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool normalize,
                           const Tensor& ids, const Tensor& weights) {
@@ -47,6 +59,42 @@ void ClBackend::moe_rows(Stream& s, const Tensor& x, int64_t x_div, const Tensor
   }
 }
 
+// groups for moe_tiles with tiles of up to tile_tokens pairs (layout in elementwise.cl).
+Tensor ClBackend::moe_group(Stream& s, const Tensor& ids, int64_t E, int64_t tile_tokens) {
+  constexpr int64_t kTileRun = 16;  // TILE_RUN in moe.cl
+  const int64_t P = ids.numel();
+  const int64_t max_tiles = ((P + tile_tokens - 1) / tile_tokens + std::min(E, P) + kTileRun - 1) / kTileRun * kTileRun;
+  Tensor groups = alloc(DType::I32, {P + 3 * max_tiles});
+  const int64_t work_items = std::min<int64_t>(64, int64_t(device_info().max_work_group));
+  Launch l = launch(elementwise_program(), "moe_group", work_items, work_items);
+  KernelArgs(l).tensor(ids, "moe_experts").i32(P).i32(E).i32(tile_tokens).i32(max_tiles)
+      .tensor(groups, "moe_experts").local_ints(2 * E);
+  record(s, std::move(l));
+  return groups;
+}
+
+void ClBackend::moe_tiles(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w,
+                          const Tensor& groups, int64_t P, int64_t tile_tokens, const Tensor& y,
+                          int64_t col) {
+  const int64_t E = w.dim(0), N = w.dim(1), K = w.dim(2);
+  const int64_t max_tiles = (groups.numel() - P) / 3;
+  const MatmulTile tile = matmul_tile(w.dtype, P / E);
+  FERRUM_CHECK(tile.tokens == tile_tokens, "moe_tiles: groups made for another tile height");
+  cl_program program = linear_program(w.dtype);
+  const BufferView o = single_buffer(y, "moe_experts");
+  for (const RowSegment& seg : row_segments(w, "moe_experts")) {
+    if (seg.rows == 0) continue;
+    Launch l = launch(program, tile.moe_kernel, max_tiles * ((N + tile.rows - 1) / tile.rows), 16);
+    KernelArgs(l)
+        .tensor(x, "moe_experts").i32(x_div).i32(K)
+        .tensor(groups, "moe_experts").i32(P).i32(max_tiles).i32(N)
+        .buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes()))
+        .i64(seg.first_row).i64(seg.rows)
+        .buffer(o.mem, int64_t(o.byte_offset / 4) + col, y.storage).i32(y.cols());
+    record(s, std::move(l));
+  }
+}
+
 void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                             const Tensor& down, const Tensor& ids, const Tensor& weights,
                             const Tensor& out) {
@@ -56,7 +104,24 @@ void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, cons
   const int64_t P = T * k;
   if (T == 0 || H == 0) return;
   Tensor y = placeholder();  // k == 0: moe_combine reads nothing and writes zeros
-  if (P > 0) {
+  // A prompt (not a batch of decodes, whose tokens must each get what they get alone) with
+  // enough pairs per expert for a tile to share its weight reads: grouped by expert.
+  const bool grouped = s.decode_rows == 0 && P >= kMinPairsPerExpert * E && I > 0;
+  if (grouped) {
+    y = alloc(DType::F32, {P, H});
+    Tensor gu = alloc(DType::F32, {P, 2 * I}), act = alloc(DType::F32, {P, I});
+    std::vector<std::pair<int64_t, Tensor>> groupings;  // per tile height, made when first needed
+    auto tiles = [&](const Tensor& in, int64_t x_div, const Tensor& w, const Tensor& out, int64_t col) {
+      const int64_t tm = matmul_tile(w.dtype, P / E).tokens;
+      auto g = std::find_if(groupings.begin(), groupings.end(), [&](const auto& p) { return p.first == tm; });
+      if (g == groupings.end()) g = groupings.insert(g, {tm, moe_group(s, ids, E, tm)});
+      moe_tiles(s, in, x_div, w, g->second, P, tm, out, col);
+    };
+    tiles(x, k, gate, gu, 0);
+    tiles(x, k, up, gu, I);
+    swiglu(s, gu, act);
+    tiles(act, 1, down, y, 0);
+  } else if (P > 0) {
     y = alloc(DType::F32, {P, H});
     if (I > 0) {
       Tensor gu = alloc(DType::F32, {P, 2 * I}), act = alloc(DType::F32, {P, I});

@@ -111,4 +111,9 @@ KernelArgs& KernelArgs::local_floats(int64_t n) {
   return *this;
 }
 
+KernelArgs& KernelArgs::local_ints(int64_t n) {
+  cl_check(clSetKernelArg(l_.kernel, index_++, size_t(std::max<int64_t>(n, 1)) * sizeof(cl_int), nullptr), l_.name);
+  return *this;
+}
+
 }  // namespace ferrum::ocl

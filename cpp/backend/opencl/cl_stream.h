@@ -63,8 +63,9 @@ class KernelArgs {
   KernelArgs& i32(int64_t v);
   KernelArgs& i64(int64_t v);
   KernelArgs& f32(float v);
-  // A local-memory buffer of n floats (n >= 1), one per work-group.
+  // A local-memory buffer of n floats / ints (n >= 1), one per work-group.
   KernelArgs& local_floats(int64_t n);
+  KernelArgs& local_ints(int64_t n);
 
  private:
   template <typename T>
