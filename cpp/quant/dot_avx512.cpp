@@ -386,6 +386,23 @@ FERRUM_AVX512 void gemm_legacy(int64_t n, const void* w, size_t w_row_bytes, int
   }
 }
 
+// The batched decode kernel: below 4 activation rows the row kernel once per activation row
+// over 256-row tiles (kept in L2 for the next activation row) is faster than packing tiles for
+// the GEMM (Q4_1 at T = 2: 30 against 22 GMAC/s); the results are the same either way.
+template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+FERRUM_AVX512 void dot_batch_legacy(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
+                                    const void* act, size_t act_row_bytes, int64_t T, float* out,
+                                    int64_t ldo) {
+  if (T >= 4) return gemm_legacy<Block, kBits, kOffsetShift, kHasMin>(n, w, w_row_bytes, rows, act, act_row_bytes, T, out, ldo);
+  constexpr int64_t kTileRows = 256;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTileRows)
+    for (int64_t t = 0; t < T; ++t)
+      dot_rows_legacy<Block, kBits, kOffsetShift, kHasMin>(n, static_cast<const char*>(w) + r0 * w_row_bytes, w_row_bytes,
+                                                           std::min(kTileRows, rows - r0),
+                                                           static_cast<const char*>(act) + t * act_row_bytes,
+                                                           out + t * ldo + r0);
+}
+
 // ---- k-quants against Q8_K ----
 
 
@@ -491,11 +508,13 @@ FERRUM_AVX512 float dot_q6_k(int64_t n, const void* w, const void* act) {
 
 }  // namespace
 
-// The GEMM keeps the row kernel's float order, so it is also the batched decode kernel.
 DotBatchFn avx512_dot_batch(DType t) {
   switch (t) {
-    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0:
-      return avx512_gemm(t);
+    case DType::Q4_0: return dot_batch_legacy<BlockQ4_0, 4, 3, false>;
+    case DType::Q4_1: return dot_batch_legacy<BlockQ4_1, 4, 0, true>;
+    case DType::Q5_0: return dot_batch_legacy<BlockQ5_0, 5, 4, false>;
+    case DType::Q5_1: return dot_batch_legacy<BlockQ5_1, 5, 0, true>;
+    case DType::Q8_0: return dot_batch_legacy<BlockQ8_0, 8, 7, false>;
     default: return nullptr;
   }
 }
