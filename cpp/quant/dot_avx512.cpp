@@ -221,6 +221,8 @@ FERRUM_AVX512 void dot_rows_legacy(int64_t n, const void* w, size_t w_row_bytes,
   const float* min_terms = kHasMin ? acts.min_terms.data() : d_a;
   const BlockPairs<Block, kBits> pairs;
   const int64_t plain_pairs = pairs.plain_pairs(nb);
+  // The first two groups, which no group before them prefetches.
+  prefetch_share(static_cast<const char*>(w), std::min<int64_t>(rows, 32) * int64_t(w_row_bytes), 0, 1);
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
     const int count = int(std::min<int64_t>(16, rows - r0));
     const char* row0 = static_cast<const char*>(w) + r0 * w_row_bytes;
@@ -374,6 +376,8 @@ FERRUM_AVX512 void gemm_legacy(int64_t n, const void* w, size_t w_row_bytes, int
   thread_local PackedTile tile;
   thread_local LegacyActs acts;
   prepare_legacy_acts<kOffsetShift, kHasMin>(nb, act, act_row_bytes, T, acts);
+  // The first tile, which no tile before it prefetches.
+  prefetch_share(static_cast<const char*>(w), std::min<int64_t>(rows, kGemmRows) * int64_t(w_row_bytes), 0, 1);
   for (int64_t r0 = 0; r0 < rows; r0 += kGemmRows) {
     const int64_t tile_rows = std::min<int64_t>(kGemmRows, rows - r0);
     const char* wr = static_cast<const char*>(w) + r0 * w_row_bytes;
