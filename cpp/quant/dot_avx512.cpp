@@ -386,7 +386,8 @@ FERRUM_AVX512 void gemm_legacy(int64_t n, const void* w, size_t w_row_bytes, int
     int64_t t = 0;
     for (; t + kGemmActs <= T; t += kGemmActs)
       gemm_block<kHasMin, kGemmActs>(nb, tile, acts, t, out + r0, ldo, tile_rows);
-    for (; t < T; ++t) gemm_block<kHasMin, 1>(nb, tile, acts, t, out + r0, ldo, tile_rows);
+    if (t + 2 <= T) gemm_block<kHasMin, 2>(nb, tile, acts, t, out + r0, ldo, tile_rows), t += 2;
+    if (t < T) gemm_block<kHasMin, 1>(nb, tile, acts, t, out + r0, ldo, tile_rows);
   }
 }
 
