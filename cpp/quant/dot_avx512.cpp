@@ -146,16 +146,20 @@ template <class Block, int kBits>
 struct BlockPairs {
   static constexpr int kSize = int(sizeof(Block));
   __m512i quant_words, nibble_shift;
+  __m512i qs_words;  // the pair's packed qs words from two loads (transpose_nibbles16)
 
   FERRUM_AVX512 BlockPairs() {
-    alignas(64) int16_t q[32], sh[32];
+    alignas(64) int16_t q[32], sh[32], qs[32];
     for (int j = 0; j < 32; ++j) {
       const int block = j / 16, in_block = j % 16;
       q[j] = int16_t(block * kSize / 2 + int(offsetof(Block, qs)) / 2 + in_block % 8);
       sh[j] = int16_t(in_block < 8 ? 0 : 4);  // words 8..15 of a block: the high nibbles
+      const int w = j % 16;  // word w of the pair's qs; words 16-31 come from the second load
+      qs[j] = int16_t((j / 16) * 32 + (w / 8) * kSize / 2 + int(offsetof(Block, qs)) / 2 + w % 8);
     }
     quant_words = _mm512_load_si512(q);
     nibble_shift = _mm512_load_si512(sh);
+    qs_words = _mm512_load_si512(qs);
   }
   // plain: the 64 bytes from b lie inside the weights, so no mask is needed (two single-thread
   // benchmarks at once: Q4_1 14 -> 15-16 GB/s each with plain loads on Zen 4).
@@ -296,6 +300,42 @@ FERRUM_AVX512_INLINE void transpose16(__m512i v[16]) {
   for (int k = 0; k < 16; ++k) v[k] = t[k];
 }
 
+// transpose16's result for the 4-bit formats with half the shuffles: the packed bytes are
+// transposed before the nibbles are split. Byte m of a block's qs holds element m (low nibble)
+// and m + 16 (high), so qs dword d is group d in its low nibbles and group 4 + d in its high.
+template <class Block, int kBits>
+FERRUM_AVX512_INLINE void transpose_nibbles16(const BlockPairs<Block, kBits>& pairs, const Block* const x[16],
+                                              int64_t i, bool both, bool plain, __m512i q[16]) {
+  __m512i z[8];  // z[k]: the 8 qs dwords of the pair in row k (lanes 0-7) and row k + 8 (8-15)
+  for (int k = 0; k < 8; ++k)
+    z[k] = _mm512_permutex2var_epi16(pairs.load(x[k] + 2 * i, both, plain), pairs.qs_words,
+                                     pairs.load(x[k + 8] + 2 * i, both, plain));
+  // Per 256-bit half, a 4 x 4 dword transpose of rows k..k+3 in each 128-bit chunk: u[j] then
+  // holds dword j of rows 0-3 / dword 4 + j of rows 0-3 / the same of rows 8-11, w[j] of rows
+  // 4-7 and 12-15.
+  __m512i u[4], w[4];
+  for (int h = 0; h < 2; ++h) {
+    const __m512i* r = z + 4 * h;
+    const __m512i a = _mm512_unpacklo_epi32(r[0], r[1]), b = _mm512_unpackhi_epi32(r[0], r[1]);
+    const __m512i c = _mm512_unpacklo_epi32(r[2], r[3]), d = _mm512_unpackhi_epi32(r[2], r[3]);
+    __m512i* o = h ? w : u;
+    o[0] = _mm512_unpacklo_epi64(a, c);
+    o[1] = _mm512_unpackhi_epi64(a, c);
+    o[2] = _mm512_unpacklo_epi64(b, d);
+    o[3] = _mm512_unpackhi_epi64(b, d);
+  }
+  const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), second = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  const __m512i low4 = _mm512_set1_epi8(15);
+  for (int j = 0; j < 4; ++j) {
+    // dword j (block 2i's qs) and dword 4 + j (block 2i + 1's) of all 16 rows
+    const __m512i d0 = _mm512_permutex2var_epi64(u[j], first, w[j]), d1 = _mm512_permutex2var_epi64(u[j], second, w[j]);
+    q[j] = _mm512_and_si512(d0, low4);
+    q[4 + j] = _mm512_and_si512(_mm512_srli_epi16(d0, 4), low4);
+    q[8 + j] = _mm512_and_si512(d1, low4);
+    q[12 + j] = _mm512_and_si512(_mm512_srli_epi16(d1, 4), low4);
+  }
+}
+
 // Packs `rows` rows from w (up to kGemmRows) and prefetches [ahead, ahead + ahead_bytes).
 template <class Block, int kBits, bool kHasMin>
 FERRUM_AVX512 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t nb, const char* ahead,
@@ -314,11 +354,16 @@ FERRUM_AVX512 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, in
       prefetch_share(ahead, ahead_bytes, vec * np + i, kGemmVecs * np);
       const bool both = 2 * i + 1 < nb, plain = both && i < plain_pairs;
       __m512i q[16];
-      for (int r = 0; r < 16; ++r) {
-        const Block* b = x[r] + 2 * i;
-        q[r] = pairs.quants(b, kBits == 8 ? _mm512_setzero_si512() : pairs.load(b, both, plain), both);
+      if constexpr (kBits == 4) {
+        transpose_nibbles16(pairs, x, i, both, plain, q);
+      } else {
+        for (int r = 0; r < 16; ++r) {
+          const Block* b = x[r] + 2 * i;
+          q[r] = pairs.quants(b, kBits == 8 ? _mm512_setzero_si512() : pairs.load(b, both, plain), both);
+        }
+        transpose16(q);
       }
-      transpose16(q);  // q[g]: group g of block 2i, q[8 + g]: of block 2i + 1
+      // q[g]: group g of block 2i, q[8 + g]: of block 2i + 1
       for (int64_t k = 2 * i; k < 2 * i + (both ? 2 : 1); ++k) {
         for (int g = 0; g < 8; ++g) tile.quants[size_t((k * 8 + g) * kGemmVecs + vec)] = q[8 * (k - 2 * i) + g];
         const RowScales sc = row_scales<Block, kHasMin>(x, k);
