@@ -22,8 +22,8 @@ using namespace ferrum::quant;
 // Batched kernels at T activation rows: GMAC/s over the weight matrix (rows x n), best of 5.
 void bench_batch() {
   const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1};
-  const int shapes[][2] = {{576, 576}, {576, 1536}, {1536, 576}};  // rows x n
-  const int batch_rows[] = {4, 16, 64};
+  const int shapes[][2] = {{576, 1536}, {1536, 576}};  // rows x n
+  const int batch_rows[] = {2, 4, 8, 16, 32, 64};
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> u(-1, 1);
   std::printf("batched (GMAC/s)    ");
@@ -122,16 +122,18 @@ int main(int argc, char** argv) {
   const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                          DType::Q4_K, DType::Q5_K, DType::Q6_K};
-  const int shapes[][2] = {{576, 1536}, {4096, 4096}};  // rows x n
+  // rows x n: L2-resident, L3-resident (up to 32 MB), and 64 MB worth of rows (DRAM)
+  const int shapes[][2] = {{576, 1536}, {4096, 4096}, {0, 4096}};
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1, 1);
-  std::printf("%-6s %-7s %12s %12s\n", "type", "isa", "576x1536", "4096x4096");
+  std::printf("%-6s %-7s %12s %12s %12s\n", "type", "isa", "576x1536", "4096x4096", "64MBx4096");
   for (DType t : types) {
     std::vector<double> gbps[3];
     std::vector<const char*> isas = dot_kernel_isas(t);
     for (auto& shape : shapes) {
-      const int rows = shape[0], n = shape[1];
+      const int n = shape[1];
       const size_t row_bytes = dtype_bytes(t, n);
+      const int rows = shape[0] ? shape[0] : int((64 << 20) / row_bytes);
       std::vector<uint8_t> w(row_bytes * rows);
       std::vector<float> x(n);
       for (int r = 0; r < rows; ++r) {
@@ -145,7 +147,7 @@ int main(int argc, char** argv) {
         std::vector<uint8_t> act(dtype_bytes(kern->act_type, n));
         quantize_row(kern->act_type, x.data(), act.data(), n);
         // Repeat for ~0.3 s; the small matrix (L2-resident after the first pass) measures the
-        // kernel's compute rate, the large one DRAM streaming.
+        // kernel's compute rate, the largest one DRAM streaming.
         int reps = 0;
         const auto t0 = std::chrono::steady_clock::now();
         double elapsed = 0;
@@ -158,8 +160,8 @@ int main(int argc, char** argv) {
       }
     }
     for (size_t k = 0; k < isas.size(); ++k)
-      std::printf("%-6s %-7s %9.1f GB/s %7.1f GB/s\n", dtype_name(t), isas[k], gbps[k][0],
-                  gbps[k][1]);
+      std::printf("%-6s %-7s %9.1f GB/s %7.1f GB/s %7.1f GB/s\n", dtype_name(t), isas[k], gbps[k][0],
+                  gbps[k][1], gbps[k][2]);
   }
   bench_batch();
   bench_gemm();

@@ -41,19 +41,21 @@ std::vector<const char*> dot_kernel_isas(DType weight_type);
 
 // Many activation rows (a batch of decodes) against `rows` weight rows, each weight block
 // unpacked once for all of them: out[t * ldo + r] = dot(w row r, act row t) for t < T, with act
-// rows quantized to dot_kernel(t).act_type at stride act_row_bytes. A result does not depend on
-// T. nullptr when this CPU / weight type has none (then call dot_rows once per activation row).
+// rows quantized to dot_kernel(t).act_type at stride act_row_bytes. A result equals dot_rows'
+// bit for bit, whatever T. nullptr when this CPU / weight type has none (then call dot_rows
+// once per activation row).
 using DotBatchFn = void (*)(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
                             const void* act, size_t act_row_bytes, int64_t T, float* out, int64_t ldo);
 DotBatchFn dot_batch_kernel(DType weight_type);
 // The same contract for many activation rows (prefill), register-tiled over weight rows and
-// activation rows, except that act rows are in gemm_act_type(t): not bit-identical to the row
-// kernel, but a result does not depend on T or the row's place in a tile. nullptr when this
-// CPU / weight type has none (AVX-512 VNNI: the legacy formats and Q2_K .. Q6_K; AVX512_BF16:
-// BF16, with vdpbf16ps on bf16 activations, and F16 / F32, with f32 FMAs on f32 ones). 2-4x
-// dequantize + sgemm at T = 128; linear() uses it for prefill but not for scoring steps
-// (Stream::float_activations): 8-bit activations move the real SmolLM2 Q4_1 model's
-// perplexity past 1e-5 per token from transformers'.
+// activation rows, except that act rows are in gemm_act_type(t). A result does not depend on T
+// or the row's place in a tile; for the legacy formats (Q4_0 .. Q8_0) it also equals the row
+// kernel's bit for bit (one float order; their dot_batch_kernel is this GEMM from 4 rows).
+// nullptr when this CPU / weight type has none (AVX-512 VNNI: the legacy formats and Q2_K ..
+// Q6_K; AVX512_BF16: BF16, with vdpbf16ps on bf16 activations, and F16 / F32, with f32 FMAs
+// on f32 ones). 2-4x dequantize + sgemm at T = 128; linear() uses it for prefill but not for
+// scoring steps (Stream::float_activations): 8-bit activations move the real SmolLM2 Q4_1
+// model's perplexity past 1e-5 per token from transformers'.
 DotBatchFn gemm_kernel(DType weight_type);
 // The activation format gemm_kernel(t) takes: dot_kernel(t).act_type, but BF16 for BF16 weights.
 DType gemm_act_type(DType weight_type);

@@ -1,5 +1,5 @@
-// The batched dot kernel (many activation rows per weight block): equal to the dequantized
-// reference within float rounding, bit-identical to the row kernel, whatever the batch size.
+// The batched dot kernels and GEMMs (many activation rows per weight block): equal to the
+// dequantized reference within float rounding, and a row's result independent of the batch.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -83,62 +83,57 @@ std::vector<float> run_checked(DotBatchFn fn, const Case& c, int64_t n, int64_t 
   return out;
 }
 
-TEST(DotBatch, MatchesDequantizedReferenceAndIgnoresBatchSize) {
+// The legacy formats have one float order for every kernel: the row kernel, the batched decode
+// kernel and the GEMM agree bit for bit at every T, row count (tiles of 16 / 32 rows plus
+// tails) and block count (odd ones too), and are within rounding of the dequantized reference.
+TEST(DotBatch, LegacyKernelsAgreeBitForBitAtEveryBatchSize) {
   const CpuFeatures& f = cpu_features();
   const bool expected = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni;
   std::mt19937 rng(3);
   for (DType wt : kLegacy) {
-    DotBatchFn batch = dot_batch_kernel(wt);
+    DotBatchFn batch = dot_batch_kernel(wt), gemm = gemm_kernel(wt);
     EXPECT_EQ(batch != nullptr, expected) << dtype_name(wt);
-    if (!batch) continue;
-    for (int64_t n : {32, 64, 96, 160, 576, 1536 + 32}) {  // odd block counts too
-      // Odd weight rows (register blocks of 2 plus one), activation rows in register blocks of
-      // 8, 4, 2 and 1; the kernel's chains switch at a multiple of 4 blocks.
-      const int64_t rows = 5, T = n == 160 ? 15 : 19;
-      SCOPED_TRACE(std::string(dtype_name(wt)) + " n=" + std::to_string(n));
-      Case c = make_case(wt, n, rows, T, rng);
-      const int64_t ldo = rows + 3;
-      const std::vector<float> out = run_checked(batch, c, n, rows, T, Bound::MaxWeightTimesActSum, 2e-5);
-      // Each activation row alone, and the row kernel, give bit-identical results to the batch.
-      for (int64_t t = 0; t < T; ++t) {
-        std::vector<float> one(static_cast<size_t>(rows)), by_row(static_cast<size_t>(rows));
-        const uint8_t* a = c.act.data() + t * c.act_row_bytes;
-        batch(n, c.w.data(), c.w_row_bytes, rows, a, c.act_row_bytes, 1, one.data(), rows);
-        dot_kernel(wt).dot_rows(n, c.w.data(), c.w_row_bytes, rows, a, by_row.data());
-        for (int64_t r = 0; r < rows; ++r) {
-          EXPECT_EQ(one[size_t(r)], out[size_t(t * ldo + r)]);
-          EXPECT_EQ(by_row[size_t(r)], out[size_t(t * ldo + r)]);
-        }
-      }
-    }
-  }
-  EXPECT_EQ(dot_batch_kernel(DType::F32), nullptr);  // the row kernels serve the other types
-}
-
-// The prefill GEMM: within rounding of the dequantized reference, and a row's result the same
-// whatever T or its place in the register blocks (odd weight rows past a tile, T tails).
-TEST(Gemm, MatchesDequantizedReferenceAndIgnoresBatchSize) {
-  const CpuFeatures& f = cpu_features();
-  std::mt19937 rng(5);
-  for (DType wt : kLegacy) {
-    DotBatchFn gemm = gemm_kernel(wt);
-    EXPECT_EQ(gemm != nullptr, f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni);
-    if (!gemm) continue;
-    for (int64_t n : {32, 96, 576}) {
-      const int64_t rows = 37, T = 11;  // one full tile of 32 plus 5; two blocks of 4 plus 3
+    EXPECT_EQ(gemm != nullptr, expected) << dtype_name(wt);
+    if (!batch || !gemm) continue;
+    for (int64_t n : {32, 64, 96, 160, 576, 32 * 49}) {
+      const int64_t rows = n == 576 ? 53 : n == 160 ? 16 : 37, T = 70;
       SCOPED_TRACE(std::string(dtype_name(wt)) + " n=" + std::to_string(n));
       Case c = make_case(wt, n, rows, T, rng);
       const int64_t ldo = rows + 3;
       const std::vector<float> out = run_checked(gemm, c, n, rows, T, Bound::MaxWeightTimesActSum, 2e-5);
-      for (int64_t t = 0; t < T; ++t) {  // each activation row alone
-        std::vector<float> one(static_cast<size_t>(rows));
-        gemm(n, c.w.data(), c.w_row_bytes, rows, c.act.data() + t * c.act_row_bytes, c.act_row_bytes, 1,
-             one.data(), rows);
-        for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(one[size_t(r)], out[size_t(t * ldo + r)]);
+      // The row kernel, one activation row at a time, over all rows and from row 5 (another
+      // place in its 16-row groups).
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<float> by_row(static_cast<size_t>(rows)), skipped(static_cast<size_t>(rows));
+        const uint8_t* a = c.act.data() + t * c.act_row_bytes;
+        dot_kernel(wt).dot_rows(n, c.w.data(), c.w_row_bytes, rows, a, by_row.data());
+        dot_kernel(wt).dot_rows(n, c.w.data() + 5 * c.w_row_bytes, c.w_row_bytes, rows - 5, a, skipped.data() + 5);
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_EQ(by_row[size_t(r)], out[size_t(t * ldo + r)]) << "t " << t << " r " << r;
+          if (r >= 5) {
+            EXPECT_EQ(skipped[size_t(r)], out[size_t(t * ldo + r)]) << "t " << t << " r " << r;
+          }
+        }
+      }
+      // The batched kernel and the GEMM at every T from 1 to 70 (the first T activation rows),
+      // the GEMM also from row 7 (another place in its 32-row tiles).
+      for (int64_t T1 = 1; T1 <= T; ++T1) {
+        std::vector<float> b(static_cast<size_t>(T1 * rows)), g(static_cast<size_t>(T1 * rows));
+        batch(n, c.w.data(), c.w_row_bytes, rows, c.act.data(), c.act_row_bytes, T1, b.data(), rows);
+        gemm(n, c.w.data() + 7 * c.w_row_bytes, c.w_row_bytes, rows - 7, c.act.data(), c.act_row_bytes, T1,
+             g.data() + 7, rows);
+        for (int64_t t = 0; t < T1; ++t)
+          for (int64_t r = 0; r < rows; ++r) {
+            EXPECT_EQ(b[size_t(t * rows + r)], out[size_t(t * ldo + r)]) << "T " << T1 << " t " << t << " r " << r;
+            if (r >= 7) {
+              EXPECT_EQ(g[size_t(t * rows + r)], out[size_t(t * ldo + r)]) << "T " << T1 << " t " << t;
+            }
+          }
       }
     }
   }
-  EXPECT_EQ(gemm_kernel(DType::Q8_1), nullptr);  // float weights: test_gemm_float.cpp
+  EXPECT_EQ(dot_batch_kernel(DType::F32), nullptr);  // the row kernels serve the other types
+  EXPECT_EQ(gemm_kernel(DType::Q8_1), nullptr);      // float weights: test_gemm_float.cpp
 }
 
 // The k-quant GEMM (Q8_K activations): within rounding of the dequantized reference, and a row's
