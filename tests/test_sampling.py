@@ -146,6 +146,28 @@ def test_greedy_is_argmax_with_first_maximum_on_ties():
     assert Sampler().sample(logits, states).token_ids.tolist() == [1, 0, 1]
 
 
+def test_plain_greedy_batch_equals_the_general_path():
+    """A batch of greedy rows with no logits processor takes the argmax of the f32 logits
+    directly; the result equals the general path (float64 copy), ties, -inf and NaN rows included."""
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((6, 1000)).astype(np.float32)
+    logits[1, [7, 500]] = logits[1].max() + 1   # a tie at the top: the first wins
+    logits[2] = -np.inf
+    logits[3, [10, 20]] = np.nan
+    logits[4, 999] = np.float32(3e38)
+    plain = [SamplingState(SamplingParams(temperature=0.0)) for _ in range(6)]
+    assert all(st.params.plain_greedy for st in plain)
+    fast = Sampler().sample(logits, plain)
+    # a zero logit bias (a processor that changes nothing) sends every row through process_logits
+    general = Sampler().sample(logits, [SamplingState(SamplingParams(temperature=0.0, logit_bias={0: 0.0}))
+                                        for _ in range(6)])
+    np.testing.assert_array_equal(fast.token_ids, general.token_ids)
+    assert fast.token_ids.dtype == np.int64 and fast.token_ids[1] == 7 and fast.token_ids[3] == 10
+    assert fast.logprobs == [None] * 6
+    with pytest.raises(ValueError, match="logits must be"):
+        Sampler().sample(logits, plain[:5])
+
+
 def test_greedy_uses_penalised_logits_and_ignores_filters():
     logits = np.array([[2.0, 1.9, 0.0]], dtype=np.float32)
     params = SamplingParams(temperature=0.0, logit_bias={1: 0.5}, top_k=1, top_p=0.1)

@@ -135,6 +135,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy on the raw logits: no logits processor, no logprobs to report."""
+        return (self.greedy and not self.logit_bias and self.repetition_penalty == 1.0
+                and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
+                and self.logprobs is None)
+
 
 def make_generator(seed: Optional[int], index: int = 0) -> np.random.Generator:
     """A request's own generator: from ``seed`` (and the completion index, so the
@@ -261,6 +268,12 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, requests: Sequence[SamplingState]) -> SampleResult:
         logits = np.asarray(logits)
+        if all(state.params.plain_greedy for state in requests):
+            # The argmax of the f32 logits is the argmax of their float64 copy (the conversion is
+            # exact and monotonic; first maximum on ties either way), without copying [B, V]
+            # floats every step: ~3 ms a step at 16 sequences of a 49k vocabulary.
+            self._check_shape(logits, requests)
+            return SampleResult(np.argmax(logits, axis=1).astype(np.int64), [None] * len(requests))
         work = self.process_logits(logits, requests)  # also checks the shape
         batch = logits.shape[0]
         params = [state.params for state in requests]
@@ -287,13 +300,17 @@ class Sampler:
         Greedy rows take the argmax of this.
         """
         logits = np.asarray(logits)
-        if logits.ndim != 2 or logits.shape[0] != len(requests):
-            raise ValueError(f"logits must be [B, V] with B == len(requests) ({len(requests)}), "
-                             f"got shape {logits.shape}")
+        self._check_shape(logits, requests)
         work = logits.astype(np.float64, copy=True)
         self._apply_logit_bias(work, [state.params for state in requests])
         self._apply_penalties(work, requests)
         return work
+
+    @staticmethod
+    def _check_shape(logits: np.ndarray, requests: Sequence[SamplingState]) -> None:
+        if logits.ndim != 2 or logits.shape[0] != len(requests):
+            raise ValueError(f"logits must be [B, V] with B == len(requests) ({len(requests)}), "
+                             f"got shape {logits.shape}")
 
     # -- logits processors (all edit ``work`` in place) --------------------
 
