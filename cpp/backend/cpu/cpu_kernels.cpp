@@ -101,7 +101,13 @@ void kv_store_row(const KvLayer& kv, bool is_k, int64_t slot, int64_t kv_head, c
       break;
     case DType::F16: {
       uint16_t* dst = host_ptr<uint16_t>(pool) + r * hd;
-      for (int64_t i = 0; i < hd; ++i) dst[i] = f32_to_f16(row[i]);
+      int64_t i = 0;
+#if defined(__F16C__)  // round to nearest even, as f32_to_f16 (a NaN may keep more payload)
+      for (; i + 8 <= hd; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(row + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+      for (; i < hd; ++i) dst[i] = f32_to_f16(row[i]);
       break;
     }
     case DType::I8: {
