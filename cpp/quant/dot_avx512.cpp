@@ -274,33 +274,8 @@ struct PackedTile {
   std::vector<float> mins;      // [nb][kGemmRows] (min formats)
 };
 
-// 16 registers of 16 dwords transposed in place: dword c of register r goes to dword r of
-// register c.
-FERRUM_AVX512_INLINE void transpose16(__m512i v[16]) {
-  __m512i t[16];
-  for (int k = 0; k < 8; ++k) {
-    t[2 * k] = _mm512_unpacklo_epi32(v[2 * k], v[2 * k + 1]);
-    t[2 * k + 1] = _mm512_unpackhi_epi32(v[2 * k], v[2 * k + 1]);
-  }
-  // Then chunk c of v[4k + j] is column 4c + j of rows 4k..4k+3.
-  for (int k = 0; k < 4; ++k) {
-    v[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
-    v[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
-    v[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
-    v[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {  // a 4 x 4 transpose of 128-bit chunks per column residue j
-    const __m512i a = _mm512_shuffle_i32x4(v[j], v[4 + j], 0x88), b = _mm512_shuffle_i32x4(v[j], v[4 + j], 0xdd);
-    const __m512i c = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0x88), d = _mm512_shuffle_i32x4(v[8 + j], v[12 + j], 0xdd);
-    t[j] = _mm512_shuffle_i32x4(a, c, 0x88);
-    t[8 + j] = _mm512_shuffle_i32x4(a, c, 0xdd);
-    t[4 + j] = _mm512_shuffle_i32x4(b, d, 0x88);
-    t[12 + j] = _mm512_shuffle_i32x4(b, d, 0xdd);
-  }
-  for (int k = 0; k < 16; ++k) v[k] = t[k];
-}
 
-// transpose16's result for the 4-bit formats with half the shuffles: the packed bytes are
+// transpose16x16's result for the 4-bit formats with half the shuffles: the packed bytes are
 // transposed before the nibbles are split. Byte m of a block's qs holds element m (low nibble)
 // and m + 16 (high), so qs dword d is group d in its low nibbles and group 4 + d in its high.
 template <class Block, int kBits>
@@ -361,7 +336,7 @@ FERRUM_AVX512 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, in
           const Block* b = x[r] + 2 * i;
           q[r] = pairs.quants(b, kBits == 8 ? _mm512_setzero_si512() : pairs.load(b, both, plain), both);
         }
-        transpose16(q);
+        transpose16x16(q);
       }
       // q[g]: group g of block 2i, q[8 + g]: of block 2i + 1
       for (int64_t k = 2 * i; k < 2 * i + (both ? 2 : 1); ++k) {

@@ -18,18 +18,16 @@
 #include <cstring>
 #include <vector>
 
+#include "quant/avx512_common.h"
 #include "quant/kernels.h"
 
-// GCC 12 reports the intrinsics' deliberately undefined upper lanes as uninitialized.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // std::vector<__m512i> (the packed tile): the alignment attribute is not part of the type.
 #pragma GCC diagnostic ignored "-Wignored-attributes"
 
 // One target for both kernels, which share their code: the F16 one needs no AVX512_BF16 (the
 // compiler emits BF16 instructions only for the intrinsics) but is only offered with it, so no
 // CPU ever runs code compiled for more than it has.
-#define FERRUM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,avx512bf16")))
+#define FERRUM_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,avx512bf16")))
 
 namespace ferrum::quant::detail {
 
@@ -41,52 +39,29 @@ constexpr int kVecs = 2;           // 16-row weight registers per tile
 constexpr int kRows = 16 * kVecs;  // weight rows per tile
 constexpr int kActs = 8;           // activation rows per register block
 
-// 16 x 16 transpose of 32-bit words: out[j] = word j of each of r[0..15].
-FERRUM_AVX512 inline void transpose16(const __m512i r[16], __m512i out[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: words of rows 2i, 2i + 1 interleaved
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 4; ++g) {  // u[4g + j], lane L: word 4L + j of rows 4g .. 4g + 3
-    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {  // a 4 x 4 transpose of 128-bit lanes across u[j], u[4 + j], ...
-    const __m512i v0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44), v1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xee);
-    const __m512i w0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44),
-                  w1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xee);
-    out[j] = _mm512_shuffle_i32x4(v0, w0, 0x88);
-    out[4 + j] = _mm512_shuffle_i32x4(v0, w0, 0xdd);
-    out[8 + j] = _mm512_shuffle_i32x4(v1, w1, 0x88);
-    out[12 + j] = _mm512_shuffle_i32x4(v1, w1, 0xdd);
-  }
-}
 
 // Per weight type: kElems elements per 32-bit step; load16 gives steps 16c .. 16c + 15 of a row
 // as 32-bit words; step gives step s of a row alone (the tail); fma accumulates one step. The
 // activations come in the same steps (bf16 pairs, or f32).
 struct Bf16 {  // a step is an element pair; an odd n's last pair is padded with a zero
   static constexpr int kElems = 2;
-  FERRUM_AVX512 static __m512i load16(const char* row, int64_t c) { return _mm512_loadu_si512(row + 64 * c); }
+  FERRUM_AVX512_BF16 static __m512i load16(const char* row, int64_t c) { return _mm512_loadu_si512(row + 64 * c); }
   static uint32_t step(const char* row, int64_t s, int64_t n) {
     uint16_t e[2] = {0, 0};
     std::memcpy(e, row + 4 * s, 2 * s + 1 < n ? 4 : 2);
     return e[0] | uint32_t(e[1]) << 16;
   }
-  FERRUM_AVX512 static __m512 fma(__m512 acc, __m512i x, __m512i w) {
+  FERRUM_AVX512_BF16 static __m512 fma(__m512 acc, __m512i x, __m512i w) {
     return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
   }
 };
 
 struct F16 {  // a step is one element, converted to f32
   static constexpr int kElems = 1;
-  FERRUM_AVX512 static __m512i load16(const char* row, int64_t c) {
+  FERRUM_AVX512_BF16 static __m512i load16(const char* row, int64_t c) {
     return _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c))));
   }
-  FERRUM_AVX512 static uint32_t step(const char* row, int64_t s, int64_t) {
+  FERRUM_AVX512_BF16 static uint32_t step(const char* row, int64_t s, int64_t) {
     uint16_t h;
     std::memcpy(&h, row + 2 * s, 2);
     const float f = _cvtsh_ss(h);
@@ -94,36 +69,36 @@ struct F16 {  // a step is one element, converted to f32
     std::memcpy(&u, &f, 4);
     return u;
   }
-  FERRUM_AVX512 static __m512 fma(__m512 acc, __m512i x, __m512i w) {
+  FERRUM_AVX512_BF16 static __m512 fma(__m512 acc, __m512i x, __m512i w) {
     return _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(w), acc);
   }
 };
 
 struct F32 {  // a step is one element
   static constexpr int kElems = 1;
-  FERRUM_AVX512 static __m512i load16(const char* row, int64_t c) { return _mm512_loadu_si512(row + 64 * c); }
+  FERRUM_AVX512_BF16 static __m512i load16(const char* row, int64_t c) { return _mm512_loadu_si512(row + 64 * c); }
   static uint32_t step(const char* row, int64_t s, int64_t) {
     uint32_t u;
     std::memcpy(&u, row + 4 * s, 4);
     return u;
   }
-  FERRUM_AVX512 static __m512 fma(__m512 acc, __m512i x, __m512i w) { return F16::fma(acc, x, w); }
+  FERRUM_AVX512_BF16 static __m512 fma(__m512 acc, __m512i x, __m512i w) { return F16::fma(acc, x, w); }
 };
 
 // Packs `rows` (<= kRows) weight rows: packed[s * kVecs + v], lane i = step s of row 16v + i.
 // Rows past the end are zero.
 template <class W>
-FERRUM_AVX512 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t n, std::vector<__m512i>& packed) {
+FERRUM_AVX512_BF16 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t n, std::vector<__m512i>& packed) {
   const int64_t steps = (n + W::kElems - 1) / W::kElems, full = n / (16 * W::kElems);  // full: whole chunks
   packed.resize(size_t(steps * kVecs));
   for (int v = 0; v < kVecs; ++v) {
     const int64_t r0 = 16 * v, nr = std::clamp<int64_t>(rows - r0, 0, 16);
-    __m512i r[16], out[16];
+    __m512i r[16];
     for (int64_t c = 0; c < full; ++c) {
       for (int i = 0; i < 16; ++i)
         r[i] = i < nr ? W::load16(w + (r0 + i) * w_row_bytes, c) : _mm512_setzero_si512();
-      transpose16(r, out);
-      for (int j = 0; j < 16; ++j) packed[size_t((16 * c + j) * kVecs + v)] = out[j];
+      transpose16x16(r);
+      for (int j = 0; j < 16; ++j) packed[size_t((16 * c + j) * kVecs + v)] = r[j];
     }
     for (int64_t s = 16 * full; s < steps; ++s) {  // the tail, a step at a time
       alignas(64) uint32_t lane[16] = {};
@@ -135,7 +110,7 @@ FERRUM_AVX512 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, in
 
 // kA activation rows (row stride act_row_bytes) against a packed tile.
 template <class W, int kA>
-FERRUM_AVX512 void gemm_block(int64_t n, const __m512i* packed, const char* act, size_t act_row_bytes, float* out,
+FERRUM_AVX512_BF16 void gemm_block(int64_t n, const __m512i* packed, const char* act, size_t act_row_bytes, float* out,
                               int64_t ldo, int64_t rows) {
   __m512 acc[kA][kVecs];
   for (auto& a : acc)
@@ -172,7 +147,7 @@ FERRUM_AVX512 void gemm_block(int64_t n, const __m512i* packed, const char* act,
 
 // The last `left` (< kActs) activation rows, in one block of that many.
 template <class W, int kA>
-FERRUM_AVX512 void gemm_tail(int64_t left, int64_t n, const __m512i* packed, const char* act, size_t act_row_bytes,
+FERRUM_AVX512_BF16 void gemm_tail(int64_t left, int64_t n, const __m512i* packed, const char* act, size_t act_row_bytes,
                              float* out, int64_t ldo, int64_t rows) {
   if constexpr (kA > 0) {
     if (left == kA) gemm_block<W, kA>(n, packed, act, act_row_bytes, out, ldo, rows);
@@ -181,7 +156,7 @@ FERRUM_AVX512 void gemm_tail(int64_t left, int64_t n, const __m512i* packed, con
 }
 
 template <class W>
-FERRUM_AVX512 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+FERRUM_AVX512_BF16 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                         size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
   thread_local std::vector<__m512i> packed;
   const char* a = static_cast<const char*>(act);

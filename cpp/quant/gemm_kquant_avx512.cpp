@@ -51,30 +51,6 @@ struct KActs {
 // dwords and a 16 x 16 transpose puts dword j of every row into register j, where the quants are
 // unpacked lane-wise (4 elements per dword keep their order through the transpose).
 
-// r[i] holds 16 dwords of row i; afterwards r[j] holds dword j of rows 0..15.
-FERRUM_AVX512 inline void transpose16x16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: rows i, i + 1 interleaved
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {  // r[i + e], 128-bit lane L: dword 4L + e of rows i..i + 3
-    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int e = 0; e < 4; ++e) {  // 4 x 4 transpose of 128-bit lanes across r[e], r[4 + e], ...
-    const __m512i u0 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44), u1 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xee);
-    const __m512i u2 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44), u3 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xee);
-    t[e] = _mm512_shuffle_i32x4(u0, u2, 0x88);
-    t[4 + e] = _mm512_shuffle_i32x4(u0, u2, 0xdd);
-    t[8 + e] = _mm512_shuffle_i32x4(u1, u3, 0x88);
-    t[12 + e] = _mm512_shuffle_i32x4(u1, u3, 0xdd);
-  }
-  for (int j = 0; j < 16; ++j) r[j] = t[j];
-}
-
 // The first `dwords` dwords at byte `offset` of 16 blocks (nullptr: a row past the tile, zero),
 // transposed.
 FERRUM_AVX512 inline void load_transposed(const uint8_t* const blocks[16], size_t offset, int dwords,
