@@ -77,8 +77,9 @@ class ClBackend : public Backend {
   void moe_rows(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& ids,
                 const Tensor& y, int64_t col);
   Tensor moe_group(Stream& s, const Tensor& ids, int64_t E, int64_t tile_tokens);
+  // groups: from moe_group with tiles of tile.tokens pairs.
   void moe_tiles(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& groups,
-                 int64_t P, int64_t tile_tokens, const Tensor& y, int64_t col);
+                 int64_t P, const MatmulTile& tile, const Tensor& y, int64_t col);
   void check_owned(const Tensor& t, const char* op) const;
   // Stands in for an absent optional tensor (bias, QK-norm weights, int8 scales).
   const Tensor& placeholder() const { return placeholder_; }

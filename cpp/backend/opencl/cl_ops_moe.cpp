@@ -74,12 +74,10 @@ Tensor ClBackend::moe_group(Stream& s, const Tensor& ids, int64_t E, int64_t til
 }
 
 void ClBackend::moe_tiles(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w,
-                          const Tensor& groups, int64_t P, int64_t tile_tokens, const Tensor& y,
+                          const Tensor& groups, int64_t P, const MatmulTile& tile, const Tensor& y,
                           int64_t col) {
-  const int64_t E = w.dim(0), N = w.dim(1), K = w.dim(2);
+  const int64_t N = w.dim(1), K = w.dim(2);
   const int64_t max_tiles = (groups.numel() - P) / 3;
-  const MatmulTile tile = matmul_tile(w.dtype, P / E);
-  FERRUM_CHECK(tile.tokens == tile_tokens, "moe_tiles: groups made for another tile height");
   cl_program program = linear_program(w.dtype);
   const BufferView o = single_buffer(y, "moe_experts");
   for (const RowSegment& seg : row_segments(w, "moe_experts")) {
@@ -112,10 +110,10 @@ void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, cons
     Tensor gu = alloc(DType::F32, {P, 2 * I}), act = alloc(DType::F32, {P, I});
     std::vector<std::pair<int64_t, Tensor>> groupings;  // per tile height, made when first needed
     auto tiles = [&](const Tensor& in, int64_t x_div, const Tensor& w, const Tensor& out, int64_t col) {
-      const int64_t tm = matmul_tile(w.dtype, P / E).tokens;
-      auto g = std::find_if(groupings.begin(), groupings.end(), [&](const auto& p) { return p.first == tm; });
-      if (g == groupings.end()) g = groupings.insert(g, {tm, moe_group(s, ids, E, tm)});
-      moe_tiles(s, in, x_div, w, g->second, P, tm, out, col);
+      const MatmulTile tile = matmul_tile(w.dtype, P / E);
+      auto g = std::find_if(groupings.begin(), groupings.end(), [&](const auto& p) { return p.first == tile.tokens; });
+      if (g == groupings.end()) g = groupings.insert(g, {tile.tokens, moe_group(s, ids, E, tile.tokens)});
+      moe_tiles(s, in, x_div, w, g->second, P, tile, out, col);
     };
     tiles(x, k, gate, gu, 0);
     tiles(x, k, up, gu, I);
