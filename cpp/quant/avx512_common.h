@@ -10,6 +10,8 @@
 // GCC 12 reports the intrinsics' deliberately undefined upper lanes as uninitialized.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// std::vector<__m512i> (packed tiles): the alignment attribute is not part of the type.
+#pragma GCC diagnostic ignored "-Wignored-attributes"
 
 #define FERRUM_AVX512 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))

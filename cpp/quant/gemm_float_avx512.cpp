@@ -21,9 +21,6 @@
 #include "quant/avx512_common.h"
 #include "quant/kernels.h"
 
-// std::vector<__m512i> (the packed tile): the alignment attribute is not part of the type.
-#pragma GCC diagnostic ignored "-Wignored-attributes"
-
 // One target for both kernels, which share their code: the F16 one needs no AVX512_BF16 (the
 // compiler emits BF16 instructions only for the intrinsics) but is only offered with it, so no
 // CPU ever runs code compiled for more than it has.
