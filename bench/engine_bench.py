@@ -6,7 +6,9 @@ usage: python bench/engine_bench.py [MODEL.gguf] [-c 1,2,4,8,16,32] [-p 64] [-n 
 
 Throughput: c requests, each a distinct p-token window of a fixed English text, greedy, n tokens
 each (EOS ignored), submitted together; aggregate = c * n / wall time from submission to the last
-token (prefill included). ferrum and llama.cpp run alternately in fresh processes (A B A B ...),
+token (prefill included). Decode rate: the tokens generated after every request had its first
+one, over the time since then (the prompts' prefill left out: what batching the decode steps
+buys, which the aggregate mixes with c times the single stream's prefill work). ferrum and llama.cpp run alternately in fresh processes (A B A B ...),
 r runs each; medians are reported. llama.cpp runs through llama-cpp-python's low-level API
 (bench/llamacpp_parallel.py: one llama_batch over c sequence ids per step, as llama.cpp's
 examples/batched does; the high-level Llama class has a single sequence).
@@ -48,21 +50,37 @@ def ferrum_worker(a):
     llm = ferrum.LLM(a.model, num_threads=a.t)
     ids = text_tokens(llm.tokenizer.encode)
     greedy = ferrum.SamplingParams(max_tokens=a.n, temperature=0, ignore_eos=True)
-    result = {"throughput": {}}
+    result = {"throughput": {}, "decode": {}}
     for c in a.concurrency:
         prompts = prompt_windows(ids, c, a.p)
         # Warm-up with the same shapes (records the replayed streams), then the timed run.
         llm.generate(prompt_token_ids=prompt_windows(ids[4000:], c, a.p),
                      sampling_params=ferrum.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-        t0 = time.perf_counter()
-        outs = llm.generate(prompt_token_ids=prompts, sampling_params=greedy)
-        wall = time.perf_counter() - t0
-        generated = sum(len(o.outputs[0].token_ids) for o in outs)
-        assert generated == c * a.n
-        result["throughput"][c] = generated / wall
+        result["throughput"][c], result["decode"][c] = timed_generate(llm, prompts, greedy, c * a.n)
     if a.ttft:
         result["ttft"] = ttft(llm, ids, ferrum)
     print(json.dumps(result))
+
+
+def timed_generate(llm, prompts, params, expected):
+    """Runs the prompts together through the incremental API (what generate() does); returns
+    (generated tokens/s from submission to the last token, tokens/s after every request's first)."""
+    t0 = time.perf_counter()
+    for p in prompts:
+        llm.add_request(p, params)
+    started, generated = set(), 0
+    decoding_since, generated_then = None, 0
+    while llm.has_unfinished():
+        for d in llm.step():
+            n = sum(len(c.token_ids) for c in d.outputs)
+            generated += n
+            if n:
+                started.add(d.request_id)
+        if decoding_since is None and len(started) == len(prompts):
+            decoding_since, generated_then = time.perf_counter(), generated
+    t1 = time.perf_counter()
+    assert generated == expected
+    return generated / (t1 - t0), (generated - generated_then) / (t1 - decoding_since)
 
 
 def time_to_first_token(llm, prompt, params):
@@ -136,30 +154,36 @@ def main():
 
     common = [a.model, "-c", ",".join(map(str, a.concurrency)), "-p", str(a.p), "-n", str(a.n), "-t", str(a.t)]
     peer = None if a.no_peer else peer_python()
-    ours, theirs, ttfts = [], [], []
+    ours, theirs, ttfts = [], [], []  # per run: {"throughput": {c: tok/s}, "decode": {c: tok/s}}
     for run in range(a.r):  # A B A B ... in fresh processes
         r = run_json([sys.executable] + (["-S"] if sys.flags.no_site else []) +
                      [os.path.abspath(__file__), "--worker"] + (["--ttft"] if run == 0 else []) + common)
-        ours.append(r["throughput"])
+        ours.append(r)
         if "ttft" in r:
             ttfts.append(r["ttft"])
         if peer:
-            theirs.append(run_json([peer, PEER_SCRIPT] + common)["throughput"])
+            theirs.append(run_json([peer, PEER_SCRIPT] + common))
         print(f"run {run + 1}/{a.r} done", file=sys.stderr)
 
-    med = lambda rows, c: statistics.median(row[str(c)] if str(c) in row else row[c] for row in rows)
+    def med(runs, key, c):
+        return round(statistics.median(r[key][str(c)] if str(c) in r[key] else r[key][c] for r in runs), 2)
+
     table = []
     for c in a.concurrency:
-        row = {"concurrency": c, "ferrum_tok_s": round(med(ours, c), 2)}
+        row = {"concurrency": c, "ferrum_tok_s": med(ours, "throughput", c),
+               "ferrum_decode_tok_s": med(ours, "decode", c)}
         if theirs:
-            row["llamacpp_tok_s"] = round(med(theirs, c), 2)
+            row["llamacpp_tok_s"] = med(theirs, "throughput", c)
+            row["llamacpp_decode_tok_s"] = med(theirs, "decode", c)
         table.append(row)
-    single = table[0]["ferrum_tok_s"] if a.concurrency[0] == 1 else None
+    first = table[0] if a.concurrency[0] == 1 else None
     for row in table:
-        if single:
-            row["ferrum_speedup_vs_1"] = round(row["ferrum_tok_s"] / single, 2)
+        if first:
+            row["ferrum_speedup_vs_1"] = round(row["ferrum_tok_s"] / first["ferrum_tok_s"], 2)
+            row["ferrum_decode_speedup_vs_1"] = round(row["ferrum_decode_tok_s"] / first["ferrum_decode_tok_s"], 2)
         if "llamacpp_tok_s" in row:
             row["ratio_ferrum_over_llamacpp"] = round(row["ferrum_tok_s"] / row["llamacpp_tok_s"], 2)
+            row["decode_ratio_ferrum_over_llamacpp"] = round(row["ferrum_decode_tok_s"] / row["llamacpp_decode_tok_s"], 2)
     result = {
         "model": os.path.basename(a.model), "threads": a.t, "prompt_tokens": a.p, "generated_tokens": a.n,
         "runs": a.r, "statistic": "median", "machine": platform.processor() or platform.machine(),
@@ -171,10 +195,15 @@ def main():
     with open(a.o, "w") as f:
         json.dump(result, f, indent=2)
     print(f"model {result['model']}, {a.t} threads, prompt {a.p}, generate {a.n}; median of {a.r}")
-    print(f"{'conc':>5}{'ferrum tok/s':>14}{'x vs 1':>8}{'llama.cpp':>12}{'ratio':>8}")
+    nan = float("nan")
+    print(f"{'':>5}{'with prefill (tok/s)':^34}|{'decode phase (tok/s)':^34}")
+    print(f"{'conc':>5}{'ferrum':>9}{'x vs 1':>8}{'llama.cpp':>10}{'ratio':>7} |{'ferrum':>8}{'x vs 1':>8}"
+          f"{'llama.cpp':>10}{'ratio':>7}")
     for row in table:
-        print(f"{row['concurrency']:>5}{row['ferrum_tok_s']:>14.1f}{row.get('ferrum_speedup_vs_1', 0):>8.2f}"
-              f"{row.get('llamacpp_tok_s', float('nan')):>12.1f}{row.get('ratio_ferrum_over_llamacpp', float('nan')):>8.2f}")
+        print(f"{row['concurrency']:>5}{row['ferrum_tok_s']:>9.1f}{row.get('ferrum_speedup_vs_1', nan):>8.2f}"
+              f"{row.get('llamacpp_tok_s', nan):>10.1f}{row.get('ratio_ferrum_over_llamacpp', nan):>7.2f} |"
+              f"{row['ferrum_decode_tok_s']:>8.1f}{row.get('ferrum_decode_speedup_vs_1', nan):>8.2f}"
+              f"{row.get('llamacpp_decode_tok_s', nan):>10.1f}{row.get('decode_ratio_ferrum_over_llamacpp', nan):>7.2f}")
     if result["ttft"]:
         t = result["ttft"]
         print(f"TTFT with a {t['prefix_tokens']}-token prefix: miss {t['miss_s'] * 1000:.1f} ms, "

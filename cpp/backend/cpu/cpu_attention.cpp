@@ -1,8 +1,8 @@
 // Paged attention on the CPU, flash-attention style. The queries of a tile (up to kTileTokens
 // consecutive tokens of one sequence, times the q heads that share a kv head) walk the keys in
-// blocks of kKeyBlock: each key and value row is converted to f32 once for all of them, scores
-// come 16 keys at a time from a transposed key block (no horizontal sums), and an online
-// softmax keeps one running max / sum / output row per query.
+// blocks of kKeyBlock: each key and value row is converted to f32 once for all of them, the key
+// block is transposed 16 x 16 in registers so scores come 16 keys at a time (no horizontal sums),
+// and an online softmax keeps one running max / sum / output row per query.
 //
 // Key blocks sit at absolute multiples of kKeyBlock and a query skips every block in which it
 // sees no key, so a query's arithmetic does not depend on the other tokens of its tile: a
@@ -19,6 +19,9 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/op_checks.h"
+#if defined(__AVX512F__)
+#include "quant/avx512_common.h"
+#endif
 
 namespace ferrum {
 
@@ -41,6 +44,10 @@ void load_kv_row(const Tensor& pool, const Tensor& scales, int64_t row, int64_t 
     case DType::F16: {
       const uint16_t* src = host_ptr<uint16_t>(pool) + row * hd;
       int64_t i = 0;
+#if defined(__AVX512F__)
+      for (; i + 16 <= hd; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+#endif
 #if defined(__F16C__)
       for (; i + 8 <= hd; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
@@ -65,24 +72,75 @@ struct TileScratch {
   float* out;     // [rows][hd16] running (unnormalised) outputs
   float* max;     // [rows] running score max
   float* sum;     // [rows] running sum of exp(score - max)
-  f32x16* keys;   // [hd]: element k of keys[d] is dimension d of key k of the block
+  f32x16* keys;   // [hd16]: element k of keys[d] is dimension d of key k of the block
   float* vals;    // [kKeyBlock][hd16] the value block
-  float* row;     // [hd16] conversion buffer
+  float* stage;   // [kKeyBlock][hd16] the key block as rows, before the transpose
 
   static int64_t padded(int64_t hd) { return (hd + 15) / 16 * 16; }
   static size_t floats(int64_t rows, int64_t hd) {
-    return size_t(rows * padded(hd) + 2 * rows + 2 * padded(hd) * kKeyBlock + padded(hd)) + 16;
+    return size_t(rows * padded(hd) + 2 * rows + 3 * padded(hd) * kKeyBlock) + 16;
   }
   TileScratch(float* base, int64_t rows, int64_t hd) {
     const int64_t hd16 = padded(hd);
     keys = reinterpret_cast<f32x16*>((reinterpret_cast<uintptr_t>(base) + 63) / 64 * 64);
     vals = reinterpret_cast<float*>(keys + hd16);
-    row = vals + kKeyBlock * hd16;
-    out = row + hd16;
+    stage = vals + kKeyBlock * hd16;
+    out = stage + kKeyBlock * hd16;
     max = out + rows * hd16;
     sum = max + rows;
   }
 };
+
+// keys[d][k] = stage[k][d] for d < hd16 (stage rows are zero-padded to hd16).
+void transpose_keys(const float* stage, int64_t hd16, f32x16* keys) {
+#if defined(__AVX512F__)
+  for (int64_t c = 0; c < hd16; c += 16) {
+    __m512i r[16];
+    for (int k = 0; k < 16; ++k) r[k] = _mm512_castps_si512(_mm512_loadu_ps(stage + k * hd16 + c));
+    quant::detail::transpose16x16(r);
+    for (int d = 0; d < 16; ++d) _mm512_storeu_si512(keys + c + d, r[d]);
+  }
+#else
+  for (int64_t k = 0; k < kKeyBlock; ++k)
+    for (int64_t d = 0; d < hd16; ++d) keys[d][k] = stage[k * hd16 + d];
+#endif
+}
+
+inline float hmax(f32x16 v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_max_ps(__m512(v));
+#else
+  float m = v[0];
+  for (int k = 1; k < 16; ++k) m = std::max(m, v[k]);
+  return m;
+#endif
+}
+
+inline float hsum(f32x16 v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(__m512(v));
+#else
+  float m = 0.0f;
+  for (int k = 0; k < 16; ++k) m += v[k];
+  return m;
+#endif
+}
+
+// Asks for the K and V rows of keys [j_first, j_last] (those of the next key block): a block's
+// rows are scattered over the pool, and at 16 sequences the pool is far larger than the cache.
+void prefetch_rows(const KvLayer& kv, const int32_t* table, int64_t j_first, int64_t j_last, int64_t kvh) {
+  const int64_t bs = kv.block_size(), num_blocks = kv.k.dim(0), kv_heads = kv.k.dim(1);
+  const size_t row_bytes = dtype_bytes(kv.k.dtype, kv.k.dim(3));
+  for (int64_t j = j_first; j <= j_last; ++j) {
+    const int64_t b = table[j / bs];
+    if (b < 0 || b >= num_blocks) continue;
+    const size_t at = size_t((b * kv_heads + kvh) * bs + j % bs) * row_bytes;
+    for (size_t o = 0; o < row_bytes; o += 64) {
+      __builtin_prefetch(host_ptr<char>(kv.k) + at + o);
+      __builtin_prefetch(host_ptr<char>(kv.v) + at + o);
+    }
+  }
+}
 
 struct Tile {
   int64_t t0, t1;  // tokens [t0, t1): one sequence, consecutive
@@ -134,11 +192,12 @@ void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, cons
   std::fill(s.out, s.out + rows * hd16, 0.0f);
   std::fill(s.max, s.max + rows, kNegInf);
   std::fill(s.sum, s.sum + rows, 0.0f);
-  std::fill(s.row, s.row + hd16, 0.0f);
+  std::fill(s.stage, s.stage + kKeyBlock * hd16, 0.0f);  // the padding columns stay zero
   std::fill(s.vals, s.vals + kKeyBlock * hd16, 0.0f);
   const f32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
   for (int64_t j0 = lo / kKeyBlock * kKeyBlock; j0 <= hi; j0 += kKeyBlock) {
+    prefetch_rows(kv, table, j0 + kKeyBlock, std::min(j0 + 2 * kKeyBlock - 1, hi), kvh);
     // The block's keys (transposed) and values as f32; an unmapped key is masked out.
     f32x16 mapped = {};
     for (int64_t k = 0; k < kKeyBlock; ++k) {
@@ -147,14 +206,14 @@ void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, cons
       mapped[k] = ok ? 1.0f : 0.0f;
       if (ok) {
         const int64_t row = (b * kv_heads + kvh) * bs + j % bs;
-        load_kv_row(kv.k, kv.k_scale, row, hd, s.row);
+        load_kv_row(kv.k, kv.k_scale, row, hd, s.stage + k * hd16);
         load_kv_row(kv.v, kv.v_scale, row, hd, s.vals + k * hd16);
       } else {
-        std::fill(s.row, s.row + hd, 0.0f);
+        std::fill(s.stage + k * hd16, s.stage + k * hd16 + hd, 0.0f);
         std::fill(s.vals + k * hd16, s.vals + k * hd16 + hd, 0.0f);
       }
-      for (int64_t d = 0; d < hd; ++d) s.keys[d][k] = s.row[d];
     }
+    transpose_keys(s.stage, hd16, s.keys);
     const f32x16 key_pos = lane + float(j0);
     for (int64_t t = tile.t0; t < tile.t1; ++t) {
       int64_t first, last;
@@ -171,14 +230,12 @@ void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, cons
         f32x16 score = (acc[0] + acc[1]) + (acc[2] + acc[3]);
         const auto seen = (mapped > 0.0f) & (seen_lo >= 0.0f) & (seen_hi >= 0.0f);
         score = seen ? score * p.scale : kNegInf;
-        float block_max = kNegInf;
-        for (int k = 0; k < kKeyBlock; ++k) block_max = std::max(block_max, score[k]);
+        const float block_max = hmax(score);
         if (block_max == kNegInf) continue;
         const float new_max = std::max(s.max[r], block_max);
         const float rescale = cpu::fast_exp(s.max[r] - new_max);  // ~0 for the first block
         const f32x16 weight = seen ? cpu::fast_exp(score - new_max) : 0.0f;
-        float block_sum = 0.0f;
-        for (int k = 0; k < kKeyBlock; ++k) block_sum += weight[k];
+        const float block_sum = hsum(weight);
         s.max[r] = new_max;
         s.sum[r] = s.sum[r] * rescale + block_sum;
         float* o = s.out + r * hd16;
