@@ -126,15 +126,22 @@ inline float hsum(f32x16 v) {
 #endif
 }
 
+// The pool row of key position j of kv head kvh (block table `table`), or -1 where j's block is
+// not mapped.
+int64_t pool_row(const KvLayer& kv, const int32_t* table, int64_t j, int64_t kvh) {
+  const int64_t bs = kv.block_size(), b = table[j / bs];
+  if (b < 0 || b >= kv.k.dim(0)) return -1;
+  return (b * kv.k.dim(1) + kvh) * bs + j % bs;
+}
+
 // Asks for the K and V rows of keys [j_first, j_last] (those of the next key block): a block's
 // rows are scattered over the pool, and at 16 sequences the pool is far larger than the cache.
 void prefetch_rows(const KvLayer& kv, const int32_t* table, int64_t j_first, int64_t j_last, int64_t kvh) {
-  const int64_t bs = kv.block_size(), num_blocks = kv.k.dim(0), kv_heads = kv.k.dim(1);
   const size_t row_bytes = dtype_bytes(kv.k.dtype, kv.k.dim(3));
   for (int64_t j = j_first; j <= j_last; ++j) {
-    const int64_t b = table[j / bs];
-    if (b < 0 || b >= num_blocks) continue;
-    const size_t at = size_t((b * kv_heads + kvh) * bs + j % bs) * row_bytes;
+    const int64_t row = pool_row(kv, table, j, kvh);
+    if (row < 0) continue;
+    const size_t at = size_t(row) * row_bytes;
     for (size_t o = 0; o < row_bytes; o += 64) {
       __builtin_prefetch(host_ptr<char>(kv.k) + at + o);
       __builtin_prefetch(host_ptr<char>(kv.v) + at + o);
@@ -178,7 +185,6 @@ bool visible(const AttnView& v, const AttnParams& p, int64_t t, int64_t* first, 
 void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, const Tile& tile,
                  int64_t kvh, TileScratch& s) {
   const int64_t hd = p.head_dim, hd16 = TileScratch::padded(hd), group = p.heads / p.kv_heads;
-  const int64_t bs = kv.block_size(), num_blocks = kv.k.dim(0), kv_heads = kv.k.dim(1);
   const int64_t rows = (tile.t1 - tile.t0) * group;
   int64_t lo = v.max_ctx, hi = -1;
   for (int64_t t = tile.t0; t < tile.t1; ++t) {
@@ -201,11 +207,9 @@ void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, cons
     // The block's keys (transposed) and values as f32; an unmapped key is masked out.
     f32x16 mapped = {};
     for (int64_t k = 0; k < kKeyBlock; ++k) {
-      const int64_t j = j0 + k, b = j <= hi ? table[j / bs] : -1;
-      const bool ok = b >= 0 && b < num_blocks;
-      mapped[k] = ok ? 1.0f : 0.0f;
-      if (ok) {
-        const int64_t row = (b * kv_heads + kvh) * bs + j % bs;
+      const int64_t j = j0 + k, row = j <= hi ? pool_row(kv, table, j, kvh) : -1;
+      mapped[k] = row >= 0 ? 1.0f : 0.0f;
+      if (row >= 0) {
         load_kv_row(kv.k, kv.k_scale, row, hd, s.stage + k * hd16);
         load_kv_row(kv.v, kv.v_scale, row, hd, s.vals + k * hd16);
       } else {
