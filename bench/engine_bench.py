@@ -8,10 +8,11 @@ Throughput: c requests, each a distinct p-token window of a fixed English text, 
 each (EOS ignored), submitted together; aggregate = c * n / wall time from submission to the last
 token (prefill included). Decode rate: the tokens generated after every request had its first
 one, over the time since then (the prompts' prefill left out: what batching the decode steps
-buys, which the aggregate mixes with c times the single stream's prefill work). ferrum and llama.cpp run alternately in fresh processes (A B A B ...),
-r runs each; medians are reported. llama.cpp runs through llama-cpp-python's low-level API
-(bench/llamacpp_parallel.py: one llama_batch over c sequence ids per step, as llama.cpp's
-examples/batched does; the high-level Llama class has a single sequence).
+buys, which the aggregate mixes with c times the single stream's prefill work). ferrum and
+llama.cpp run alternately in fresh processes (A B A B ...), r runs each; medians are reported.
+llama.cpp runs through llama-cpp-python's low-level API (bench/llamacpp_parallel.py: one
+llama_batch over c sequence ids per step, as llama.cpp's examples/batched does; the high-level
+Llama class has a single sequence).
 TTFT (ferrum only): a request whose 512-token prefix a previous request left in the prefix cache,
 vs. one whose prefix is new; median of 5 each.
 """

@@ -60,13 +60,13 @@ def generate(ctx, n_vocab, prompts, n_gen):
     out = [[] for _ in prompts]
     pos = [len(p) for p in prompts]
     for step in range(n_gen):
-        if step == 1:
-            decoding_since = time.perf_counter()
         nxt = []
         for s, row in enumerate(rows):
             logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, row), shape=(n_vocab,))
             nxt.append(int(logits.argmax()))
             out[s].append(nxt[-1])
+        if step == 0:  # every sequence has its first token; the decode steps start here
+            decoding_since = time.perf_counter()
         if step == n_gen - 1:
             break
         batch.fill([(nxt[s], pos[s], s, True) for s in range(c)])
