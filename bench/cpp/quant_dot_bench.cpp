@@ -15,14 +15,35 @@
 
 #include "core/cpu_features.h"
 #include "quant/quant.h"
+#include "quant/repack.h"
 
 using namespace ferrum;
 using namespace ferrum::quant;
 
+// rows x n random weights of type t (R16 types: quantized to their file type, then repacked).
+std::vector<uint8_t> random_weights(DType t, int rows, int n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  const DType file_type = r16_source(t);
+  const size_t row_bytes = dtype_bytes(t, n);
+  std::vector<uint8_t> w(row_bytes * rows);
+  std::vector<float> x(n);
+  for (int r = 0; r < rows; ++r) {
+    for (float& v : x) v = u(rng);
+    quantize_row(file_type, x.data(), w.data() + r * row_bytes, n);
+  }
+  if (is_r16(t)) {
+    std::vector<uint8_t> packed(w.size());
+    repack_r16(file_type, w.data(), packed.data(), rows, n);
+    w.swap(packed);
+  }
+  return w;
+}
+
 // Batched kernels at T activation rows: GMAC/s over the weight matrix (rows x n), best of 5.
 void bench_batch() {
-  const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1};
-  const int shapes[][2] = {{576, 1536}, {1536, 576}};  // rows x n
+  const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                         DType::Q8_0_R16, DType::Q4_0_R16, DType::Q4_1_R16};
+  const int shapes[][2] = {{576, 1536}, {1536, 576}, {49152, 576}};  // rows x n
   const int batch_rows[] = {2, 4, 8, 16, 32, 64};
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -33,17 +54,13 @@ void bench_batch() {
   for (DType t : types) {
     DotBatchFn batch = dot_batch_kernel(t);
     if (!batch) continue;
-    std::printf("%-6s              ", dtype_name(t));
+    std::printf("%-8s            ", dtype_name(t));
     for (int T : batch_rows) {
       for (auto& shape : shapes) {
         const int rows = shape[0], n = shape[1];
         const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(DType::Q8_0, n);
-        std::vector<uint8_t> w(row_bytes * rows), act(act_bytes * T);
+        std::vector<uint8_t> w = random_weights(t, rows, n, rng), act(act_bytes * T);
         std::vector<float> x(n), out(size_t(T) * rows);
-        for (int r = 0; r < rows; ++r) {
-          for (float& v : x) v = u(rng);
-          quantize_row(t, x.data(), w.data() + r * row_bytes, n);
-        }
         for (int r = 0; r < T; ++r) {
           for (float& v : x) v = u(rng);
           quantize_row(DType::Q8_0, x.data(), act.data() + r * act_bytes, n);
@@ -121,25 +138,22 @@ int main(int argc, char** argv) {
   }
   const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                         DType::Q4_K, DType::Q5_K, DType::Q6_K};
+                         DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0_R16, DType::Q4_0_R16,
+                         DType::Q4_1_R16};
   // rows x n: L2-resident, L3-resident (up to 32 MB), and 64 MB worth of rows (DRAM)
   const int shapes[][2] = {{576, 1536}, {4096, 4096}, {0, 4096}};
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1, 1);
-  std::printf("%-6s %-7s %12s %12s %12s\n", "type", "isa", "576x1536", "4096x4096", "64MBx4096");
+  std::printf("%-8s %-7s %12s %12s %12s\n", "type", "isa", "576x1536", "4096x4096", "64MBx4096");
   for (DType t : types) {
     std::vector<double> gbps[3];
     std::vector<const char*> isas = dot_kernel_isas(t);
     for (auto& shape : shapes) {
       const int n = shape[1];
       const size_t row_bytes = dtype_bytes(t, n);
-      const int rows = shape[0] ? shape[0] : int((64 << 20) / row_bytes);
-      std::vector<uint8_t> w(row_bytes * rows);
+      const int rows = (shape[0] ? shape[0] : int((64 << 20) / row_bytes)) & ~15;  // R16: whole groups
+      const std::vector<uint8_t> w = random_weights(t, rows, n, rng);
       std::vector<float> x(n);
-      for (int r = 0; r < rows; ++r) {
-        for (float& v : x) v = u(rng);
-        quantize_row(t, x.data(), w.data() + r * row_bytes, n);
-      }
       for (float& v : x) v = u(rng);
       std::vector<float> out(rows);
       for (size_t k = 0; k < isas.size(); ++k) {
@@ -160,7 +174,7 @@ int main(int argc, char** argv) {
       }
     }
     for (size_t k = 0; k < isas.size(); ++k)
-      std::printf("%-6s %-7s %9.1f GB/s %7.1f GB/s %7.1f GB/s\n", dtype_name(t), isas[k], gbps[k][0],
+      std::printf("%-8s %-7s %9.1f GB/s %7.1f GB/s %7.1f GB/s\n", dtype_name(t), isas[k], gbps[k][0],
                   gbps[k][1], gbps[k][2]);
   }
   bench_batch();

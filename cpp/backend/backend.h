@@ -94,6 +94,10 @@ class Backend {
   virtual void upload(const Tensor& dst, const void* src, size_t bytes) = 0;
   virtual void download(const Tensor& src, void* dst, size_t bytes) = 0;
   virtual std::unique_ptr<Stream> new_stream() = 0;
+  // A 2-D weight that only linear and embedding will read, in the layout those run fastest on
+  // here: possibly a copy in a dtype of the backend's own (the CPU's R16 types) with the same
+  // values, sizes and results; else w itself.
+  virtual Tensor pack_weight(const Tensor& w) { return w; }
 
   // ---- ops (recorded into s) ----
   // out[t, :] = table[ids[t], :] as f32. table [vocab, H] in any weight dtype.

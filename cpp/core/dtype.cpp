@@ -15,6 +15,7 @@ const DTypeInfo kInfo[] = {
     {"q8_0", 32, 34, true},  {"q8_1", 32, 36, true},  {"q2_k", 256, 84, true},
     {"q3_k", 256, 110, true}, {"q4_k", 256, 144, true}, {"q5_k", 256, 176, true},
     {"q6_k", 256, 210, true}, {"q8_k", 256, 292, true},
+    {"q4_0_r16", 32, 18, true}, {"q4_1_r16", 32, 20, true}, {"q8_0_r16", 32, 34, true},
 };
 }  // namespace
 
@@ -25,8 +26,8 @@ size_t dtype_bytes(DType t, int64_t n) {
   return size_t(n / i.block_elems) * size_t(i.block_bytes);
 }
 
-DType dtype_from_name(const std::string& name) {
-  for (size_t i = 0; i < sizeof(kInfo) / sizeof(kInfo[0]); ++i)
+DType dtype_from_name(const std::string& name) {  // the backends' own layouts are not named
+  for (int i = 0; i <= int(kLastFileType); ++i)
     if (name == kInfo[i].name) return static_cast<DType>(i);
   throw ValueError("unknown dtype '" + name + "'");
 }

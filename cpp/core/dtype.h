@@ -1,5 +1,6 @@
 // Element and block types. Quantized types are GGUF block formats: a row of n elements is
-// n / block_elems blocks of block_bytes each.
+// n / block_elems blocks of block_bytes each. The *_R16 types are the CPU backend's own layouts
+// of a GGUF format (never in files): the same blocks, 16 rows interleaved (quant/repack.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,7 +12,9 @@ enum class DType : uint8_t {
   F32, F16, BF16, I32, I8,
   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1,
   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+  Q4_0_R16, Q4_1_R16, Q8_0_R16,
 };
+constexpr DType kLastFileType = DType::Q8_K;  // the types weight files and tests may name
 
 struct DTypeInfo {
   const char* name;

@@ -63,6 +63,14 @@ class Loader {
   Tensor weight(const TensorInfo& t) const {
     return be_.from_host(t.data, t.dtype, t.shape, t.file);
   }
+  // A weight only linear (and embedding) reads, in the backend's layout for it (a packed copy
+  // replaces the file's pages).
+  Tensor linear_weight(const TensorInfo& t) const {
+    Tensor w = weight(t);
+    Tensor packed = be_.pack_weight(w);
+    if (packed.storage != w.storage) t.file->release_pages(t.data, t.nbytes);
+    return packed;
+  }
   // Small vectors (norms, biases) as f32.
   Tensor f32(const TensorInfo& t) const {
     int64_t n = 1;
@@ -110,9 +118,9 @@ class Loader {
         row += p->shape[0];
         p->file->release_pages(p->data, p->nbytes);  // the fused copy replaces these pages
       }
-      lin.parts.push_back(t);
+      lin.parts.push_back(be_.pack_weight(t));
     } else {
-      for (auto* p : parts) lin.parts.push_back(weight(*p));
+      for (auto* p : parts) lin.parts.push_back(linear_weight(*p));
     }
     if (!biases.empty()) {
       std::vector<float> b;
@@ -158,11 +166,12 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
   Loader L(be, src);
   ModelWeights w;
   const int64_t D = c.hidden, F = c.intermediate;
-  w.embed = L.weight(L.get(kEmbed, -1, {c.vocab, D}));
-  w.final_norm = L.f32(L.get(kFinalNorm, -1, {D}));
   const TensorInfo* head = L.find(kLmHead);
-  if (c.tie_embeddings || !head) w.lm_head.parts.push_back(w.embed);
-  else w.lm_head.parts.push_back(L.weight(L.get(kLmHead, -1, {c.vocab, D})));
+  const bool tied = c.tie_embeddings || !head;
+  const TensorInfo& embed = L.get(kEmbed, -1, {c.vocab, D});
+  w.embed = tied ? L.linear_weight(embed) : L.weight(embed);  // tied: also the lm_head
+  w.final_norm = L.f32(L.get(kFinalNorm, -1, {D}));
+  w.lm_head.parts.push_back(tied ? w.embed : L.linear_weight(L.get(kLmHead, -1, {c.vocab, D})));
   if (const TensorInfo* rf = src.find("rope_freqs.weight")) {
     w.rope_freq_factors.resize(size_t(rf->shape[0]));
     quant::dequantize_row(rf->dtype, rf->data, w.rope_freq_factors.data(), rf->shape[0]);

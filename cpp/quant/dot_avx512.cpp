@@ -6,9 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "quant/avx512_common.h"
-#include "quant/formats.h"
 #include "quant/kernels.h"
+#include "quant/legacy_gemm_avx512.h"
 
 namespace ferrum::quant::detail {
 
@@ -46,57 +45,7 @@ FERRUM_AVX512 float dot_float(int64_t n, const void* w, const void* act) {
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
 }
 
-// ---- legacy formats (Q4_0 .. Q8_0) against Q8_0 activations ----
-//
-// Every kernel below (the row kernel, the GEMM, whatever its T and a row's place in a tile)
-// computes an output in one float order, so a sequence's results do not depend on its batch:
-// per block b, the exact integer isum_b = sum(q * a) - zero * sum(a), then one chain over
-// b = 0 .. nb - 1 of acc = fma(float(isum_b), d_w * d_a, acc), followed for the min formats by
-// acc = fma(m_w, d_a * float(sum(a)), acc) (block_step). Integer sums are exact in any order, so
-// the kernels are free to form them as suits their layout. Weight quants are kept unsigned (q,
-// Q8_0: w + 128) for vpdpbusd against the signed activations; -zero * sum(a) removes the offset.
-
-// Per activation row and block: what the float chain needs besides the weights.
-struct LegacyActs {
-  std::vector<const BlockQ8_0*> rows;
-  std::vector<float> scales;     // d_a
-  std::vector<int32_t> offsets;  // -zero * sum(a)
-  std::vector<float> min_terms;  // d_a * sum(a) (min formats)
-};
-
-template <int kOffsetShift, bool kHasMin>
-FERRUM_AVX512 void prepare_legacy_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T,
-                                       LegacyActs& acts) {
-  const int32_t zero = kHasMin ? 0 : 1 << kOffsetShift;
-  acts.rows.resize(size_t(T));
-  acts.scales.resize(size_t(T * nb));
-  acts.offsets.resize(size_t(T * nb));
-  if (kHasMin) acts.min_terms.resize(size_t(T * nb));
-  for (int64_t t = 0; t < T; ++t) {
-    const BlockQ8_0* y = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
-    acts.rows[size_t(t)] = y;
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
-      const __m256i lanes = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q);
-      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
-      const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-      const int32_t sum_a = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 1);
-      const size_t k = size_t(t * nb + b);
-      acts.scales[k] = h2f(y[b].d);
-      acts.offsets[k] = -zero * sum_a;
-      if constexpr (kHasMin) acts.min_terms[k] = acts.scales[k] * float(sum_a);
-    }
-  }
-}
-
-// One block of the float chain for 16 outputs (one per lane).
-template <bool kHasMin>
-FERRUM_AVX512_INLINE __m512 block_step(__m512 acc, __m512i isum, __m512 d_w, __m512 m_w, float d_a,
-                                       float min_term) {
-  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d_w, _mm512_set1_ps(d_a)), acc);
-  if constexpr (kHasMin) acc = _mm512_fmadd_ps(m_w, _mm512_set1_ps(min_term), acc);
-  return acc;
-}
+// ---- legacy formats (Q4_0 .. Q8_0) against Q8_0 activations (legacy_gemm_avx512.h) ----
 
 // d and m of block b in 16 rows (x[r]: row r's blocks), one row per lane. A block's first dword
 // holds d in its low half and, in the min formats, m in its high half; the dwords are staged
@@ -113,15 +62,6 @@ FERRUM_AVX512_INLINE RowScales row_scales(const Block* const x[16], int64_t b) {
   s.d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
   s.m = kHasMin ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16))) : s.d;
   return s;
-}
-
-// Share i of n of [p, p + bytes), prefetched into L2. The kernels read 16 or 32 rows at once,
-// and from DRAM the hardware prefetchers do not keep up with that many streams (the row kernel:
-// Q4_1 6 GB/s one thread on a 47 MB matrix); prefetching the rows two groups ahead as one
-// sequential stream, a share per step, restores 16 GB/s (one group ahead or four: 11-13).
-FERRUM_AVX512_INLINE void prefetch_share(const char* p, int64_t bytes, int64_t i, int64_t n) {
-  const int64_t step = ((bytes + n - 1) / n + 63) & ~int64_t(63);
-  for (int64_t o = i * step; o < std::min(bytes, (i + 1) * step); o += 64) _mm_prefetch(p + o, _MM_HINT_T2);
 }
 
 // Pointers to 16 rows from row0; rows at or past `count` repeat the last one (their lanes are
@@ -257,23 +197,8 @@ FERRUM_AVX512 void dot_rows_legacy(int64_t n, const void* w, size_t w_row_bytes,
   }
 }
 
-// ---- legacy weights x Q8_0 activations, many activation rows: an int8 GEMM ----
-//
-// Weight rows go across the lanes, kGemmRows at a time, packed once per tile as their unsigned
-// quants in vpdpbusd's layout: for block b and 4-element group g, one register holds elements
-// 4g..4g+3 of 16 rows. An activation row's 4 bytes are broadcast against it, so each packed
-// register serves kGemmActs activation rows and there is no horizontal sum.
-
-constexpr int kGemmVecs = 2;               // 16-row weight registers per tile
-constexpr int kGemmRows = 16 * kGemmVecs;  // weight rows per tile
-constexpr int kGemmActs = 4;               // activation rows per register block
-
-struct PackedTile {
-  std::vector<__m512i> quants;  // [nb][8 groups][kGemmVecs]
-  std::vector<float> scales;    // [nb][kGemmRows]
-  std::vector<float> mins;      // [nb][kGemmRows] (min formats)
-};
-
+// ---- legacy weights x Q8_0 activations, many activation rows: the int8 GEMM on tiles packed
+// from GGUF rows ----
 
 // transpose16x16's result for the 4-bit formats with half the shuffles: the packed bytes are
 // transposed before the nibbles are split. Byte m of a block's qs holds element m (low nibble)
@@ -311,10 +236,9 @@ FERRUM_AVX512_INLINE void transpose_nibbles16(const BlockPairs<Block, kBits>& pa
   }
 }
 
-// Packs `rows` rows from w (up to kGemmRows) and prefetches [ahead, ahead + ahead_bytes).
+// Packs `rows` rows from w (up to kGemmRows).
 template <class Block, int kBits, bool kHasMin>
-FERRUM_AVX512 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t nb, const char* ahead,
-                             int64_t ahead_bytes, PackedTile& tile) {
+FERRUM_AVX512 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t nb, PackedTile& tile) {
   tile.quants.resize(size_t(nb * 8 * kGemmVecs));
   tile.scales.resize(size_t(nb * kGemmRows));
   if (kHasMin) tile.mins.resize(size_t(nb * kGemmRows));
@@ -326,7 +250,6 @@ FERRUM_AVX512 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, in
     const Block* x[16];
     row_pointers(w + std::min<int64_t>(16 * vec, rows - 1) * w_row_bytes, w_row_bytes, count, x);
     for (int64_t i = 0; i < np; ++i) {
-      prefetch_share(ahead, ahead_bytes, vec * np + i, kGemmVecs * np);
       const bool both = 2 * i + 1 < nb, plain = both && i < plain_pairs;
       __m512i q[16];
       if constexpr (kBits == 4) {
@@ -349,45 +272,6 @@ FERRUM_AVX512 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, in
   }
 }
 
-// kActs activation rows from t0 against a packed tile.
-template <bool kHasMin, int kActs>
-FERRUM_AVX512 void gemm_block(int64_t nb, const PackedTile& tile, const LegacyActs& acts, int64_t t0,
-                              float* out, int64_t ldo, int64_t rows) {
-  __m512 acc[kActs][kGemmVecs];
-  for (auto& a : acc)
-    for (auto& v : a) v = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    __m512i sum[kActs][kGemmVecs];
-    for (int j = 0; j < kActs; ++j)
-      for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(acts.offsets[size_t((t0 + j) * nb + b)]);
-    const __m512i* q = &tile.quants[size_t(b * 8 * kGemmVecs)];
-    for (int g = 0; g < 8; ++g) {
-      for (int j = 0; j < kActs; ++j) {
-        int32_t a4;
-        std::memcpy(&a4, acts.rows[size_t(t0 + j)][b].qs + 4 * g, 4);
-        const __m512i a = _mm512_set1_epi32(a4);
-        for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[g * kGemmVecs + v], a);
-      }
-    }
-    for (int j = 0; j < kActs; ++j) {
-      const size_t k = size_t((t0 + j) * nb + b);
-      for (int v = 0; v < kGemmVecs; ++v) {
-        const size_t at = size_t(b * kGemmRows + 16 * v);
-        acc[j][v] = block_step<kHasMin>(acc[j][v], sum[j][v], _mm512_loadu_ps(&tile.scales[at]),
-                                        kHasMin ? _mm512_loadu_ps(&tile.mins[at]) : _mm512_setzero_ps(),
-                                        acts.scales[k], kHasMin ? acts.min_terms[k] : 0.0f);
-      }
-    }
-  }
-  for (int j = 0; j < kActs; ++j)
-    for (int v = 0; v < kGemmVecs; ++v) {
-      const int64_t left = rows - 16 * v;
-      if (left <= 0) break;
-      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-      _mm512_mask_storeu_ps(out + (t0 + j) * ldo + 16 * v, m, acc[j][v]);
-    }
-}
-
 template <class Block, int kBits, int kOffsetShift, bool kHasMin>
 FERRUM_AVX512 void gemm_legacy(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
                                const void* act, size_t act_row_bytes, int64_t T, float* out,
@@ -396,19 +280,9 @@ FERRUM_AVX512 void gemm_legacy(int64_t n, const void* w, size_t w_row_bytes, int
   thread_local PackedTile tile;
   thread_local LegacyActs acts;
   prepare_legacy_acts<kOffsetShift, kHasMin>(nb, act, act_row_bytes, T, acts);
-  // The first tile, which no tile before it prefetches.
-  prefetch_share(static_cast<const char*>(w), std::min<int64_t>(rows, kGemmRows) * int64_t(w_row_bytes), 0, 1);
-  for (int64_t r0 = 0; r0 < rows; r0 += kGemmRows) {
-    const int64_t tile_rows = std::min<int64_t>(kGemmRows, rows - r0);
-    const char* wr = static_cast<const char*>(w) + r0 * w_row_bytes;
-    const int64_t ahead_bytes = r0 + 2 * kGemmRows <= rows ? int64_t(kGemmRows * w_row_bytes) : 0;
-    pack_tile<Block, kBits, kHasMin>(wr, w_row_bytes, tile_rows, nb, wr + kGemmRows * w_row_bytes, ahead_bytes, tile);
-    int64_t t = 0;
-    for (; t + kGemmActs <= T; t += kGemmActs)
-      gemm_block<kHasMin, kGemmActs>(nb, tile, acts, t, out + r0, ldo, tile_rows);
-    if (t + 2 <= T) gemm_block<kHasMin, 2>(nb, tile, acts, t, out + r0, ldo, tile_rows), t += 2;
-    if (t < T) gemm_block<kHasMin, 1>(nb, tile, acts, t, out + r0, ldo, tile_rows);
-  }
+  gemm_tiles<kHasMin>(w, w_row_bytes, nb, rows, acts, T, out, ldo, tile, [&](int64_t r0, int64_t tile_rows, PackedTile& t) {
+    pack_tile<Block, kBits, kHasMin>(static_cast<const char*>(w) + r0 * w_row_bytes, w_row_bytes, tile_rows, nb, t);
+  });
 }
 
 // The batched decode kernel: below 4 activation rows the row kernel once per activation row
@@ -540,7 +414,7 @@ DotBatchFn avx512_dot_batch(DType t) {
     case DType::Q5_0: return dot_batch_legacy<BlockQ5_0, 5, 4, false>;
     case DType::Q5_1: return dot_batch_legacy<BlockQ5_1, 5, 0, true>;
     case DType::Q8_0: return dot_batch_legacy<BlockQ8_0, 8, 7, false>;
-    default: return nullptr;
+    default: return avx512_r16_gemm(t);
   }
 }
 
@@ -551,6 +425,7 @@ DotBatchFn avx512_gemm(DType t) {
     case DType::Q5_0: return gemm_legacy<BlockQ5_0, 5, 4, false>;
     case DType::Q5_1: return gemm_legacy<BlockQ5_1, 5, 0, true>;
     case DType::Q8_0: return gemm_legacy<BlockQ8_0, 8, 7, false>;
+    case DType::Q4_0_R16: case DType::Q4_1_R16: case DType::Q8_0_R16: return avx512_r16_gemm(t);
     default: return avx512_gemm_kquant(t);
   }
 }
@@ -568,7 +443,7 @@ DotRowsFn avx512_dot_rows(DType t) {
     case DType::Q4_K: return for_each_row<dot_k4<false, BlockQ4_K>>;
     case DType::Q5_K: return for_each_row<dot_k4<true, BlockQ5_K>>;
     case DType::Q6_K: return for_each_row<dot_q6_k>;
-    default: return nullptr;
+    default: return avx512_r16_dot_rows(t);
   }
 }
 

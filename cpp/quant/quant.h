@@ -12,6 +12,9 @@ namespace ferrum::quant {
 // Format definition: n elements (a multiple of the block size) of type t -> f32.
 // Supports F32, F16, BF16 and every quantized DType.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+// Rows r0 .. r0 + rows - 1 of a weight matrix at w (rows of n elements of type t) -> f32 dst
+// [rows, n]. Unlike dequantize_row, also for the CPU's own layouts (the R16 types, repack.h).
+void dequantize_rows(DType t, const void* w, int64_t r0, int64_t rows, int64_t n, float* dst);
 
 // Round-to-nearest quantization of n floats into type t (the activation types Q8_0 / Q8_1 /
 // Q8_K, plus F16 / BF16 / F32 and the weight types the test-model writer uses).

@@ -10,6 +10,8 @@
 #include "backend/cpu/command_profile.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
+#include "quant/quant.h"
+#include "quant/repack.h"
 
 namespace ferrum {
 
@@ -142,6 +144,16 @@ void CpuBackend::upload(const Tensor& dst, const void* src, size_t bytes) {
   std::memcpy(host_ptr<void>(dst), src, bytes);
 }
 
+Tensor CpuBackend::pack_weight(const Tensor& w) {
+  check_host(w);
+  const DType packed = quant::r16_type(w.dtype);
+  if (packed == w.dtype || w.shape.size() != 2 || w.dim(0) % quant::kR16Rows != 0 || !quant::gemm_kernel(packed))
+    return w;
+  Tensor t = alloc(packed, w.shape);
+  quant::repack_r16(w.dtype, host_ptr<char>(w), host_ptr<char>(t), w.dim(0), w.cols());
+  return t;
+}
+
 void CpuBackend::download(const Tensor& src, void* dst, size_t bytes) {
   check_host(src);
   FERRUM_CHECK(bytes <= src.nbytes(), "download of " + std::to_string(bytes) + " bytes from " + src.str());
@@ -165,7 +177,7 @@ void CpuBackend::embedding(Stream& s, const Tensor& ids, const Tensor& table, co
         std::memset(o, 0, size_t(h) * 4);
         continue;
       }
-      cpu::row_to_f32(table.dtype, rows + id[t] * table.row_bytes(), o, h);
+      quant::dequantize_rows(table.dtype, rows, id[t], 1, h, o);
     }
   });
 }

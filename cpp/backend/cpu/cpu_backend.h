@@ -66,6 +66,8 @@ class CpuBackend : public Backend {
   Tensor from_host(const void* data, DType dtype, Shape shape,
                    std::shared_ptr<const void> keepalive) override;
   void upload(const Tensor& dst, const void* src, size_t bytes) override;
+  // Q4_0 / Q4_1 / Q8_0 -> their R16 layouts (quant/repack.h) where the AVX-512 VNNI kernels run.
+  Tensor pack_weight(const Tensor& w) override;
   void download(const Tensor& src, void* dst, size_t bytes) override;
   std::unique_ptr<Stream> new_stream() override { return std::make_unique<CpuStream>(this); }
 

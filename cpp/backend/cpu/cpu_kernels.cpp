@@ -50,14 +50,6 @@ void rms_norm_row(const float* x, const float* w, float eps, float* out, int64_t
   for (int64_t i = 0; i < d; ++i) out[i] = x[i] * inv * w[i];
 }
 
-void row_to_f32(DType t, const void* src, float* dst, int64_t n) {
-  if (t == DType::F32) {
-    std::memcpy(dst, src, size_t(n) * 4);
-    return;
-  }
-  quant::dequantize_row(t, src, dst, n);
-}
-
 void rope_head(float* x, const float* cos, const float* sin, int64_t rot_half, RopeLayout layout) {
   if (layout == RopeLayout::HalfSplit) {
     for (int64_t i = 0; i < rot_half; ++i) {

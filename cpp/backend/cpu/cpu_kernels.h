@@ -8,8 +8,6 @@
 namespace ferrum::cpu {
 
 void rms_norm_row(const float* x, const float* w, float eps, float* out, int64_t d);
-// A row of any plain or quantized type as f32.
-void row_to_f32(DType t, const void* src, float* dst, int64_t n);
 void rope_head(float* x, const float* cos, const float* sin, int64_t rot_half, RopeLayout layout);
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 float dot_f32(const float* a, const float* b, int64_t n);

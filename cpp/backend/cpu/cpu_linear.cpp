@@ -12,6 +12,8 @@
 //     per-thread scratch, then sgemm. Two to eight rows of f32 weights: sgemm.
 //   - a scoring step (Stream::float_activations) never quantizes activations: every matmul of
 //     more than one row is dequantize + sgemm, so scores agree with a float reference.
+// Weights in the R16 layouts (pack_weight) take the same paths; threads split them at 16-row
+// group starts.
 #include <cblas.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/op_checks.h"
 #include "quant/quant.h"
+#include "quant/repack.h"
 
 namespace ferrum {
 
@@ -34,6 +37,14 @@ constexpr int64_t kMaxDecodeRows = 64;
 constexpr int64_t kTileRows = 128;
 constexpr size_t kDotTileBytes = 16 * 1024;  // weight rows dotted with every activation row at once
 constexpr int64_t kMaxInlineQuantize = 16384;  // row length quantized by every thread (see below)
+
+// Part ith of nth of w's N rows; R16 weights split at group starts.
+void split_rows(const Tensor& w, int ith, int nth, int64_t* r0, int64_t* r1) {
+  const int64_t unit = quant::is_r16(w.dtype) ? quant::kR16Rows : 1;
+  split_range((w.dim(0) + unit - 1) / unit, ith, nth, r0, r1);
+  *r0 = std::min(*r0 * unit, w.dim(0));
+  *r1 = std::min(*r1 * unit, w.dim(0));
+}
 
 // out points at column 0 of this weight's columns; ldo is the row stride of out.
 void add_bias(const Tensor& bias, float* out, int64_t tokens, int64_t ldo, int64_t r0, int64_t r1) {
@@ -64,7 +75,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
     auto tiles = scratch(Scratch::GemmTiles, dequant ? size_t(pool_.size() * kTileRows * K) * 4 : 0);
     cs.record("linear_gemm", [=](int ith, int nth) {
       int64_t r0, r1;
-      split_range(N, ith, nth, &r0, &r1);
+      split_rows(w, ith, nth, &r0, &r1);
       const float* xp = host_ptr<float>(x);
       float* op = host_ptr<float>(out) + out_col;
       for (int64_t t0 = r0; t0 < r1; t0 += kTileRows) {
@@ -72,8 +83,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
         const float* wt;
         if (dequant) {
           float* tile = reinterpret_cast<float*>(tiles->data()) + size_t(ith) * kTileRows * K;
-          const char* src = host_ptr<char>(w) + t0 * w_row_bytes;
-          for (int64_t r = 0; r < rows; ++r) quant::dequantize_row(w.dtype, src + r * w_row_bytes, tile + r * K, K);
+          quant::dequantize_rows(w.dtype, host_ptr<char>(w), t0, rows, K, tile);
           wt = tile;
         } else {
           wt = host_ptr<float>(w) + t0 * K;
@@ -115,7 +125,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const int64_t tile_rows = T == 1 ? N : std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes));
   cs.record("linear_dot", [=](int ith, int nth) {
     int64_t r0, r1;
-    split_range(N, ith, nth, &r0, &r1);
+    split_rows(w, ith, nth, &r0, &r1);
     if (r0 >= r1) return;
     float* op = host_ptr<float>(out) + out_col;
     char* acts = act ? act->data() : nullptr;

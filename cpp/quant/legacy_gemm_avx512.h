@@ -1,0 +1,163 @@
+// Internal: the legacy formats' (Q4_0 .. Q8_0) int8 kernels against Q8_0 activations that the
+// GGUF-layout kernels (dot_avx512.cpp) and the R16-layout ones (dot_r16_avx512.cpp) share: the
+// activation preparation, the one float order, and the GEMM over packed 32-row tiles.
+#pragma once
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "quant/avx512_common.h"
+#include "quant/formats.h"
+
+namespace ferrum::quant::detail {
+
+// Every kernel below (the row kernel, the GEMM, whatever its T and a row's place in a tile)
+// computes an output in one float order, so a sequence's results do not depend on its batch:
+// per block b, the exact integer isum_b = sum(q * a) - zero * sum(a), then one chain over
+// b = 0 .. nb - 1 of acc = fma(float(isum_b), d_w * d_a, acc), followed for the min formats by
+// acc = fma(m_w, d_a * float(sum(a)), acc) (block_step). Integer sums are exact in any order, so
+// the kernels are free to form them as suits their layout. Weight quants are kept unsigned (q,
+// Q8_0: w + 128) for vpdpbusd against the signed activations; -zero * sum(a) removes the offset.
+
+// Per activation row and block: what the float chain needs besides the weights.
+struct LegacyActs {
+  std::vector<const BlockQ8_0*> rows;
+  std::vector<float> scales;     // d_a
+  std::vector<int32_t> offsets;  // -zero * sum(a)
+  std::vector<float> min_terms;  // d_a * sum(a) (min formats)
+};
+
+template <int kOffsetShift, bool kHasMin>
+FERRUM_AVX512 void prepare_legacy_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T,
+                                       LegacyActs& acts) {
+  const int32_t zero = kHasMin ? 0 : 1 << kOffsetShift;
+  acts.rows.resize(size_t(T));
+  acts.scales.resize(size_t(T * nb));
+  acts.offsets.resize(size_t(T * nb));
+  if (kHasMin) acts.min_terms.resize(size_t(T * nb));
+  for (int64_t t = 0; t < T; ++t) {
+    const BlockQ8_0* y = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
+    acts.rows[size_t(t)] = y;
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[b].qs));
+      const __m256i lanes = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q);
+      const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
+      const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+      const int32_t sum_a = _mm_cvtsi128_si32(s2) + _mm_extract_epi32(s2, 1);
+      const size_t k = size_t(t * nb + b);
+      acts.scales[k] = h2f(y[b].d);
+      acts.offsets[k] = -zero * sum_a;
+      if constexpr (kHasMin) acts.min_terms[k] = acts.scales[k] * float(sum_a);
+    }
+  }
+}
+
+// One block of the float chain for 16 outputs (one per lane).
+template <bool kHasMin>
+FERRUM_AVX512_INLINE __m512 block_step(__m512 acc, __m512i isum, __m512 d_w, __m512 m_w, float d_a,
+                                       float min_term) {
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d_w, _mm512_set1_ps(d_a)), acc);
+  if constexpr (kHasMin) acc = _mm512_fmadd_ps(m_w, _mm512_set1_ps(min_term), acc);
+  return acc;
+}
+
+// Share i of n of [p, p + bytes), prefetched into L2. The kernels read 16 or 32 rows at once,
+// and from DRAM the hardware prefetchers do not keep up with that many streams (the row kernel:
+// Q4_1 6 GB/s one thread on a 47 MB matrix); prefetching the rows two groups ahead as one
+// sequential stream, a share per step, restores 16 GB/s (one group ahead or four: 11-13).
+FERRUM_AVX512_INLINE void prefetch_share(const char* p, int64_t bytes, int64_t i, int64_t n) {
+  const int64_t step = ((bytes + n - 1) / n + 63) & ~int64_t(63);
+  for (int64_t o = i * step; o < std::min(bytes, (i + 1) * step); o += 64) _mm_prefetch(p + o, _MM_HINT_T2);
+}
+
+// ---- the int8 GEMM ----
+//
+// Weight rows go across the lanes, kGemmRows at a time, packed once per tile as their unsigned
+// quants in vpdpbusd's layout: for block b and 4-element group g, one register holds elements
+// 4g..4g+3 of 16 rows. An activation row's 4 bytes are broadcast against it, so each packed
+// register serves kGemmActs activation rows and there is no horizontal sum.
+
+constexpr int kGemmVecs = 2;               // 16-row weight registers per tile
+constexpr int kGemmRows = 16 * kGemmVecs;  // weight rows per tile
+constexpr int kGemmActs = 4;               // activation rows per register block
+
+struct PackedTile {
+  std::vector<__m512i> quants;  // [nb][8 groups][kGemmVecs]
+  std::vector<float> scales;    // [nb][kGemmRows]
+  std::vector<float> mins;      // [nb][kGemmRows] (min formats)
+};
+
+// kActs activation rows from t0 against a packed tile.
+// Prefetches share `share` + b of `shares` of [ahead, ahead + ahead_bytes) at block b.
+template <bool kHasMin, int kActs>
+FERRUM_AVX512 void gemm_block(int64_t nb, const PackedTile& tile, const LegacyActs& acts, int64_t t0,
+                              float* out, int64_t ldo, int64_t rows, const char* ahead, int64_t ahead_bytes,
+                              int64_t share, int64_t shares) {
+  __m512 acc[kActs][kGemmVecs];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    prefetch_share(ahead, ahead_bytes, share + b, shares);
+    __m512i sum[kActs][kGemmVecs];
+    for (int j = 0; j < kActs; ++j)
+      for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(acts.offsets[size_t((t0 + j) * nb + b)]);
+    const __m512i* q = &tile.quants[size_t(b * 8 * kGemmVecs)];
+    for (int g = 0; g < 8; ++g) {
+      for (int j = 0; j < kActs; ++j) {
+        int32_t a4;
+        std::memcpy(&a4, acts.rows[size_t(t0 + j)][b].qs + 4 * g, 4);
+        const __m512i a = _mm512_set1_epi32(a4);
+        for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[g * kGemmVecs + v], a);
+      }
+    }
+    for (int j = 0; j < kActs; ++j) {
+      const size_t k = size_t((t0 + j) * nb + b);
+      for (int v = 0; v < kGemmVecs; ++v) {
+        const size_t at = size_t(b * kGemmRows + 16 * v);
+        acc[j][v] = block_step<kHasMin>(acc[j][v], sum[j][v], _mm512_loadu_ps(&tile.scales[at]),
+                                        kHasMin ? _mm512_loadu_ps(&tile.mins[at]) : _mm512_setzero_ps(),
+                                        acts.scales[k], kHasMin ? acts.min_terms[k] : 0.0f);
+      }
+    }
+  }
+  for (int j = 0; j < kActs; ++j)
+    for (int v = 0; v < kGemmVecs; ++v) {
+      const int64_t left = rows - 16 * v;
+      if (left <= 0) break;
+      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      _mm512_mask_storeu_ps(out + (t0 + j) * ldo + 16 * v, m, acc[j][v]);
+    }
+}
+
+// out[t * ldo + r] for T activation rows against `rows` weight rows at w: pack(r0, tile_rows,
+// tile) fills the tile of rows r0 .. r0 + tile_rows (tile_rows <= kGemmRows) from w, then every
+// activation row is run against it, kGemmActs at a time. Both layouts keep a tile's rows in one
+// contiguous range, which is prefetched two tiles ahead, spread over the block steps of the
+// tile before: issued all at once, most prefetches would be dropped (more than the outstanding
+// misses a core tracks), and DRAM-resident weights ran at 5-6 GB/s at T = 16.
+template <bool kHasMin, class PackFn>
+FERRUM_AVX512 void gemm_tiles(const void* w, size_t w_row_bytes, int64_t nb, int64_t rows, const LegacyActs& acts,
+                              int64_t T, float* out, int64_t ldo, PackedTile& tile, PackFn pack) {
+  const char* base = static_cast<const char*>(w);
+  const int64_t rb = int64_t(w_row_bytes);
+  const int64_t calls = T / kGemmActs + (T % kGemmActs >= 2) + (T % 2);  // gemm_block calls per tile
+  prefetch_share(base, std::min<int64_t>(rows, 2 * kGemmRows) * rb, 0, 1);
+  for (int64_t r0 = 0; r0 < rows; r0 += kGemmRows) {
+    const int64_t tile_rows = std::min<int64_t>(kGemmRows, rows - r0);
+    const char* ahead = base + (r0 + 2 * kGemmRows) * rb;
+    const int64_t ahead_bytes = std::clamp<int64_t>(rows - r0 - 2 * kGemmRows, 0, kGemmRows) * rb;
+    pack(r0, tile_rows, tile);
+    int64_t t = 0, call = 0;
+    auto run = [&](auto acts_per_call) {
+      constexpr int kActs = decltype(acts_per_call)::value;
+      gemm_block<kHasMin, kActs>(nb, tile, acts, t, out + r0, ldo, tile_rows, ahead, ahead_bytes, call++ * nb, calls * nb);
+      t += kActs;
+    };
+    while (t + kGemmActs <= T) run(std::integral_constant<int, kGemmActs>{});
+    if (t + 2 <= T) run(std::integral_constant<int, 2>{});
+    if (t < T) run(std::integral_constant<int, 1>{});
+  }
+}
+
+}  // namespace ferrum::quant::detail

@@ -1,0 +1,101 @@
+#include "quant/repack.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "quant/formats.h"
+#include "quant/quant.h"
+
+namespace ferrum::quant {
+
+namespace {
+
+// One file type's block as the R16 layout sees it: `fields` f16 fields, then the quant bytes.
+struct BlockShape {
+  int fields, block_bytes;
+  uint32_t quant_xor;  // Q8_0: + 128 in every byte
+  int header() const { return 32 * fields; }
+};
+
+BlockShape block_shape(DType file_type) {
+  switch (file_type) {
+    case DType::Q4_0: return {1, int(sizeof(BlockQ4_0)), 0};
+    case DType::Q4_1: return {2, int(sizeof(BlockQ4_1)), 0};
+    case DType::Q8_0: return {1, int(sizeof(BlockQ8_0)), 0x80808080u};
+    default: throw ValueError(std::string("no R16 layout for dtype ") + dtype_name(file_type));
+  }
+}
+
+// Copies a block between its file layout and lane `lane` of an R16 chunk, piece by piece: each
+// f16 field, then each 4 quant bytes.
+void move_block(const BlockShape& s, int lane, const uint8_t* from, uint8_t* to, bool to_chunk) {
+  auto piece = [&](int file_at, int chunk_at, size_t bytes, uint32_t x) {
+    uint32_t v = 0;
+    std::memcpy(&v, from + (to_chunk ? file_at : chunk_at), bytes);
+    v ^= x;
+    std::memcpy(to + (to_chunk ? chunk_at : file_at), &v, bytes);
+  };
+  for (int k = 0; k < s.fields; ++k) piece(2 * k, 32 * k + 2 * lane, 2, 0);
+  for (int k = 0; k < (s.block_bytes - 2 * s.fields) / 4; ++k)
+    piece(2 * s.fields + 4 * k, s.header() + 64 * k + 4 * lane, 4, s.quant_xor);
+}
+
+}  // namespace
+
+DType r16_type(DType t) {
+  switch (t) {
+    case DType::Q4_0: return DType::Q4_0_R16;
+    case DType::Q4_1: return DType::Q4_1_R16;
+    case DType::Q8_0: return DType::Q8_0_R16;
+    default: return t;
+  }
+}
+
+bool is_r16(DType t) { return t == DType::Q4_0_R16 || t == DType::Q4_1_R16 || t == DType::Q8_0_R16; }
+
+DType r16_source(DType t) {
+  switch (t) {
+    case DType::Q4_0_R16: return DType::Q4_0;
+    case DType::Q4_1_R16: return DType::Q4_1;
+    case DType::Q8_0_R16: return DType::Q8_0;
+    default: return t;
+  }
+}
+
+void repack_r16(DType t, const void* src, void* dst, int64_t rows, int64_t n) {
+  const BlockShape s = block_shape(t);
+  FERRUM_CHECK(rows % kR16Rows == 0 && n % kQK == 0, "repack_r16: rows must be a multiple of 16");
+  const int64_t nb = n / kQK, row_bytes = nb * s.block_bytes;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = static_cast<const uint8_t*>(src) + r * row_bytes;
+    uint8_t* group = static_cast<uint8_t*>(dst) + (r - r % kR16Rows) * row_bytes;
+    for (int64_t b = 0; b < nb; ++b)
+      move_block(s, int(r % kR16Rows), row + b * s.block_bytes, group + b * kR16Rows * s.block_bytes, true);
+  }
+}
+
+void unpack_r16_row(DType t, const void* w, int64_t r, int64_t n, void* dst) {
+  const BlockShape s = block_shape(r16_source(t));
+  const int64_t nb = n / kQK, row_bytes = nb * s.block_bytes;
+  const uint8_t* group = static_cast<const uint8_t*>(w) + (r - r % kR16Rows) * row_bytes;
+  for (int64_t b = 0; b < nb; ++b)
+    move_block(s, int(r % kR16Rows), group + b * kR16Rows * s.block_bytes,
+               static_cast<uint8_t*>(dst) + b * s.block_bytes, false);
+}
+
+void dequantize_rows(DType t, const void* w, int64_t r0, int64_t rows, int64_t n, float* dst) {
+  const size_t row_bytes = dtype_bytes(t, n);
+  if (!is_r16(t)) {
+    for (int64_t r = 0; r < rows; ++r) dequantize_row(t, static_cast<const char*>(w) + (r0 + r) * row_bytes, dst + r * n, n);
+    return;
+  }
+  thread_local std::vector<char> row;
+  row.resize(row_bytes);
+  for (int64_t r = 0; r < rows; ++r) {
+    unpack_r16_row(t, w, r0 + r, n, row.data());
+    dequantize_row(r16_source(t), row.data(), dst + r * n, n);
+  }
+}
+
+}  // namespace ferrum::quant

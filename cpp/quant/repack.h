@@ -1,0 +1,38 @@
+// The CPU backend's row-interleaved layouts (DType *_R16) of Q4_0, Q4_1 and Q8_0 weights.
+//
+// Batched decode and prefill dot 16 weight rows at once, one per 32-bit lane, so they need each
+// block's quants as "bytes 4k..4k+3 of 16 rows" registers and its scales as 16-lane vectors.
+// Transposing GGUF's row-major blocks into that form at every call was a third of the int8
+// GEMM's time at 16 activation rows; the R16 layouts store it once, at load:
+//
+//   rows in groups of 16; group g starts at row 16g (row stride as in the file format), and
+//   holds block b of its 16 rows together, for b = 0 .. nb - 1, in 16 * block_bytes bytes:
+//     the f16 fields: d of rows 0..15 (32 bytes), then m of rows 0..15 for Q4_1 (32 bytes);
+//     the quant bytes: for k = 0 .. qs_bytes / 4 - 1, bytes 4k..4k+3 of the 16 rows' qs (64 bytes).
+//   Q8_0's quants are stored + 128 (unsigned, as vpdpbusd takes them).
+//
+// Every byte of a block keeps its meaning, so sizes, row strides (at group starts) and the
+// numerics are those of the file format: the R16 kernels' results equal the GGUF kernels' bit
+// for bit.
+#pragma once
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace ferrum::quant {
+
+constexpr int64_t kR16Rows = 16;
+
+// The R16 form of a file type (Q4_0, Q4_1, Q8_0), or t itself when it has none.
+DType r16_type(DType t);
+bool is_r16(DType t);
+// The file type an R16 type interleaves; t itself for the others.
+DType r16_source(DType t);
+
+// rows (a multiple of 16) rows of n elements of file type t at src -> r16_type(t) at dst (the
+// same number of bytes; no overlap).
+void repack_r16(DType t, const void* src, void* dst, int64_t rows, int64_t n);
+// Row r of the R16 matrix at w (rows of n elements), back in its file type's layout at dst.
+void unpack_r16_row(DType t, const void* w, int64_t r, int64_t n, void* dst);
+
+}  // namespace ferrum::quant

@@ -1,0 +1,121 @@
+// The R16 layouts (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q8_0 rows whose
+// kernels give the GGUF kernels' results bit for bit.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "quant/quant.h"
+#include "quant/repack.h"
+
+namespace ferrum::quant {
+namespace {
+
+const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0};
+
+// rows x n weights of file type t from varied random floats.
+std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<uint8_t> w(dtype_bytes(t, n) * size_t(rows));
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < n; ++i) x[size_t(i)] = (i % 32 == 0 ? 4.0f : 1.0f) * u(rng) + 0.2f * float(r % 3);
+    quantize_row(t, x.data(), w.data() + r * dtype_bytes(t, n), n);
+  }
+  return w;
+}
+
+TEST(Repack, RoundTripsEveryRowAndDequantizesAsTheFileType) {
+  std::mt19937 rng(5);
+  for (DType t : kFileTypes) {
+    const int64_t rows = 48, n = 96;
+    const size_t row_bytes = dtype_bytes(t, n);
+    const DType r16 = r16_type(t);
+    ASSERT_NE(r16, t);
+    EXPECT_TRUE(is_r16(r16));
+    EXPECT_EQ(r16_source(r16), t);
+    EXPECT_EQ(dtype_bytes(r16, n), row_bytes);
+    const std::vector<uint8_t> w = random_weights(t, rows, n, rng);
+    std::vector<uint8_t> packed(w.size());
+    repack_r16(t, w.data(), packed.data(), rows, n);
+    EXPECT_NE(packed, w);
+    std::vector<uint8_t> row(row_bytes);
+    std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n * 3));
+    for (int64_t r = 0; r < rows; ++r) {
+      unpack_r16_row(r16, packed.data(), r, n, row.data());
+      EXPECT_EQ(std::vector<uint8_t>(w.begin() + r * row_bytes, w.begin() + (r + 1) * row_bytes), row)
+          << dtype_name(t) << " row " << r;
+    }
+    for (int64_t r0 : {0, 15, 45}) {  // across group boundaries
+      dequantize_rows(r16, packed.data(), r0, 3, n, got.data());
+      for (int64_t k = 0; k < 3; ++k) {
+        dequantize_row(t, w.data() + (r0 + k) * row_bytes, want.data(), n);
+        EXPECT_EQ(std::vector<float>(got.begin() + k * n, got.begin() + (k + 1) * n), want) << r0 + k;
+      }
+    }
+  }
+  std::vector<uint8_t> w(dtype_bytes(DType::Q4_0, 32) * 8), out(w.size());
+  EXPECT_THROW(repack_r16(DType::Q4_0, w.data(), out.data(), 8, 32), ValueError);  // not 16 rows
+  EXPECT_THROW(repack_r16(DType::Q4_K, w.data(), out.data(), 16, 256), ValueError);
+  EXPECT_EQ(r16_type(DType::Q4_K), DType::Q4_K);
+}
+
+// The R16 row kernel from any group start and the R16 GEMM / batched kernel at every T equal
+// the file type's row kernel bit for bit.
+TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
+  const CpuFeatures& f = cpu_features();
+  const bool vnni = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni;
+  ASSERT_EQ(gemm_kernel(DType::Q4_0_R16) != nullptr, vnni);
+  if (!vnni) return;  // without the kernels the CPU backend never repacks
+  std::mt19937 rng(9);
+  for (DType t : kFileTypes) {
+    for (int64_t n : {32, 96, 576}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n));
+      const int64_t rows = 48, T = 37;
+      const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(DType::Q8_0, n);
+      const std::vector<uint8_t> w = random_weights(t, rows, n, rng);
+      std::vector<uint8_t> packed(w.size()), act(act_bytes * T);
+      repack_r16(t, w.data(), packed.data(), rows, n);
+      std::uniform_real_distribution<float> u(-2, 2);
+      std::vector<float> a(static_cast<size_t>(n));
+      for (int64_t i = 0; i < T; ++i) {
+        for (float& v : a) v = u(rng);
+        quantize_row(DType::Q8_0, a.data(), act.data() + i * act_bytes, n);
+      }
+      const DType r16 = r16_type(t);
+      EXPECT_EQ(dot_kernel(r16).act_type, DType::Q8_0);
+      std::vector<float> want(size_t(T * rows));
+      for (int64_t i = 0; i < T; ++i) dot_kernel(t).dot_rows(n, w.data(), row_bytes, rows, act.data() + i * act_bytes, want.data() + i * rows);
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<float> got(size_t(rows), -7.0f);
+        dot_kernel(r16).dot_rows(n, packed.data(), row_bytes, rows, act.data() + i * act_bytes, got.data());
+        EXPECT_EQ(got, std::vector<float>(want.begin() + i * rows, want.begin() + (i + 1) * rows)) << "t " << i;
+        // from the second group, 24 rows (a partial last group)
+        std::vector<float> part(26, -7.0f);
+        dot_kernel(r16).dot_rows(n, packed.data() + 16 * row_bytes, row_bytes, 24, act.data() + i * act_bytes, part.data());
+        for (int64_t r = 0; r < 24; ++r) EXPECT_EQ(part[size_t(r)], want[size_t(i * rows + 16 + r)]) << "t " << i << " r " << r;
+        EXPECT_EQ(part[24], -7.0f);
+      }
+      for (DotBatchFn fn : {gemm_kernel(r16), dot_batch_kernel(r16)}) {
+        ASSERT_NE(fn, nullptr);
+        for (int64_t T1 = 1; T1 <= T; ++T1) {
+          for (int64_t r0 : {int64_t(0), int64_t(16)}) {
+            const int64_t count = rows - r0 - (r0 ? 8 : 0), ldo = rows + 2;
+            std::vector<float> got(size_t(T1 * ldo), -7.0f);
+            fn(n, packed.data() + r0 * row_bytes, row_bytes, count, act.data(), act_bytes, T1, got.data(), ldo);
+            for (int64_t i = 0; i < T1; ++i) {
+              for (int64_t r = 0; r < count; ++r)
+                EXPECT_EQ(got[size_t(i * ldo + r)], want[size_t(i * rows + r0 + r)]) << "T " << T1 << " t " << i << " r " << r;
+              for (int64_t r = count; r < ldo; ++r) EXPECT_EQ(got[size_t(i * ldo + r)], -7.0f);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ferrum::quant
