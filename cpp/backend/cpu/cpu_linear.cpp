@@ -36,7 +36,7 @@ constexpr int64_t kMaxDotTokens = 8;
 constexpr int64_t kMaxDecodeRows = 64;
 constexpr int64_t kTileRows = 128;
 constexpr size_t kDotTileBytes = 16 * 1024;  // weight rows dotted with every activation row at once
-constexpr int64_t kMaxInlineQuantize = 16384;  // row length quantized by every thread (see below)
+constexpr int64_t kMaxInlineQuantize = 16384;  // activation elements quantized by every thread (see below)
 
 // Part ith of nth of w's N rows; R16 weights split at group starts.
 void split_rows(const Tensor& w, int ith, int nth, int64_t* r0, int64_t* r1) {
@@ -97,16 +97,16 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   }
 
   // Dot-kernel path (or the GEMM kernel, which may take another activation type). Activations
-  // are quantized once by a command of their own, or, for one short row (a single decode), by
-  // every thread into its own copy inside the dot command: a few hundred nanoseconds of
-  // redundant work instead of a barrier between the two.
+  // are quantized once by a command of their own, or, when they are few (a decode or a small
+  // batch of decodes), by every thread into its own copy inside the dot command: a microsecond
+  // or two of redundant work instead of a command and a barrier between the two.
   const DType act_type = gemm ? quant::gemm_act_type(w.dtype) : kernel->act_type;
   const size_t act_row_bytes = dtype_bytes(act_type, K);
   const bool quantize = act_type != DType::F32;
-  const bool quantize_in_dot = quantize && T == 1 && K <= kMaxInlineQuantize;
+  const bool quantize_in_dot = quantize && T * K <= kMaxInlineQuantize;
   std::shared_ptr<std::vector<char>> act;
   if (quantize_in_dot) {
-    act = scratch(Scratch::Activations, size_t(pool_.size()) * act_row_bytes);
+    act = scratch(Scratch::Activations, size_t(pool_.size() * T) * act_row_bytes);
   } else if (quantize) {
     act = scratch(Scratch::Activations, size_t(T) * act_row_bytes);
     cs.record("quantize_act", [=](int ith, int nth) {
@@ -130,8 +130,9 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
     float* op = host_ptr<float>(out) + out_col;
     char* acts = act ? act->data() : nullptr;
     if (quantize_in_dot) {
-      acts += size_t(ith) * act_row_bytes;
-      quant::quantize_row(act_type, host_ptr<float>(x), acts, K);
+      acts += size_t(ith * T) * act_row_bytes;
+      for (int64_t t = 0; t < T; ++t)
+        quant::quantize_row(act_type, host_ptr<float>(x) + t * K, acts + t * act_row_bytes, K);
     }
     if (batch) {
       const void* a = acts ? static_cast<const void*>(acts) : static_cast<const void*>(host_ptr<float>(x));
