@@ -280,8 +280,9 @@ FERRUM_AVX512 void gemm_legacy(int64_t n, const void* w, size_t w_row_bytes, int
   thread_local PackedTile tile;
   thread_local LegacyActs acts;
   prepare_legacy_acts<kOffsetShift, kHasMin>(nb, act, act_row_bytes, T, acts);
-  gemm_tiles<kHasMin>(w, w_row_bytes, nb, rows, acts, T, out, ldo, tile, [&](int64_t r0, int64_t tile_rows, PackedTile& t) {
-    pack_tile<Block, kBits, kHasMin>(static_cast<const char*>(w) + r0 * w_row_bytes, w_row_bytes, tile_rows, nb, t);
+  gemm_tiles<kHasMin>(w, w_row_bytes, nb, rows, acts, T, out, ldo, [&](int64_t r0, int64_t tile_rows) {
+    pack_tile<Block, kBits, kHasMin>(static_cast<const char*>(w) + r0 * w_row_bytes, w_row_bytes, tile_rows, nb, tile);
+    return TileSource{tile};
   });
 }
 

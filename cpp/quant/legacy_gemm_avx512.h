@@ -88,10 +88,20 @@ struct PackedTile {
   std::vector<float> mins;      // [nb][kGemmRows] (min formats)
 };
 
-// kActs activation rows from t0 against a packed tile.
-// Prefetches share `share` + b of `shares` of [ahead, ahead + ahead_bytes) at block b.
-template <bool kHasMin, int kActs>
-FERRUM_AVX512 void gemm_block(int64_t nb, const PackedTile& tile, const LegacyActs& acts, int64_t t0,
+// A packed tile as gemm_block reads it: q(b, g, v) = group g (elements 4g..4g+3) of block b in
+// 16-row vector v (rows 16v .. 16v + 15), d / m = that block's scales.
+struct TileSource {
+  const PackedTile& tile;
+  FERRUM_AVX512_INLINE __m512i q(int64_t b, int g, int v) const { return tile.quants[size_t((b * 8 + g) * kGemmVecs + v)]; }
+  FERRUM_AVX512_INLINE __m512 d(int64_t b, int v) const { return _mm512_loadu_ps(&tile.scales[size_t(b * kGemmRows + 16 * v)]); }
+  FERRUM_AVX512_INLINE __m512 m(int64_t b, int v) const { return _mm512_loadu_ps(&tile.mins[size_t(b * kGemmRows + 16 * v)]); }
+};
+
+// kActs activation rows from t0 against the kGemmRows weight rows of src (a TileSource or the
+// like: q(), d(), and m() for the min formats). Prefetches share `share` + b of `shares` of [ahead, ahead +
+// ahead_bytes) at block b.
+template <bool kHasMin, int kActs, class Source>
+FERRUM_AVX512 void gemm_block(int64_t nb, const Source& src, const LegacyActs& acts, int64_t t0,
                               float* out, int64_t ldo, int64_t rows, const char* ahead, int64_t ahead_bytes,
                               int64_t share, int64_t shares) {
   __m512 acc[kActs][kGemmVecs];
@@ -102,22 +112,21 @@ FERRUM_AVX512 void gemm_block(int64_t nb, const PackedTile& tile, const LegacyAc
     __m512i sum[kActs][kGemmVecs];
     for (int j = 0; j < kActs; ++j)
       for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(acts.offsets[size_t((t0 + j) * nb + b)]);
-    const __m512i* q = &tile.quants[size_t(b * 8 * kGemmVecs)];
     for (int g = 0; g < 8; ++g) {
+      __m512i q[kGemmVecs];
+      for (int v = 0; v < kGemmVecs; ++v) q[v] = src.q(b, g, v);
       for (int j = 0; j < kActs; ++j) {
         int32_t a4;
         std::memcpy(&a4, acts.rows[size_t(t0 + j)][b].qs + 4 * g, 4);
         const __m512i a = _mm512_set1_epi32(a4);
-        for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[g * kGemmVecs + v], a);
+        for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
       }
     }
-    for (int j = 0; j < kActs; ++j) {
-      const size_t k = size_t((t0 + j) * nb + b);
-      for (int v = 0; v < kGemmVecs; ++v) {
-        const size_t at = size_t(b * kGemmRows + 16 * v);
-        acc[j][v] = block_step<kHasMin>(acc[j][v], sum[j][v], _mm512_loadu_ps(&tile.scales[at]),
-                                        kHasMin ? _mm512_loadu_ps(&tile.mins[at]) : _mm512_setzero_ps(),
-                                        acts.scales[k], kHasMin ? acts.min_terms[k] : 0.0f);
+    for (int v = 0; v < kGemmVecs; ++v) {
+      const __m512 d_w = src.d(b, v), m_w = kHasMin ? src.m(b, v) : d_w;
+      for (int j = 0; j < kActs; ++j) {
+        const size_t k = size_t((t0 + j) * nb + b);
+        acc[j][v] = block_step<kHasMin>(acc[j][v], sum[j][v], d_w, m_w, acts.scales[k], kHasMin ? acts.min_terms[k] : 0.0f);
       }
     }
   }
@@ -130,15 +139,15 @@ FERRUM_AVX512 void gemm_block(int64_t nb, const PackedTile& tile, const LegacyAc
     }
 }
 
-// out[t * ldo + r] for T activation rows against `rows` weight rows at w: pack(r0, tile_rows,
-// tile) fills the tile of rows r0 .. r0 + tile_rows (tile_rows <= kGemmRows) from w, then every
-// activation row is run against it, kGemmActs at a time. Both layouts keep a tile's rows in one
+// out[t * ldo + r] for T activation rows against `rows` weight rows at w: pack(r0, tile_rows)
+// returns the source (TileSource or the like) of rows r0 .. r0 + tile_rows (tile_rows <=
+// kGemmRows), then every activation row is run against it, kGemmActs at a time. Both layouts keep a tile's rows in one
 // contiguous range, which is prefetched two tiles ahead, spread over the block steps of the
 // tile before: issued all at once, most prefetches would be dropped (more than the outstanding
 // misses a core tracks), and DRAM-resident weights ran at 5-6 GB/s at T = 16.
 template <bool kHasMin, class PackFn>
 FERRUM_AVX512 void gemm_tiles(const void* w, size_t w_row_bytes, int64_t nb, int64_t rows, const LegacyActs& acts,
-                              int64_t T, float* out, int64_t ldo, PackedTile& tile, PackFn pack) {
+                              int64_t T, float* out, int64_t ldo, PackFn pack) {
   const char* base = static_cast<const char*>(w);
   const int64_t rb = int64_t(w_row_bytes);
   const int64_t calls = T / kGemmActs + (T % kGemmActs >= 2) + (T % 2);  // gemm_block calls per tile
@@ -147,11 +156,11 @@ FERRUM_AVX512 void gemm_tiles(const void* w, size_t w_row_bytes, int64_t nb, int
     const int64_t tile_rows = std::min<int64_t>(kGemmRows, rows - r0);
     const char* ahead = base + (r0 + 2 * kGemmRows) * rb;
     const int64_t ahead_bytes = std::clamp<int64_t>(rows - r0 - 2 * kGemmRows, 0, kGemmRows) * rb;
-    pack(r0, tile_rows, tile);
+    const auto source = pack(r0, tile_rows);
     int64_t t = 0, call = 0;
     auto run = [&](auto acts_per_call) {
       constexpr int kActs = decltype(acts_per_call)::value;
-      gemm_block<kHasMin, kActs>(nb, tile, acts, t, out + r0, ldo, tile_rows, ahead, ahead_bytes, call++ * nb, calls * nb);
+      gemm_block<kHasMin, kActs>(nb, source, acts, t, out + r0, ldo, tile_rows, ahead, ahead_bytes, call++ * nb, calls * nb);
       t += kActs;
     };
     while (t + kGemmActs <= T) run(std::integral_constant<int, kGemmActs>{});
