@@ -1,6 +1,6 @@
 // Internal: the legacy formats' (Q4_0 .. Q8_0) int8 kernels against Q8_0 activations that the
 // GGUF-layout kernels (dot_avx512.cpp) and the R16-layout ones (dot_r16_avx512.cpp) share: the
-// activation preparation, the one float order, and the GEMM over packed 32-row tiles.
+// activation preparation, the one float order, and the GEMM over 32-row tiles.
 #pragma once
 #include <algorithm>
 #include <cstring>
@@ -73,10 +73,11 @@ FERRUM_AVX512_INLINE void prefetch_share(const char* p, int64_t bytes, int64_t i
 
 // ---- the int8 GEMM ----
 //
-// Weight rows go across the lanes, kGemmRows at a time, packed once per tile as their unsigned
-// quants in vpdpbusd's layout: for block b and 4-element group g, one register holds elements
-// 4g..4g+3 of 16 rows. An activation row's 4 bytes are broadcast against it, so each packed
-// register serves kGemmActs activation rows and there is no horizontal sum.
+// Weight rows go across the lanes, kGemmRows at a time, as their unsigned quants in vpdpbusd's
+// layout: for block b and 4-element group g, one register holds elements 4g..4g+3 of 16 rows
+// (GGUF rows are packed into that form per tile, R16 weights are stored in it). An activation
+// row's 4 bytes are broadcast against it, so each weight register serves kGemmActs activation
+// rows and there is no horizontal sum.
 
 constexpr int kGemmVecs = 2;               // 16-row weight registers per tile
 constexpr int kGemmRows = 16 * kGemmVecs;  // weight rows per tile
@@ -98,8 +99,8 @@ struct TileSource {
 };
 
 // kActs activation rows from t0 against the kGemmRows weight rows of src (a TileSource or the
-// like: q(), d(), and m() for the min formats). Prefetches share `share` + b of `shares` of [ahead, ahead +
-// ahead_bytes) at block b.
+// like: q(), d(), and m() for the min formats). Prefetches share `share` + b of `shares` of
+// [ahead, ahead + ahead_bytes) at block b.
 template <bool kHasMin, int kActs, class Source>
 FERRUM_AVX512 void gemm_block(int64_t nb, const Source& src, const LegacyActs& acts, int64_t t0,
                               float* out, int64_t ldo, int64_t rows, const char* ahead, int64_t ahead_bytes,
@@ -141,9 +142,9 @@ FERRUM_AVX512 void gemm_block(int64_t nb, const Source& src, const LegacyActs& a
 
 // out[t * ldo + r] for T activation rows against `rows` weight rows at w: pack(r0, tile_rows)
 // returns the source (TileSource or the like) of rows r0 .. r0 + tile_rows (tile_rows <=
-// kGemmRows), then every activation row is run against it, kGemmActs at a time. Both layouts keep a tile's rows in one
-// contiguous range, which is prefetched two tiles ahead, spread over the block steps of the
-// tile before: issued all at once, most prefetches would be dropped (more than the outstanding
+// kGemmRows), then every activation row is run against it, kGemmActs at a time. Both layouts
+// keep a tile's rows in one contiguous range, which is prefetched two tiles ahead, spread over
+// the block steps of the tile before: issued all at once, most prefetches would be dropped (more than the outstanding
 // misses a core tracks), and DRAM-resident weights ran at 5-6 GB/s at T = 16.
 template <bool kHasMin, class PackFn>
 FERRUM_AVX512 void gemm_tiles(const void* w, size_t w_row_bytes, int64_t nb, int64_t rows, const LegacyActs& acts,
