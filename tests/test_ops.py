@@ -263,6 +263,16 @@ def test_paged_attention_low_precision_kv(backend, rng, kv_dtype, bound):
     assert run_attention_case(backend, rng, [37, 5], [2, 5], 4, 2, 64, kv_dtype=kv_dtype) < bound
 
 
+@pytest.mark.parametrize("block_size", [8, 32])
+@pytest.mark.parametrize("kv_dtype,bound", [("f32", 1e-9), ("f16", 1e-5), ("i8", 1e-3)])
+def test_paged_attention_block_sizes(backend, rng, block_size, kv_dtype, bound):
+    # pool blocks of 8 keys (a 16-key block of the CPU kernel spans two pool blocks) and of 32
+    # (its key blocks start mid-block)
+    err = run_attention_case(backend, rng, [41, 17, 16], [1, 17, 5], 8, 2, 64, kv_dtype=kv_dtype,
+                             block_size=block_size)
+    assert err < bound
+
+
 def test_stream_replay_reads_fresh_inputs(backend, rng):
     """A recorded stream re-run after its input buffers change computes on the new values."""
     w = rng.standard_normal((16, 32)).astype(np.float32)

@@ -11,6 +11,7 @@
 // Conventions: activations are f32 and row-major; weights W are [out_features, in_features]
 // in any DType the backend supports(); integer inputs are i32.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -96,8 +97,11 @@ class Backend {
   virtual std::unique_ptr<Stream> new_stream() = 0;
   // A 2-D weight that only linear and embedding will read, in the layout those run fastest on
   // here: possibly a copy in a dtype of the backend's own (the CPU's R16 types) with the same
-  // values, sizes and results; else w itself.
-  virtual Tensor pack_weight(const Tensor& w) { return w; }
+  // values, sizes and results; else w itself. A copy tells `consumed` (if set) of each range of
+  // w it has finished reading, so a loader can drop those file pages as it goes: memory never
+  // holds both whole copies of a large weight.
+  using Consumed = std::function<void(const void* begin, size_t bytes)>;
+  virtual Tensor pack_weight(const Tensor& w, const Consumed& consumed) { return w; }
 
   // ---- ops (recorded into s) ----
   // out[t, :] = table[ids[t], :] as f32. table [vocab, H] in any weight dtype.

@@ -66,10 +66,7 @@ class Loader {
   // A weight only linear (and embedding) reads, in the backend's layout for it (a packed copy
   // replaces the file's pages).
   Tensor linear_weight(const TensorInfo& t) const {
-    Tensor w = weight(t);
-    Tensor packed = be_.pack_weight(w);
-    if (packed.storage != w.storage) t.file->release_pages(t.data, t.nbytes);
-    return packed;
+    return be_.pack_weight(weight(t), [&t](const void* p, size_t n) { t.file->release_pages(p, n); });
   }
   // Small vectors (norms, biases) as f32.
   Tensor f32(const TensorInfo& t) const {
@@ -118,7 +115,7 @@ class Loader {
         row += p->shape[0];
         p->file->release_pages(p->data, p->nbytes);  // the fused copy replaces these pages
       }
-      lin.parts.push_back(be_.pack_weight(t));
+      lin.parts.push_back(be_.pack_weight(t, {}));
     } else {
       for (auto* p : parts) lin.parts.push_back(linear_weight(*p));
     }

@@ -134,19 +134,97 @@ int64_t pool_row(const KvLayer& kv, const int32_t* table, int64_t j, int64_t kvh
   return (b * kv.k.dim(1) + kvh) * bs + j % bs;
 }
 
-// Asks for the K and V rows of keys [j_first, j_last] (those of the next key block): a block's
-// rows are scattered over the pool, and at 16 sequences the pool is far larger than the cache.
-void prefetch_rows(const KvLayer& kv, const int32_t* table, int64_t j_first, int64_t j_last, int64_t kvh) {
+// The pool rows of keys j0 .. j0 + kKeyBlock - 1 are consecutive when the pool's block size is a
+// multiple of kKeyBlock (key blocks start at multiples of it): the first one's row, or -1 when
+// they are not or j0's block is not mapped.
+int64_t block_rows(const KvLayer& kv, const int32_t* table, int64_t j0, int64_t kvh) {
+  return kv.block_size() % kKeyBlock == 0 ? pool_row(kv, table, j0, kvh) : -1;
+}
+
+// Asks for the K and V rows of key block j0 (keys up to hi): a block's rows are scattered over
+// the pool, and at 16 sequences the pool is far larger than the cache.
+void prefetch_block(const KvLayer& kv, const int32_t* table, int64_t j0, int64_t hi, int64_t kvh) {
+  if (j0 > hi) return;
   const size_t row_bytes = dtype_bytes(kv.k.dtype, kv.k.dim(3));
-  for (int64_t j = j_first; j <= j_last; ++j) {
-    const int64_t row = pool_row(kv, table, j, kvh);
+  const int64_t n = std::min(kKeyBlock, hi - j0 + 1), first = block_rows(kv, table, j0, kvh);
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t row = first >= 0 ? first + k : pool_row(kv, table, j0 + k, kvh);
     if (row < 0) continue;
     const size_t at = size_t(row) * row_bytes;
     for (size_t o = 0; o < row_bytes; o += 64) {
-      __builtin_prefetch(host_ptr<char>(kv.k) + at + o);
-      __builtin_prefetch(host_ptr<char>(kv.v) + at + o);
+      _mm_prefetch(host_ptr<char>(kv.k) + at + o, _MM_HINT_T1);
+      _mm_prefetch(host_ptr<char>(kv.v) + at + o, _MM_HINT_T1);
     }
   }
+}
+
+#if defined(__AVX512F__)
+// 16 elements of a K or V pool row from column c, as f32.
+template <DType kType>
+inline __m512 kv16(const Tensor& pool, const Tensor& scales, int64_t row, int64_t hd, int64_t c) {
+  if constexpr (kType == DType::F16)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(host_ptr<uint16_t>(pool) + row * hd + c)));
+  else if constexpr (kType == DType::F32)
+    return _mm512_loadu_ps(host_ptr<float>(pool) + row * hd + c);
+  else
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(host_ptr<int8_t>(pool) + row * hd + c)))),
+                         _mm512_set1_ps(host_ptr<float>(scales)[row]));
+}
+
+// Keys j0 .. j0 + n - 1 at consecutive pool rows from `first`, head_dim a multiple of 16: the
+// keys converted and transposed in registers, the values converted, straight from the pool.
+template <DType kType>
+void load_block_rows(const KvLayer& kv, int64_t first, int64_t n, int64_t hd, TileScratch& s) {
+  for (int64_t c = 0; c < hd; c += 16) {
+    __m512i r[16];
+    for (int64_t k = 0; k < kKeyBlock; ++k)
+      r[k] = k < n ? _mm512_castps_si512(kv16<kType>(kv.k, kv.k_scale, first + k, hd, c)) : _mm512_setzero_si512();
+    quant::detail::transpose16x16(r);
+    for (int d = 0; d < 16; ++d) _mm512_storeu_si512(s.keys + c + d, r[d]);
+  }
+  for (int64_t k = 0; k < kKeyBlock; ++k)
+    for (int64_t c = 0; c < hd; c += 16)
+      _mm512_storeu_ps(s.vals + k * hd + c, k < n ? kv16<kType>(kv.v, kv.v_scale, first + k, hd, c) : _mm512_setzero_ps());
+}
+#endif
+
+// Key block j0 (keys past hi or unmapped are zero, and cleared in the returned mask) into
+// s.keys (transposed) and s.vals.
+f32x16 load_key_block(const KvLayer& kv, const int32_t* table, int64_t j0, int64_t hi, int64_t kvh, int64_t hd,
+                      TileScratch& s) {
+  const int64_t n = std::min(kKeyBlock, hi - j0 + 1);
+  f32x16 mapped = {};
+#if defined(__AVX512F__)
+  const int64_t first = hd % 16 == 0 ? block_rows(kv, table, j0, kvh) : -1;
+  auto (*load)(const KvLayer&, int64_t, int64_t, int64_t, TileScratch&) -> void =
+      kv.k.dtype == DType::F16   ? load_block_rows<DType::F16>
+      : kv.k.dtype == DType::F32 ? load_block_rows<DType::F32>
+      : kv.k.dtype == DType::I8  ? load_block_rows<DType::I8>
+                                 : nullptr;
+  if (first >= 0 && load) {
+    load(kv, first, n, hd, s);
+    for (int64_t k = 0; k < n; ++k) mapped[k] = 1.0f;
+    return mapped;
+  }
+#endif
+  const int64_t hd16 = TileScratch::padded(hd);
+  for (int64_t k = 0; k < kKeyBlock; ++k) {
+    const int64_t row = k < n ? pool_row(kv, table, j0 + k, kvh) : -1;
+    mapped[k] = row >= 0 ? 1.0f : 0.0f;
+    float *key = s.stage + k * hd16, *val = s.vals + k * hd16;
+    if (row >= 0) {
+      load_kv_row(kv.k, kv.k_scale, row, hd, key);
+      load_kv_row(kv.v, kv.v_scale, row, hd, val);
+      std::fill(key + hd, key + hd16, 0.0f);  // the padding columns
+      std::fill(val + hd, val + hd16, 0.0f);
+    } else {
+      std::fill(key, key + hd16, 0.0f);
+      std::fill(val, val + hd16, 0.0f);
+    }
+  }
+  transpose_keys(s.stage, hd16, s.keys);
+  return mapped;
 }
 
 struct Tile {
@@ -182,42 +260,54 @@ bool visible(const AttnView& v, const AttnParams& p, int64_t t, int64_t* first, 
   return true;
 }
 
+// o = o * rescale + sum over the block's keys k of weight[k] * value row k, for a row of
+// kChunks * 16 floats: keys outer, so the kChunks sums are independent chains (one chain per
+// chunk, key after key, waited on each FMA's latency). Each sum keeps its order, k = 0 .. 15.
+template <int kChunks>
+inline void accumulate_values(float* o, float rescale, f32x16 weight, const float* vals) {
+  f32x16 acc[kChunks];
+  for (int c = 0; c < kChunks; ++c) acc[c] = load16(o + 16 * c) * rescale;
+  for (int k = 0; k < kKeyBlock; ++k)
+    for (int c = 0; c < kChunks; ++c) acc[c] += weight[k] * load16(vals + k * kChunks * 16 + 16 * c);
+  for (int c = 0; c < kChunks; ++c) store16(o + 16 * c, acc[c]);
+}
+
+// The keys the tile's tokens see, [lo, hi]; false when it has only padding tokens.
+bool key_range(const AttnView& v, const AttnParams& p, const Tile& tile, int64_t* lo, int64_t* hi) {
+  *lo = v.max_ctx;
+  *hi = -1;
+  for (int64_t t = tile.t0; t < tile.t1; ++t) {
+    int64_t first, last;
+    if (!visible(v, p, t, &first, &last)) continue;
+    *lo = std::min(*lo, first);
+    *hi = std::max(*hi, last);
+  }
+  return *hi >= 0;
+}
+
+// Prefetches the first key block of a tile: an item asks for the next one's while it runs (its
+// own later blocks are asked for one block ahead), so no item starts on a cold block.
+void prefetch_first_block(const AttnView& v, const KvLayer& kv, const AttnParams& p, const Tile& tile, int64_t kvh) {
+  int64_t lo, hi;
+  if (key_range(v, p, tile, &lo, &hi))
+    prefetch_block(kv, v.tables + int64_t(v.seq[tile.t0]) * v.max_blocks, lo / kKeyBlock * kKeyBlock, hi, kvh);
+}
+
 void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, const Tile& tile,
                  int64_t kvh, TileScratch& s) {
   const int64_t hd = p.head_dim, hd16 = TileScratch::padded(hd), group = p.heads / p.kv_heads;
   const int64_t rows = (tile.t1 - tile.t0) * group;
-  int64_t lo = v.max_ctx, hi = -1;
-  for (int64_t t = tile.t0; t < tile.t1; ++t) {
-    int64_t first, last;
-    if (!visible(v, p, t, &first, &last)) continue;
-    lo = std::min(lo, first);
-    hi = std::max(hi, last);
-  }
-  if (hi < 0) return;  // only padding tokens
+  int64_t lo, hi;
+  if (!key_range(v, p, tile, &lo, &hi)) return;  // only padding tokens
   const int32_t* table = v.tables + int64_t(v.seq[tile.t0]) * v.max_blocks;
   std::fill(s.out, s.out + rows * hd16, 0.0f);
   std::fill(s.max, s.max + rows, kNegInf);
   std::fill(s.sum, s.sum + rows, 0.0f);
-  std::fill(s.stage, s.stage + kKeyBlock * hd16, 0.0f);  // the padding columns stay zero
-  std::fill(s.vals, s.vals + kKeyBlock * hd16, 0.0f);
   const f32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
   for (int64_t j0 = lo / kKeyBlock * kKeyBlock; j0 <= hi; j0 += kKeyBlock) {
-    prefetch_rows(kv, table, j0 + kKeyBlock, std::min(j0 + 2 * kKeyBlock - 1, hi), kvh);
-    // The block's keys (transposed) and values as f32; an unmapped key is masked out.
-    f32x16 mapped = {};
-    for (int64_t k = 0; k < kKeyBlock; ++k) {
-      const int64_t j = j0 + k, row = j <= hi ? pool_row(kv, table, j, kvh) : -1;
-      mapped[k] = row >= 0 ? 1.0f : 0.0f;
-      if (row >= 0) {
-        load_kv_row(kv.k, kv.k_scale, row, hd, s.stage + k * hd16);
-        load_kv_row(kv.v, kv.v_scale, row, hd, s.vals + k * hd16);
-      } else {
-        std::fill(s.stage + k * hd16, s.stage + k * hd16 + hd, 0.0f);
-        std::fill(s.vals + k * hd16, s.vals + k * hd16 + hd, 0.0f);
-      }
-    }
-    transpose_keys(s.stage, hd16, s.keys);
+    prefetch_block(kv, table, j0 + kKeyBlock, hi, kvh);
+    const f32x16 mapped = load_key_block(kv, table, j0, hi, kvh, hd, s);
     const f32x16 key_pos = lane + float(j0);
     for (int64_t t = tile.t0; t < tile.t1; ++t) {
       int64_t first, last;
@@ -243,10 +333,15 @@ void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, cons
         s.max[r] = new_max;
         s.sum[r] = s.sum[r] * rescale + block_sum;
         float* o = s.out + r * hd16;
-        for (int64_t c = 0; c < hd16; c += 16) {  // the output row in registers, 16 at a time
-          f32x16 acc = load16(o + c) * rescale;
-          for (int k = 0; k < kKeyBlock; ++k) acc += weight[k] * load16(s.vals + k * hd16 + c);
-          store16(o + c, acc);
+        switch (hd16) {  // the common head sizes keep the whole output row in registers
+          case 64: accumulate_values<4>(o, rescale, weight, s.vals); break;
+          case 128: accumulate_values<8>(o, rescale, weight, s.vals); break;
+          default:
+            for (int64_t c = 0; c < hd16; c += 16) {
+              f32x16 acc = load16(o + c) * rescale;
+              for (int k = 0; k < kKeyBlock; ++k) acc += weight[k] * load16(s.vals + k * hd16 + c);
+              store16(o + c, acc);
+            }
         }
       }
     }
@@ -284,8 +379,10 @@ void CpuBackend::paged_attention(Stream& s, const Tensor& q, const KvLayer& kv,
     // Items (tile, kv head) dealt round-robin: later prefill tiles see more keys, so
     // contiguous ranges would leave one thread with the long ones.
     const int64_t items = int64_t(tiles.size()) * p.kv_heads;
-    for (int64_t i = ith; i < items; i += nth)
+    for (int64_t i = ith; i < items; i += nth) {
+      if (i + nth < items) prefetch_first_block(v, kv, p, tiles[size_t((i + nth) / p.kv_heads)], (i + nth) % p.kv_heads);
       attend_tile(v, kv, p, tiles[size_t(i / p.kv_heads)], i % p.kv_heads, ts);
+    }
   });
 }
 
