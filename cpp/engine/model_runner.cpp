@@ -67,6 +67,7 @@ ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) {
     format_ = "gguf";
     GgufFile g = GgufFile::open(path);
     cfg = config_from_gguf(g);
+    g.metadata.clear();  // the tokenizer's arrays (~15 MB parsed) would add to the load's peak memory
     w = load_weights(*be_, g.weights, cfg, opt.load_progress);
   } else {
     format_ = "llama2c";
