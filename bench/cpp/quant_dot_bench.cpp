@@ -130,9 +130,49 @@ void bench_gemm() {
   }
 }
 
+// The int8 GEMM of a prefill chunk at SmolLM2-135M's shapes (one thread): what the model's
+// linear_dot commands run per thread, without the model around them.
+void bench_prefill() {
+  const DType types[] = {DType::Q4_1_R16, DType::Q8_0_R16, DType::Q4_1};
+  const int shapes[][2] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};  // rows, n
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::printf("prefill GEMM, SmolLM2-135M shapes (GMAC per CPU s)\n%-9s %5s", "type", "T");
+  for (auto& sh : shapes) std::printf("   %4dx%-4d", sh[0], sh[1]);
+  std::printf("\n");
+  for (DType t : types)
+    for (int T : {64, 512}) {
+      std::printf("%-9s %5d", dtype_name(t), T);
+      for (auto& sh : shapes) {
+        const int rows = sh[0], n = sh[1];
+        const DType at = gemm_act_type(t);
+        const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(at, n);
+        std::vector<uint8_t> w = random_weights(t, rows, n, rng), act(act_bytes * T);
+        std::vector<float> x(n), out(size_t(T) * rows);
+        for (int r = 0; r < T; ++r) {
+          for (float& v : x) v = u(rng);
+          quantize_row(at, x.data(), act.data() + r * act_bytes, n);
+        }
+        const DotBatchFn gemm = gemm_kernel(t);
+        double best = 1e30;
+        for (int rep = 0; rep < 5; ++rep) {
+          const double t0 = thread_seconds();
+          gemm(n, w.data(), row_bytes, rows, act.data(), act_bytes, T, out.data(), rows);
+          best = std::min(best, thread_seconds() - t0);
+        }
+        std::printf("   %9.1f", double(rows) * n * T / best / 1e9);
+      }
+      std::printf("\n");
+    }
+}
+
 int main(int argc, char** argv) {
   std::printf("cpu: %s\n", cpu_features().str().c_str());
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "prefill") {
+    bench_prefill();
+    return 0;
+  }
   if (mode == "batch" || mode == "gemm") {
     mode == "batch" ? bench_batch() : bench_gemm();
     return 0;
