@@ -29,7 +29,8 @@ void* aligned_bytes(size_t n, bool large_pages) {
   if (n >= kMapBytes) {
     void* p = mmap(nullptr, n + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw ResourceError("out of host memory mapping " + std::to_string(n) + " bytes");
-    if (large_pages && !std::getenv("FERRUM_NO_HUGEPAGE")) madvise(p, n + kAlign, MADV_HUGEPAGE);
+    static const bool large_pages_allowed = !std::getenv("FERRUM_NO_HUGEPAGE");  // read once
+    if (large_pages && large_pages_allowed) madvise(p, n + kAlign, MADV_HUGEPAGE);
     return p;
   }
   // (kAlign bytes of slack past the end, as for the mapped buffers: kernels may load a whole
