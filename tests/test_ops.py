@@ -273,6 +273,47 @@ def test_paged_attention_block_sizes(backend, rng, block_size, kv_dtype, bound):
     assert err < bound
 
 
+@pytest.mark.parametrize("H,KV,hd", [(9, 3, 64), (8, 1, 64), (7, 1, 64), (6, 2, 128), (6, 2, 80)])
+@pytest.mark.parametrize("kv_dtype", ["f32", "f16", "i8"])
+def test_paged_attention_token_independent_of_its_tile(backend, rng, H, KV, hd, kv_dtype):
+    """A token's output is bit for bit the same alone (a decode), inside a prefill tile, and next
+    to other sequences' tokens: the engine's batched == alone and chunked == one-shot rest on it.
+    The head groups cover every way the CPU kernel splits a kv head's query rows."""
+    bs, L, T = 16, 45, 13  # the last T of L tokens straddle two key blocks
+    kv = make_pool(backend, 8, KV, bs, hd, kv_dtype)
+    tables = np.array([[5, 2, 7], [0, 6, 3]], np.int32)  # a second sequence, to batch with
+    params = _core.AttnParams(H, KV, hd, 1.0 / np.sqrt(hd), 0)
+    cos, sin = R.rope_tables(64, hd, 1e4)
+    rope = _core.RopeTable(backend.tensor(cos.astype(np.float32)), backend.tensor(sin.astype(np.float32)),
+                           _core.RopeLayout.half_split)
+    tab = backend.tensor(tables)
+
+    def batch(seqs, positions):
+        seqs, positions = np.asarray(seqs, np.int32), np.asarray(positions, np.int32)
+        slots = (tables[seqs, positions // bs] * bs + positions % bs).astype(np.int32)
+        return _core.AttnBatch(backend.tensor(seqs), backend.tensor(positions), backend.tensor(slots), tab)
+
+    qkv = rng.standard_normal((2 * L, (H + 2 * KV) * hd)).astype(np.float32)
+    fill = batch([0] * L + [1] * L, list(range(L)) * 2)
+    q = backend.empty("f32", [2 * L, H, hd])
+    backend.qkv_to_cache(backend.tensor(qkv), None, None, 1e-6, rope, fill, params, q, kv)
+    q_all = q.numpy()
+
+    def attend(rows):  # rows: (seq, pos) pairs, one call
+        seqs, positions = zip(*rows)
+        qs = np.stack([q_all[s * L + p] for s, p in rows])
+        out = backend.empty("f32", [len(rows), H, hd])
+        backend.paged_attention(backend.tensor(qs), kv, batch(seqs, positions), params, out)
+        return out.numpy()
+
+    tail = [(0, p) for p in range(L - T, L)]
+    prefill = attend(tail)
+    mixed = attend([(1, L - 1)] + tail + [(1, 3)])[1:-1]
+    for i, row in enumerate(tail):
+        np.testing.assert_array_equal(attend([row])[0], prefill[i])
+    np.testing.assert_array_equal(mixed, prefill)
+
+
 def test_stream_replay_reads_fresh_inputs(backend, rng):
     """A recorded stream re-run after its input buffers change computes on the new values."""
     w = rng.standard_normal((16, 32)).astype(np.float32)

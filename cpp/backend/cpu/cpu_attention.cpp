@@ -260,16 +260,82 @@ bool visible(const AttnView& v, const AttnParams& p, int64_t t, int64_t* first, 
   return true;
 }
 
-// o = o * rescale + sum over the block's keys k of weight[k] * value row k, for a row of
-// kChunks * 16 floats: keys outer, so the kChunks sums are independent chains (one chain per
-// chunk, key after key, waited on each FMA's latency). Each sum keeps its order, k = 0 .. 15.
-template <int kChunks>
-inline void accumulate_values(float* o, float rescale, f32x16 weight, const float* vals) {
-  f32x16 acc[kChunks];
-  for (int c = 0; c < kChunks; ++c) acc[c] = load16(o + 16 * c) * rescale;
-  for (int k = 0; k < kKeyBlock; ++k)
-    for (int c = 0; c < kChunks; ++c) acc[c] += weight[k] * load16(vals + k * kChunks * 16 + 16 * c);
-  for (int c = 0; c < kChunks; ++c) store16(o + 16 * c, acc[c]);
+// Up to kRows query rows of one token (heads sharing a kv head) against one key block, each row
+// in exactly the float order a row alone would take (so results do not depend on the grouping):
+// scores in four chains over d, the block max, the online-softmax update, then
+// o = o * rescale + sum over keys k = 0 .. 15 of weight[k] * value row k, one chain per
+// 16-float chunk. Grouped, the rows share every key and value load and their chains overlap.
+// kChunks = head_dim / 16 keeps the output rows in registers; 0 takes any head_dim (hd).
+// Returns false, having changed nothing, when a row's block max is -inf (no key of the block
+// seen, or infinite scores).
+template <int kChunks, int kRows>
+bool attend_rows(const float* const* q, float* const* o, float* max, float* sum, f32x16 seen_mask,
+                 float scale, int64_t hd, const TileScratch& s) {
+  if constexpr (kChunks > 0) hd = kChunks * 16;
+  const int64_t hd16 = TileScratch::padded(hd);
+  const auto seen = seen_mask > 0.0f;
+  f32x16 score[kRows];
+  {
+    f32x16 acc[kRows][4] = {};  // four chains a row: one would wait on each FMA's latency
+    int64_t d = 0;
+    for (; d + 4 <= hd; d += 4)
+      for (int c = 0; c < 4; ++c) {
+        const f32x16 key = s.keys[d + c];
+        for (int i = 0; i < kRows; ++i) acc[i][c] += q[i][d + c] * key;
+      }
+    for (; d < hd; ++d)
+      for (int i = 0; i < kRows; ++i) acc[i][0] += q[i][d] * s.keys[d];
+    for (int i = 0; i < kRows; ++i) {
+      score[i] = (acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3]);
+      score[i] = seen ? score[i] * scale : kNegInf;
+    }
+  }
+  float block_max[kRows];
+  for (int i = 0; i < kRows; ++i) {
+    block_max[i] = hmax(score[i]);
+    if (block_max[i] == kNegInf) return false;  // (the caller takes such rows one by one)
+  }
+  f32x16 weight[kRows];
+  float rescale[kRows];
+  for (int i = 0; i < kRows; ++i) {
+    const float new_max = std::max(max[i], block_max[i]);
+    rescale[i] = cpu::fast_exp(max[i] - new_max);  // ~0 for the first block
+    weight[i] = seen ? cpu::fast_exp(score[i] - new_max) : 0.0f;
+    max[i] = new_max;
+    sum[i] = sum[i] * rescale[i] + hsum(weight[i]);
+  }
+  if constexpr (kChunks > 0) {
+    f32x16 acc[kRows][kChunks];
+    for (int i = 0; i < kRows; ++i)
+      for (int c = 0; c < kChunks; ++c) acc[i][c] = load16(o[i] + 16 * c) * rescale[i];
+    for (int k = 0; k < kKeyBlock; ++k)
+      for (int c = 0; c < kChunks; ++c) {
+        const f32x16 v = load16(s.vals + k * hd16 + 16 * c);
+        for (int i = 0; i < kRows; ++i) acc[i][c] += weight[i][k] * v;
+      }
+    for (int i = 0; i < kRows; ++i)
+      for (int c = 0; c < kChunks; ++c) store16(o[i] + 16 * c, acc[i][c]);
+  } else {
+    for (int i = 0; i < kRows; ++i)
+      for (int64_t c = 0; c < hd16; c += 16) {
+        f32x16 acc = load16(o[i] + c) * rescale[i];
+        for (int k = 0; k < kKeyBlock; ++k) acc += weight[i][k] * load16(s.vals + k * hd16 + c);
+        store16(o[i] + c, acc);
+      }
+  }
+  return true;
+}
+
+using AttendRowsFn = bool (*)(const float* const*, float* const*, float*, float*, f32x16, float, int64_t,
+                              const TileScratch&);
+
+// How many of a token's query rows go into one attend_rows call, and the kernel for n of them:
+// the common head sizes up to 4 (head_dim 64) or 2 (128) rows at once, others one at a time.
+int64_t rows_per_call(int64_t hd) { return hd == 64 ? 4 : hd == 128 ? 2 : 1; }
+AttendRowsFn attend_rows_kernel(int64_t hd, int64_t n) {
+  static constexpr AttendRowsFn k64[] = {attend_rows<4, 1>, attend_rows<4, 2>, attend_rows<4, 3>, attend_rows<4, 4>};
+  static constexpr AttendRowsFn k128[] = {attend_rows<8, 1>, attend_rows<8, 2>};
+  return hd == 64 ? k64[n - 1] : hd == 128 ? k128[n - 1] : attend_rows<0, 1>;
 }
 
 // The keys the tile's tokens see, [lo, hi]; false when it has only padding tokens.
@@ -304,6 +370,7 @@ void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, cons
   std::fill(s.max, s.max + rows, kNegInf);
   std::fill(s.sum, s.sum + rows, 0.0f);
   const f32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const int64_t per_call = rows_per_call(hd);
 
   for (int64_t j0 = lo / kKeyBlock * kKeyBlock; j0 <= hi; j0 += kKeyBlock) {
     prefetch_block(kv, table, j0 + kKeyBlock, hi, kvh);
@@ -313,39 +380,22 @@ void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, cons
       int64_t first, last;
       if (!visible(v, p, t, &first, &last) || last < j0 || first >= j0 + kKeyBlock) continue;
       const f32x16 seen_lo = key_pos - float(first), seen_hi = float(last) - key_pos;  // both >= 0: seen
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t r = (t - tile.t0) * group + g;
-        const float* qr = v.q + (t * p.heads + kvh * group + g) * hd;
-        f32x16 acc[4] = {};  // four chains: one would wait on each FMA's latency
-        int64_t d = 0;
-        for (; d + 4 <= hd; d += 4)
-          for (int c = 0; c < 4; ++c) acc[c] += qr[d + c] * s.keys[d + c];
-        for (; d < hd; ++d) acc[0] += qr[d] * s.keys[d];
-        f32x16 score = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-        const auto seen = (mapped > 0.0f) & (seen_lo >= 0.0f) & (seen_hi >= 0.0f);
-        score = seen ? score * p.scale : kNegInf;
-        const float block_max = hmax(score);
-        if (block_max == kNegInf) continue;
-        const float new_max = std::max(s.max[r], block_max);
-        const float rescale = cpu::fast_exp(s.max[r] - new_max);  // ~0 for the first block
-        const f32x16 weight = seen ? cpu::fast_exp(score - new_max) : 0.0f;
-        const float block_sum = hsum(weight);
-        s.max[r] = new_max;
-        s.sum[r] = s.sum[r] * rescale + block_sum;
-        float* o = s.out + r * hd16;
-        switch (hd16) {  // the common head sizes keep the whole output row in registers
-          case 64: accumulate_values<4>(o, rescale, weight, s.vals); break;
-          case 128: accumulate_values<8>(o, rescale, weight, s.vals); break;
-          default:
-            for (int64_t c = 0; c < hd16; c += 16) {
-              f32x16 acc = load16(o + c) * rescale;
-              for (int k = 0; k < kKeyBlock; ++k) acc += weight[k] * load16(s.vals + k * hd16 + c);
-              store16(o + c, acc);
-            }
+      const f32x16 seen = (mapped > 0.0f) & (seen_lo >= 0.0f) & (seen_hi >= 0.0f) ? f32x16{} + 1.0f : 0.0f;
+      for (int64_t g0 = 0; g0 < group; g0 += per_call) {
+        const int64_t n = std::min(per_call, group - g0), r = (t - tile.t0) * group + g0;
+        const float* q[4];
+        float* o[4];
+        for (int64_t i = 0; i < n; ++i) {
+          q[i] = v.q + (t * p.heads + kvh * group + g0 + i) * hd;
+          o[i] = s.out + (r + i) * hd16;
         }
+        if (!attend_rows_kernel(hd, n)(q, o, s.max + r, s.sum + r, seen, p.scale, hd, s) && n > 1)
+          for (int64_t i = 0; i < n; ++i)  // a row that skips the block must not hold up the others
+            attend_rows_kernel(hd, 1)(q + i, o + i, s.max + r + i, s.sum + r + i, seen, p.scale, hd, s);
       }
     }
   }
+
   for (int64_t t = tile.t0; t < tile.t1; ++t) {
     int64_t first, last;
     if (!visible(v, p, t, &first, &last)) continue;
