@@ -13,37 +13,11 @@ namespace ferrum::quant::detail {
 
 namespace {
 
-// ---- float weights against f32 activations; the tail is a masked load ----
-
-FERRUM_AVX512 inline __m512 load16_f32(const float* p, __mmask16 m) {
-  return _mm512_maskz_loadu_ps(m, p);
-}
-FERRUM_AVX512 inline __m512 load16_f16(const uint16_t* p, __mmask16 m) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-}
-FERRUM_AVX512 inline __m512 load16_bf16(const uint16_t* p, __mmask16 m) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
-}
-
-template <class T, __m512 (*Load16)(const T*, __mmask16)>
-FERRUM_AVX512 float dot_float(int64_t n, const void* w, const void* act) {
-  const T* x = static_cast<const T*>(w);
-  const float* a = static_cast<const float*>(act);
-  const __mmask16 all = 0xffff;
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    acc0 = _mm512_fmadd_ps(Load16(x + i, all), _mm512_loadu_ps(a + i), acc0);
-    acc1 = _mm512_fmadd_ps(Load16(x + i + 16, all), _mm512_loadu_ps(a + i + 16), acc1);
-    acc2 = _mm512_fmadd_ps(Load16(x + i + 32, all), _mm512_loadu_ps(a + i + 32), acc2);
-    acc3 = _mm512_fmadd_ps(Load16(x + i + 48, all), _mm512_loadu_ps(a + i + 48), acc3);
-  }
-  for (; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? all : __mmask16((1u << (n - i)) - 1);
-    acc0 = _mm512_fmadd_ps(Load16(x + i, m), _mm512_maskz_loadu_ps(m, a + i), acc0);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
-}
+// Float weights (F32 / F16 / BF16) have no AVX-512 row kernel: the AVX2 one (dot_avx2.cpp) is
+// what the CPU table hands out. Decode over float weights is a memory-bound stream, and with
+// 512-bit vectors it ran slower on Zen 4 (2 threads, SmolLM2 shape, alternating fresh processes:
+// BF16 tg 117-131 vs 135-152 tok/s, F16 108-117 vs 138-144, F32 81-86 vs 90-94, with plain or
+// masked loads alike).
 
 // ---- legacy formats (Q4_0 .. Q8_0) against Q8_0 activations (legacy_gemm_avx512.h) ----
 
@@ -433,9 +407,6 @@ DotBatchFn avx512_gemm(DType t) {
 
 DotRowsFn avx512_dot_rows(DType t) {
   switch (t) {
-    case DType::F32: return for_each_row<dot_float<float, load16_f32>>;
-    case DType::F16: return for_each_row<dot_float<uint16_t, load16_f16>>;
-    case DType::BF16: return for_each_row<dot_float<uint16_t, load16_bf16>>;
     case DType::Q4_0: return dot_rows_legacy<BlockQ4_0, 4, 3, false>;
     case DType::Q4_1: return dot_rows_legacy<BlockQ4_1, 4, 0, true>;
     case DType::Q5_0: return dot_rows_legacy<BlockQ5_0, 5, 4, false>;
