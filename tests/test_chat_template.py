@@ -46,12 +46,12 @@ def llama3():
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
+def smollm2():
     """The SmolLM2-135M-Instruct GGUF's tokenizer (its embedded template) and transformers' tokenizer
     from the matching tokenizer.json, which has no template of its own, rendering that same template."""
     from transformers import AutoTokenizer
 
-    meta = read_gguf_metadata(find_smollm2_gguf(tmp_path_factory.mktemp("smollm2")))
+    meta = read_gguf_metadata(find_smollm2_gguf())
     ref = AutoTokenizer.from_pretrained(str(TOK / "smollm2-135m-instruct"))
     return Tokenizer.from_gguf_metadata(meta), ref
 

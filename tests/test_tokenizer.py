@@ -75,8 +75,8 @@ def smollm_gguf_from_json():
 
 
 @pytest.fixture(scope="module")
-def smollm2_real_gguf(tmp_path_factory):
-    path = find_smollm2_gguf(tmp_path_factory.mktemp("smollm2"))
+def smollm2_real_gguf():
+    path = find_smollm2_gguf()
     return Tokenizer.from_gguf_metadata(read_gguf_metadata(path))
 
 
