@@ -10,7 +10,6 @@ import pytest
 from ferrum.chat_template import apply_chat_template
 from ferrum.tokenizer import Tokenizer
 from gguf_meta import read_gguf_metadata
-from smollm2_gguf import find_smollm2_gguf
 
 TOK = Path("/work/shared/models/tokenizers")
 if not TOK.is_dir():
@@ -46,12 +45,12 @@ def llama3():
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2(smollm2_path):
     """The SmolLM2-135M-Instruct GGUF's tokenizer (its embedded template) and transformers' tokenizer
     from the matching tokenizer.json, which has no template of its own, rendering that same template."""
     from transformers import AutoTokenizer
 
-    meta = read_gguf_metadata(find_smollm2_gguf())
+    meta = read_gguf_metadata(smollm2_path)
     ref = AutoTokenizer.from_pretrained(str(TOK / "smollm2-135m-instruct"))
     return Tokenizer.from_gguf_metadata(meta), ref
 

@@ -11,7 +11,6 @@ import pytest
 
 from ferrum.tokenizer import IncrementalDecoder, Tokenizer
 from gguf_meta import metadata_from_tokenizer_json, read_gguf_metadata
-from smollm2_gguf import find_smollm2_gguf
 from text_samples import TORTURE, varied_strings
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
@@ -75,9 +74,8 @@ def smollm_gguf_from_json():
 
 
 @pytest.fixture(scope="module")
-def smollm2_real_gguf():
-    path = find_smollm2_gguf()
-    return Tokenizer.from_gguf_metadata(read_gguf_metadata(path))
+def smollm2_real_gguf(smollm2_path):
+    return Tokenizer.from_gguf_metadata(read_gguf_metadata(smollm2_path))
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@
 namespace ferrum {
 
 using cpu::f32x16;
+using cpu::i32x16;
 using cpu::load16;
 using cpu::store16;
 
@@ -266,14 +267,13 @@ bool visible(const AttnView& v, const AttnParams& p, int64_t t, int64_t* first, 
 // o = o * rescale + sum over keys k = 0 .. 15 of weight[k] * value row k, one chain per
 // 16-float chunk. Grouped, the rows share every key and value load and their chains overlap.
 // kChunks = head_dim / 16 keeps the output rows in registers; 0 takes any head_dim (hd).
-// Returns false, having changed nothing, when a row's block max is -inf (no key of the block
-// seen, or infinite scores).
+// seen: the block's keys the token sees (all bits set) or not. Returns false, having changed
+// nothing, when a row's block max is -inf (no key of the block seen, or infinite scores).
 template <int kChunks, int kRows>
-bool attend_rows(const float* const* q, float* const* o, float* max, float* sum, f32x16 seen_mask,
-                 float scale, int64_t hd, const TileScratch& s) {
+bool attend_rows(const float* const* q, float* const* o, float* max, float* sum, i32x16 seen, float scale,
+                 int64_t hd, const TileScratch& s) {
   if constexpr (kChunks > 0) hd = kChunks * 16;
   const int64_t hd16 = TileScratch::padded(hd);
-  const auto seen = seen_mask > 0.0f;
   f32x16 score[kRows];
   {
     f32x16 acc[kRows][4] = {};  // four chains a row: one would wait on each FMA's latency
@@ -326,11 +326,12 @@ bool attend_rows(const float* const* q, float* const* o, float* max, float* sum,
   return true;
 }
 
-using AttendRowsFn = bool (*)(const float* const*, float* const*, float*, float*, f32x16, float, int64_t,
+using AttendRowsFn = bool (*)(const float* const*, float* const*, float*, float*, i32x16, float, int64_t,
                               const TileScratch&);
 
-// How many of a token's query rows go into one attend_rows call, and the kernel for n of them:
-// the common head sizes up to 4 (head_dim 64) or 2 (128) rows at once, others one at a time.
+// How many of a token's query rows go into one attend_rows call (at most kMaxRowsPerCall), and
+// the kernel for n of them: up to 4 at head_dim 64, 2 at 128, others one at a time.
+constexpr int64_t kMaxRowsPerCall = 4;
 int64_t rows_per_call(int64_t hd) { return hd == 64 ? 4 : hd == 128 ? 2 : 1; }
 AttendRowsFn attend_rows_kernel(int64_t hd, int64_t n) {
   static constexpr AttendRowsFn k64[] = {attend_rows<4, 1>, attend_rows<4, 2>, attend_rows<4, 3>, attend_rows<4, 4>};
@@ -380,11 +381,11 @@ void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, cons
       int64_t first, last;
       if (!visible(v, p, t, &first, &last) || last < j0 || first >= j0 + kKeyBlock) continue;
       const f32x16 seen_lo = key_pos - float(first), seen_hi = float(last) - key_pos;  // both >= 0: seen
-      const f32x16 seen = (mapped > 0.0f) & (seen_lo >= 0.0f) & (seen_hi >= 0.0f) ? f32x16{} + 1.0f : 0.0f;
+      const i32x16 seen = (mapped > 0.0f) & (seen_lo >= 0.0f) & (seen_hi >= 0.0f);
       for (int64_t g0 = 0; g0 < group; g0 += per_call) {
         const int64_t n = std::min(per_call, group - g0), r = (t - tile.t0) * group + g0;
-        const float* q[4];
-        float* o[4];
+        const float* q[kMaxRowsPerCall];
+        float* o[kMaxRowsPerCall];
         for (int64_t i = 0; i < n; ++i) {
           q[i] = v.q + (t * p.heads + kvh * group + g0 + i) * hd;
           o[i] = s.out + (r + i) * hd16;
