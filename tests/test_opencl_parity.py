@@ -280,7 +280,16 @@ def attention_step(be, rng_seed, kv_dtype, H, KV, hd, window, qk_norm, layout):
     q_out, out, slots = step([(s, seq_lens[s] - new[s], new[s]) for s in range(3)], 2)
     written = np.concatenate([[tables[s, p // bs] * bs + p % bs for p in range(seq_lens[s])] for s in range(3)])
     rows_of = lambda pool: pool.astype(np.float32).reshape(blocks, KV, bs, hd).transpose(0, 2, 1, 3).reshape(blocks * bs, KV, hd)[written]
-    return q_out, out, rows_of(k.numpy()), rows_of(v.numpy())
+    return q_out, out, rows_of(logical_k(be, k.numpy())), rows_of(v.numpy())
+
+
+def logical_k(be, pool):
+    """A K pool as [blocks, kv_heads, block_size, head_dim] rows: the CPU backend stores each
+    16 rows as a panel, dimension-major (cpu_kernels.h), when the block size is a multiple of 16."""
+    blocks, kv, bs, hd = pool.shape
+    if be.name != "cpu" or bs % 16:
+        return pool
+    return pool.reshape(blocks, kv, bs // 16, hd, 16).swapaxes(3, 4).reshape(pool.shape)
 
 
 @pytest.mark.parametrize("kv_dtype,bound", [("f32", F32_BOUND), ("f16", 1e-8), ("i8", 1e-6)])

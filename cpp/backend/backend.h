@@ -52,6 +52,8 @@ struct AttnBatch {
 
 // One layer's view of the paged KV pool: [num_blocks, kv_heads, block_size, head_dim] in f16,
 // f32 or i8. i8 pools carry one f32 scale per (block, head, slot) row in k_scale / v_scale.
+// That shape is the logical one; a backend may order a pool's elements its own way (the CPU
+// backend's K pools: cpu_kernels.h), so only its own ops read or write them.
 struct KvLayer {
   Tensor k, v;
   Tensor k_scale, v_scale;

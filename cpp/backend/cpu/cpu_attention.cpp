@@ -1,8 +1,9 @@
 // Paged attention on the CPU, flash-attention style. The queries of a tile (up to kTileTokens
 // consecutive tokens of one sequence, times the q heads that share a kv head) walk the keys in
-// blocks of kKeyBlock: each key and value row is converted to f32 once for all of them, the key
-// block is transposed 16 x 16 in registers so scores come 16 keys at a time (no horizontal sums),
-// and an online softmax keeps one running max / sum / output row per query.
+// blocks of kKeyBlock: each key and value row is converted to f32 once for all of them, the keys
+// dimension-major (the K pool's panels, cpu_kernels.h, are already; plain rows are transposed)
+// so scores come 16 keys at a time (no horizontal sums), and an online softmax keeps one running
+// max / sum / output row per query.
 //
 // Key blocks sit at absolute multiples of kKeyBlock and a query skips every block in which it
 // sees no key, so a query's arithmetic does not depend on the other tokens of its tile: a
@@ -34,10 +35,22 @@ namespace {
 
 constexpr int64_t kTileTokens = 16;
 constexpr int64_t kKeyBlock = 16;
+static_assert(kKeyBlock == cpu::kKeyPanel, "a key block is one K panel");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// One f32 row of a K or V pool.
-void load_kv_row(const Tensor& pool, const Tensor& scales, int64_t row, int64_t hd, float* dst) {
+// One f32 row of a K or V pool (a K pool's in panels: every kKeyPanel-th element).
+void load_kv_row(const Tensor& pool, const Tensor& scales, int64_t row, int64_t hd, bool panels, float* dst) {
+  if (panels) {
+    const int64_t at = cpu::row_start(row, hd, true), step = cpu::row_stride(true);
+    const float s = pool.dtype == DType::I8 ? host_ptr<float>(scales)[row] : 1.0f;
+    for (int64_t i = 0; i < hd; ++i) {
+      const int64_t e = at + i * step;
+      dst[i] = pool.dtype == DType::F32   ? host_ptr<float>(pool)[e]
+               : pool.dtype == DType::F16 ? f16_to_f32(host_ptr<uint16_t>(pool)[e])
+                                          : float(host_ptr<int8_t>(pool)[e]) * s;
+    }
+    return;
+  }
   switch (pool.dtype) {
     case DType::F32:
       std::memcpy(dst, host_ptr<float>(pool) + row * hd, size_t(hd) * 4);
@@ -146,21 +159,26 @@ int64_t block_rows(const KvLayer& kv, const int32_t* table, int64_t j0, int64_t 
 // the pool, and at 16 sequences the pool is far larger than the cache.
 void prefetch_block(const KvLayer& kv, const int32_t* table, int64_t j0, int64_t hi, int64_t kvh) {
   if (j0 > hi) return;
-  const size_t row_bytes = dtype_bytes(kv.k.dtype, kv.k.dim(3));
+  const int64_t row_bytes = int64_t(dtype_bytes(kv.k.dtype, kv.k.dim(3)));
   const int64_t n = std::min(kKeyBlock, hi - j0 + 1), first = block_rows(kv, table, j0, kvh);
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t row = first >= 0 ? first + k : pool_row(kv, table, j0 + k, kvh);
+  auto ask = [](const Tensor& pool, int64_t from, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(host_ptr<char>(pool) + from + o, _MM_HINT_T1);
+  };
+  if (first >= 0) {  // consecutive rows; the K rows are one panel
+    ask(kv.k, first * row_bytes, kKeyBlock * row_bytes);
+    ask(kv.v, first * row_bytes, n * row_bytes);
+    return;
+  }
+  for (int64_t k = 0; k < n; ++k) {  // plain rows (a block size that is no multiple of 16)
+    const int64_t row = pool_row(kv, table, j0 + k, kvh);
     if (row < 0) continue;
-    const size_t at = size_t(row) * row_bytes;
-    for (size_t o = 0; o < row_bytes; o += 64) {
-      _mm_prefetch(host_ptr<char>(kv.k) + at + o, _MM_HINT_T1);
-      _mm_prefetch(host_ptr<char>(kv.v) + at + o, _MM_HINT_T1);
-    }
+    ask(kv.k, row * row_bytes, row_bytes);
+    ask(kv.v, row * row_bytes, row_bytes);
   }
 }
 
 #if defined(__AVX512F__)
-// 16 elements of a K or V pool row from column c, as f32.
+// 16 elements of a plain pool row (V) from column c, as f32.
 template <DType kType>
 inline __m512 kv16(const Tensor& pool, const Tensor& scales, int64_t row, int64_t hd, int64_t c) {
   if constexpr (kType == DType::F16)
@@ -173,17 +191,29 @@ inline __m512 kv16(const Tensor& pool, const Tensor& scales, int64_t row, int64_
                          _mm512_set1_ps(host_ptr<float>(scales)[row]));
 }
 
-// Keys j0 .. j0 + n - 1 at consecutive pool rows from `first`, head_dim a multiple of 16: the
-// keys converted and transposed in registers, the values converted, straight from the pool.
+// 16 consecutive elements of a K panel from element e, as f32 (the int8 ones times the scales
+// of their rows, panel rows from `row`).
+template <DType kType>
+inline __m512 panel16(const KvLayer& kv, int64_t e, int64_t row) {
+  if constexpr (kType == DType::F16)
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(host_ptr<uint16_t>(kv.k) + e)));
+  else if constexpr (kType == DType::F32)
+    return _mm512_loadu_ps(host_ptr<float>(kv.k) + e);
+  else
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(host_ptr<int8_t>(kv.k) + e)))),
+                         _mm512_loadu_ps(host_ptr<float>(kv.k_scale) + row));
+}
+
+// Keys j0 .. j0 + n - 1 at consecutive pool rows from `first` (a panel's first row), head_dim a
+// multiple of 16: the keys read dimension by dimension from the panel, the values converted,
+// straight from the pool. Lanes of keys past n are zero (their pool rows may hold anything).
 template <DType kType>
 void load_block_rows(const KvLayer& kv, int64_t first, int64_t n, int64_t hd, TileScratch& s) {
-  for (int64_t c = 0; c < hd; c += 16) {
-    __m512i r[16];
-    for (int64_t k = 0; k < kKeyBlock; ++k)
-      r[k] = k < n ? _mm512_castps_si512(kv16<kType>(kv.k, kv.k_scale, first + k, hd, c)) : _mm512_setzero_si512();
-    quant::detail::transpose16x16(r);
-    for (int d = 0; d < 16; ++d) _mm512_storeu_si512(s.keys + c + d, r[d]);
-  }
+  const __mmask16 live = n >= kKeyBlock ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+  const int64_t panel = cpu::row_start(first, hd, true);
+  for (int64_t d = 0; d < hd; ++d)
+    s.keys[d] = f32x16(_mm512_maskz_mov_ps(live, panel16<kType>(kv, panel + d * kKeyBlock, first)));
   for (int64_t k = 0; k < kKeyBlock; ++k)
     for (int64_t c = 0; c < hd; c += 16)
       _mm512_storeu_ps(s.vals + k * hd + c, k < n ? kv16<kType>(kv.v, kv.v_scale, first + k, hd, c) : _mm512_setzero_ps());
@@ -215,8 +245,8 @@ f32x16 load_key_block(const KvLayer& kv, const int32_t* table, int64_t j0, int64
     mapped[k] = row >= 0 ? 1.0f : 0.0f;
     float *key = s.stage + k * hd16, *val = s.vals + k * hd16;
     if (row >= 0) {
-      load_kv_row(kv.k, kv.k_scale, row, hd, key);
-      load_kv_row(kv.v, kv.v_scale, row, hd, val);
+      load_kv_row(kv.k, kv.k_scale, row, hd, cpu::k_in_panels(kv), key);
+      load_kv_row(kv.v, kv.v_scale, row, hd, false, val);
       std::fill(key + hd, key + hd16, 0.0f);  // the padding columns
       std::fill(val + hd, val + hd16, 0.0f);
     } else {
