@@ -273,7 +273,7 @@ def test_paged_attention_block_sizes(backend, rng, block_size, kv_dtype, bound):
     assert err < bound
 
 
-@pytest.mark.parametrize("H,KV,hd", [(9, 3, 64), (8, 1, 64), (7, 1, 64), (6, 2, 128), (6, 2, 80)])
+@pytest.mark.parametrize("H,KV,hd", [(9, 3, 64), (8, 1, 64), (7, 1, 64), (6, 2, 128), (8, 2, 128), (6, 2, 80)])
 @pytest.mark.parametrize("kv_dtype", ["f32", "f16", "i8"])
 def test_paged_attention_token_independent_of_its_tile(backend, rng, H, KV, hd, kv_dtype):
     """A token's output is bit for bit the same alone (a decode), inside a prefill tile, and next

@@ -291,19 +291,32 @@ bool visible(const AttnView& v, const AttnParams& p, int64_t t, int64_t* first, 
   return true;
 }
 
-// Up to kRows query rows of one token (heads sharing a kv head) against one key block, each row
-// in exactly the float order a row alone would take (so results do not depend on the grouping):
-// scores in four chains over d, the block max, the online-softmax update, then
-// o = o * rescale + sum over keys k = 0 .. 15 of weight[k] * value row k, one chain per
-// 16-float chunk. Grouped, the rows share every key and value load and their chains overlap.
+// Up to kRows query rows (of one token or of consecutive tokens of a tile) against one key
+// block, each row in exactly the float order a row alone would take (so results do not depend
+// on the grouping): scores in four chains over d, the block max, the online-softmax update, then
+// o = o * rescale + sum over keys k = 0 .. 15 of weight[k] * value row k, one chain per 16-float
+// chunk. Grouped, the rows share every key and value load and their chains overlap (one row's
+// chains alone leave the FMA units waiting on their latency).
 // kChunks = head_dim / 16 keeps the output rows in registers; 0 takes any head_dim (hd).
-// seen: the block's keys the token sees (all bits set) or not. Returns false, having changed
-// nothing, when a row's block max is -inf (no key of the block seen, or infinite scores).
+// Row i: query q[i], seen[i]: the block's keys its token sees (all bits set) or not; output,
+// running max and sum: row `first` + i of the tile's scratch (the rows that see a block are
+// consecutive). Returns false, having changed nothing, when a row's block max is -inf (no key of
+// the block seen, or infinite scores).
+struct BlockRows {
+  static constexpr int kMax = 6;
+  const float* q[kMax];
+  i32x16 seen[kMax];
+  int64_t first = 0;
+  int n = 0;
+};
+
 template <int kChunks, int kRows>
-bool attend_rows(const float* const* q, float* const* o, float* max, float* sum, i32x16 seen, float scale,
-                 int64_t hd, const TileScratch& s) {
+bool attend_rows(const BlockRows& r, float scale, int64_t hd, const TileScratch& s) {
   if constexpr (kChunks > 0) hd = kChunks * 16;
   const int64_t hd16 = TileScratch::padded(hd);
+  float* const out = s.out + r.first * hd16;
+  float* const max = s.max + r.first;
+  float* const sum = s.sum + r.first;
   f32x16 score[kRows];
   {
     f32x16 acc[kRows][4] = {};  // four chains a row: one would wait on each FMA's latency
@@ -311,13 +324,13 @@ bool attend_rows(const float* const* q, float* const* o, float* max, float* sum,
     for (; d + 4 <= hd; d += 4)
       for (int c = 0; c < 4; ++c) {
         const f32x16 key = s.keys[d + c];
-        for (int i = 0; i < kRows; ++i) acc[i][c] += q[i][d + c] * key;
+        for (int i = 0; i < kRows; ++i) acc[i][c] = cpu::fmadd(cpu::splat(r.q[i][d + c]), key, acc[i][c]);
       }
     for (; d < hd; ++d)
-      for (int i = 0; i < kRows; ++i) acc[i][0] += q[i][d] * s.keys[d];
+      for (int i = 0; i < kRows; ++i) acc[i][0] = cpu::fmadd(cpu::splat(r.q[i][d]), s.keys[d], acc[i][0]);
     for (int i = 0; i < kRows; ++i) {
       score[i] = (acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3]);
-      score[i] = seen ? score[i] * scale : kNegInf;
+      score[i] = r.seen[i] ? score[i] * scale : kNegInf;
     }
   }
   float block_max[kRows];
@@ -330,43 +343,54 @@ bool attend_rows(const float* const* q, float* const* o, float* max, float* sum,
   for (int i = 0; i < kRows; ++i) {
     const float new_max = std::max(max[i], block_max[i]);
     rescale[i] = cpu::fast_exp(max[i] - new_max);  // ~0 for the first block
-    weight[i] = seen ? cpu::fast_exp(score[i] - new_max) : 0.0f;
+    weight[i] = r.seen[i] ? cpu::fast_exp(score[i] - new_max) : 0.0f;
     max[i] = new_max;
     sum[i] = sum[i] * rescale[i] + hsum(weight[i]);
   }
   if constexpr (kChunks > 0) {
     f32x16 acc[kRows][kChunks];
     for (int i = 0; i < kRows; ++i)
-      for (int c = 0; c < kChunks; ++c) acc[i][c] = load16(o[i] + 16 * c) * rescale[i];
+      for (int c = 0; c < kChunks; ++c) acc[i][c] = load16(out + i * hd16 + 16 * c) * rescale[i];
     for (int k = 0; k < kKeyBlock; ++k)
       for (int c = 0; c < kChunks; ++c) {
         const f32x16 v = load16(s.vals + k * hd16 + 16 * c);
-        for (int i = 0; i < kRows; ++i) acc[i][c] += weight[i][k] * v;
+        for (int i = 0; i < kRows; ++i) acc[i][c] = cpu::fmadd(cpu::splat(weight[i][k]), v, acc[i][c]);
       }
     for (int i = 0; i < kRows; ++i)
-      for (int c = 0; c < kChunks; ++c) store16(o[i] + 16 * c, acc[i][c]);
+      for (int c = 0; c < kChunks; ++c) store16(out + i * hd16 + 16 * c, acc[i][c]);
   } else {
     for (int i = 0; i < kRows; ++i)
       for (int64_t c = 0; c < hd16; c += 16) {
-        f32x16 acc = load16(o[i] + c) * rescale[i];
-        for (int k = 0; k < kKeyBlock; ++k) acc += weight[i][k] * load16(s.vals + k * hd16 + c);
-        store16(o[i] + c, acc);
+        f32x16 acc = load16(out + i * hd16 + c) * rescale[i];
+        for (int k = 0; k < kKeyBlock; ++k) acc = cpu::fmadd(cpu::splat(weight[i][k]), load16(s.vals + k * hd16 + c), acc);
+        store16(out + i * hd16 + c, acc);
       }
   }
   return true;
 }
 
-using AttendRowsFn = bool (*)(const float* const*, float* const*, float*, float*, i32x16, float, int64_t,
-                              const TileScratch&);
+using AttendRowsFn = bool (*)(const BlockRows&, float, int64_t, const TileScratch&);
 
-// How many of a token's query rows go into one attend_rows call (at most kMaxRowsPerCall), and
-// the kernel for n of them: up to 4 at head_dim 64, 2 at 128, others one at a time.
-constexpr int64_t kMaxRowsPerCall = 4;
-int64_t rows_per_call(int64_t hd) { return hd == 64 ? 4 : hd == 128 ? 2 : 1; }
-AttendRowsFn attend_rows_kernel(int64_t hd, int64_t n) {
-  static constexpr AttendRowsFn k64[] = {attend_rows<4, 1>, attend_rows<4, 2>, attend_rows<4, 3>, attend_rows<4, 4>};
-  static constexpr AttendRowsFn k128[] = {attend_rows<8, 1>, attend_rows<8, 2>};
+// How many rows go into one attend_rows call: as many as keep its accumulators in registers
+// (6 at head_dim 64, 3 at 128; others one at a time), and the kernel for n of them.
+int rows_per_call(int64_t hd) { return hd == 64 ? 6 : hd == 128 ? 3 : 1; }
+AttendRowsFn attend_rows_kernel(int64_t hd, int n) {
+  static constexpr AttendRowsFn k64[] = {attend_rows<4, 1>, attend_rows<4, 2>, attend_rows<4, 3>,
+                                         attend_rows<4, 4>, attend_rows<4, 5>, attend_rows<4, 6>};
+  static constexpr AttendRowsFn k128[] = {attend_rows<8, 1>, attend_rows<8, 2>, attend_rows<8, 3>};
   return hd == 64 ? k64[n - 1] : hd == 128 ? k128[n - 1] : attend_rows<0, 1>;
+}
+
+// Runs the collected rows against the block and empties the list.
+void attend_block_rows(BlockRows& r, float scale, int64_t hd, const TileScratch& s) {
+  if (r.n == 0) return;
+  if (!attend_rows_kernel(hd, r.n)(r, scale, hd, s) && r.n > 1)
+    for (int i = 0; i < r.n; ++i) {  // a row that skips the block must not hold up the others
+      BlockRows one;
+      one.q[0] = r.q[i], one.seen[0] = r.seen[i], one.first = r.first + i, one.n = 1;
+      attend_rows_kernel(hd, 1)(one, scale, hd, s);
+    }
+  r.n = 0;
 }
 
 // The keys the tile's tokens see, [lo, hi]; false when it has only padding tokens.
@@ -401,30 +425,28 @@ void attend_tile(const AttnView& v, const KvLayer& kv, const AttnParams& p, cons
   std::fill(s.max, s.max + rows, kNegInf);
   std::fill(s.sum, s.sum + rows, 0.0f);
   const f32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const int64_t per_call = rows_per_call(hd);
+  const int per_call = rows_per_call(hd);
 
   for (int64_t j0 = lo / kKeyBlock * kKeyBlock; j0 <= hi; j0 += kKeyBlock) {
     prefetch_block(kv, table, j0 + kKeyBlock, hi, kvh);
     const f32x16 mapped = load_key_block(kv, table, j0, hi, kvh, hd, s);
     const f32x16 key_pos = lane + float(j0);
+    BlockRows rows_in;
     for (int64_t t = tile.t0; t < tile.t1; ++t) {
       int64_t first, last;
       if (!visible(v, p, t, &first, &last) || last < j0 || first >= j0 + kKeyBlock) continue;
       const f32x16 seen_lo = key_pos - float(first), seen_hi = float(last) - key_pos;  // both >= 0: seen
       const i32x16 seen = (mapped > 0.0f) & (seen_lo >= 0.0f) & (seen_hi >= 0.0f);
-      for (int64_t g0 = 0; g0 < group; g0 += per_call) {
-        const int64_t n = std::min(per_call, group - g0), r = (t - tile.t0) * group + g0;
-        const float* q[kMaxRowsPerCall];
-        float* o[kMaxRowsPerCall];
-        for (int64_t i = 0; i < n; ++i) {
-          q[i] = v.q + (t * p.heads + kvh * group + g0 + i) * hd;
-          o[i] = s.out + (r + i) * hd16;
-        }
-        if (!attend_rows_kernel(hd, n)(q, o, s.max + r, s.sum + r, seen, p.scale, hd, s) && n > 1)
-          for (int64_t i = 0; i < n; ++i)  // a row that skips the block must not hold up the others
-            attend_rows_kernel(hd, 1)(q + i, o + i, s.max + r + i, s.sum + r + i, seen, p.scale, hd, s);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t r = (t - tile.t0) * group + g;
+        if (rows_in.n == 0) rows_in.first = r;
+        const int i = rows_in.n++;
+        rows_in.q[i] = v.q + (t * p.heads + kvh * group + g) * hd;
+        rows_in.seen[i] = seen;
+        if (rows_in.n == per_call) attend_block_rows(rows_in, p.scale, hd, s);
       }
     }
+    attend_block_rows(rows_in, p.scale, hd, s);
   }
 
   for (int64_t t = tile.t0; t < tile.t1; ++t) {

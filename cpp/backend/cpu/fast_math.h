@@ -1,8 +1,12 @@
 // Branch-free float math for the CPU kernels' inner loops, on scalars and on 16-float vectors
 // (GCC/Clang vector extensions: one AVX-512 register, or two AVX2 ones, without intrinsics).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 // Inline helpers only: the vector-argument ABI note GCC prints without AVX-512 does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -18,6 +22,29 @@ inline f32x16 load16(const float* p) {
   return v;
 }
 inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof v); }
+
+inline f32x16 splat(float x) {
+#if defined(__AVX512F__)
+  return f32x16(_mm512_set1_ps(x));
+#else
+  f32x16 v;
+  for (int i = 0; i < 16; ++i) v[i] = x;
+  return v;
+#endif
+}
+
+// a * b + c, rounded once. The compiler contracts `x * y + z` into an FMA or not depending on
+// how it unrolled the code around it; a kernel whose results must not depend on its unrolling
+// (attention's per-row float order, whatever rows share a call) spells its FMAs out.
+inline f32x16 fmadd(f32x16 a, f32x16 b, f32x16 c) {
+#if defined(__AVX512F__)
+  return f32x16(_mm512_fmadd_ps(__m512(a), __m512(b), __m512(c)));
+#else
+  f32x16 r;
+  for (int i = 0; i < 16; ++i) r[i] = std::fma(a[i], b[i], c[i]);
+  return r;
+#endif
+}
 
 namespace detail {
 // exp(r) on [-ln2/2, ln2/2]: degree-7 Taylor polynomial, relative error < 1e-8 there.
