@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -178,45 +179,42 @@ void prefetch_block(const KvLayer& kv, const int32_t* table, int64_t j0, int64_t
 }
 
 #if defined(__AVX512F__)
-// 16 elements of a plain pool row (V) from column c, as f32.
+// A pool's element type, and 16 of its elements from p as f32 (int8 ones times `scale`).
 template <DType kType>
-inline __m512 kv16(const Tensor& pool, const Tensor& scales, int64_t row, int64_t hd, int64_t c) {
-  if constexpr (kType == DType::F16)
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(host_ptr<uint16_t>(pool) + row * hd + c)));
-  else if constexpr (kType == DType::F32)
-    return _mm512_loadu_ps(host_ptr<float>(pool) + row * hd + c);
-  else
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(host_ptr<int8_t>(pool) + row * hd + c)))),
-                         _mm512_set1_ps(host_ptr<float>(scales)[row]));
-}
+using KvElem = std::conditional_t<kType == DType::F16, uint16_t, std::conditional_t<kType == DType::F32, float, int8_t>>;
 
-// 16 consecutive elements of a K panel from element e, as f32 (the int8 ones times the scales
-// of their rows, panel rows from `row`).
 template <DType kType>
-inline __m512 panel16(const KvLayer& kv, int64_t e, int64_t row) {
+inline __m512 kv16(const KvElem<kType>* p, __m512 scale) {
   if constexpr (kType == DType::F16)
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(host_ptr<uint16_t>(kv.k) + e)));
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   else if constexpr (kType == DType::F32)
-    return _mm512_loadu_ps(host_ptr<float>(kv.k) + e);
+    return _mm512_loadu_ps(p);
   else
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(host_ptr<int8_t>(kv.k) + e)))),
-                         _mm512_loadu_ps(host_ptr<float>(kv.k_scale) + row));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))),
+                         scale);
 }
 
 // Keys j0 .. j0 + n - 1 at consecutive pool rows from `first` (a panel's first row), head_dim a
-// multiple of 16: the keys read dimension by dimension from the panel, the values converted,
-// straight from the pool. Lanes of keys past n are zero (their pool rows may hold anything).
+// multiple of 16: the keys read dimension by dimension from the panel (int8 ones times their
+// rows' scales), the values row by row, straight from the pool. Lanes and rows of keys past n
+// are zero (their pool rows may hold anything). (Pointers are taken once: the vector stores may
+// alias anything, so a tensor's data pointer would be reloaded after every one.)
 template <DType kType>
 void load_block_rows(const KvLayer& kv, int64_t first, int64_t n, int64_t hd, TileScratch& s) {
+  constexpr bool kScaled = kType == DType::I8;
   const __mmask16 live = n >= kKeyBlock ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-  const int64_t panel = cpu::row_start(first, hd, true);
-  for (int64_t d = 0; d < hd; ++d)
-    s.keys[d] = f32x16(_mm512_maskz_mov_ps(live, panel16<kType>(kv, panel + d * kKeyBlock, first)));
-  for (int64_t k = 0; k < kKeyBlock; ++k)
+  const KvElem<kType>* k = host_ptr<KvElem<kType>>(kv.k) + cpu::row_start(first, hd, true);
+  const KvElem<kType>* v = host_ptr<KvElem<kType>>(kv.v) + first * hd;
+  const float* v_scale = kScaled ? host_ptr<float>(kv.v_scale) + first : nullptr;
+  const __m512 k_scales = kScaled ? _mm512_loadu_ps(host_ptr<float>(kv.k_scale) + first) : _mm512_set1_ps(1.0f);
+  f32x16* keys = s.keys;
+  float* vals = s.vals;
+  for (int64_t d = 0; d < hd; ++d) keys[d] = f32x16(_mm512_maskz_mov_ps(live, kv16<kType>(k + d * kKeyBlock, k_scales)));
+  for (int64_t r = 0; r < kKeyBlock; ++r) {
+    const __m512 scale = _mm512_set1_ps(kScaled && r < n ? v_scale[r] : 1.0f);
     for (int64_t c = 0; c < hd; c += 16)
-      _mm512_storeu_ps(s.vals + k * hd + c, k < n ? kv16<kType>(kv.v, kv.v_scale, first + k, hd, c) : _mm512_setzero_ps());
+      _mm512_storeu_ps(vals + r * hd + c, r < n ? kv16<kType>(v + r * hd + c, scale) : _mm512_setzero_ps());
+  }
 }
 #endif
 
