@@ -321,7 +321,7 @@ bool attend_rows(const BlockRows& r, float scale, int64_t hd, const TileScratch&
     int64_t d = 0;
     for (; d + 4 <= hd; d += 4)
       for (int c = 0; c < 4; ++c) {
-        const f32x16 key = s.keys[d + c];
+        const f32x16 key = cpu::in_register(s.keys[d + c]);
         for (int i = 0; i < kRows; ++i) acc[i][c] = cpu::fmadd(cpu::splat(r.q[i][d + c]), key, acc[i][c]);
       }
     for (; d < hd; ++d)
@@ -351,7 +351,7 @@ bool attend_rows(const BlockRows& r, float scale, int64_t hd, const TileScratch&
       for (int c = 0; c < kChunks; ++c) acc[i][c] = load16(out + i * hd16 + 16 * c) * rescale[i];
     for (int k = 0; k < kKeyBlock; ++k)
       for (int c = 0; c < kChunks; ++c) {
-        const f32x16 v = load16(s.vals + k * hd16 + 16 * c);
+        const f32x16 v = cpu::in_register(load16(s.vals + k * hd16 + 16 * c));
         for (int i = 0; i < kRows; ++i) acc[i][c] = cpu::fmadd(cpu::splat(weight[i][k]), v, acc[i][c]);
       }
     for (int i = 0; i < kRows; ++i)

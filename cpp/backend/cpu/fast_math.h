@@ -33,6 +33,16 @@ inline f32x16 splat(float x) {
 #endif
 }
 
+// v, held in a register. Without this GCC folds the load of a vector used by several FMAs into
+// each of them as a memory operand; on Zen 4 a 512-bit load takes all of a cycle's load
+// bandwidth, so the FMAs wait on the loads.
+inline f32x16 in_register(f32x16 v) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  asm("" : "+v"(v));
+#endif
+  return v;
+}
+
 // a * b + c, rounded once. The compiler contracts `x * y + z` into an FMA or not depending on
 // how it unrolled the code around it; a kernel whose results must not depend on its unrolling
 // (attention's per-row float order, whatever rows share a call) spells its FMAs out.
