@@ -39,41 +39,35 @@ constexpr int64_t kKeyBlock = 16;
 static_assert(kKeyBlock == cpu::kKeyPanel, "a key block is one K panel");
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// One f32 row of a K or V pool (a K pool's in panels: every kKeyPanel-th element).
+// One f32 row of a K or V pool (a K pool's in panels: every kKeyPanel-th element, cpu_kernels.h).
 void load_kv_row(const Tensor& pool, const Tensor& scales, int64_t row, int64_t hd, bool panels, float* dst) {
-  if (panels) {
-    const int64_t at = cpu::row_start(row, hd, true), step = cpu::row_stride(true);
-    const float s = pool.dtype == DType::I8 ? host_ptr<float>(scales)[row] : 1.0f;
-    for (int64_t i = 0; i < hd; ++i) {
-      const int64_t e = at + i * step;
-      dst[i] = pool.dtype == DType::F32   ? host_ptr<float>(pool)[e]
-               : pool.dtype == DType::F16 ? f16_to_f32(host_ptr<uint16_t>(pool)[e])
-                                          : float(host_ptr<int8_t>(pool)[e]) * s;
-    }
-    return;
-  }
+  const int64_t at = cpu::row_start(row, hd, panels), step = cpu::row_stride(panels);
   switch (pool.dtype) {
-    case DType::F32:
-      std::memcpy(dst, host_ptr<float>(pool) + row * hd, size_t(hd) * 4);
+    case DType::F32: {
+      const float* src = host_ptr<float>(pool) + at;
+      for (int64_t i = 0; i < hd; ++i) dst[i] = src[i * step];
       break;
+    }
     case DType::F16: {
-      const uint16_t* src = host_ptr<uint16_t>(pool) + row * hd;
+      const uint16_t* src = host_ptr<uint16_t>(pool) + at;
       int64_t i = 0;
+      if (step == 1) {
 #if defined(__AVX512F__)
-      for (; i + 16 <= hd; i += 16)
-        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+        for (; i + 16 <= hd; i += 16)
+          _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
 #endif
 #if defined(__F16C__)
-      for (; i + 8 <= hd; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+        for (; i + 8 <= hd; i += 8)
+          _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
 #endif
-      for (; i < hd; ++i) dst[i] = f16_to_f32(src[i]);
+      }
+      for (; i < hd; ++i) dst[i] = f16_to_f32(src[i * step]);
       break;
     }
     case DType::I8: {
-      const int8_t* src = host_ptr<int8_t>(pool) + row * hd;
+      const int8_t* src = host_ptr<int8_t>(pool) + at;
       const float s = host_ptr<float>(scales)[row];
-      for (int64_t i = 0; i < hd; ++i) dst[i] = float(src[i]) * s;
+      for (int64_t i = 0; i < hd; ++i) dst[i] = float(src[i * step]) * s;
       break;
     }
     default:
