@@ -11,9 +11,10 @@
 
 inline float bf16_to_f32(ushort u) { return as_float(((uint)u) << 16); }
 
-inline float sum16(float16 v) {
-  float8 a = v.lo + v.hi;
+inline float sum8(float8 a) {
   float4 b = a.lo + a.hi;
   float2 c = b.lo + b.hi;
   return c.x + c.y;
 }
+
+inline float sum16(float16 v) { return sum8(v.lo + v.hi); }

@@ -1,8 +1,12 @@
 // linear and embedding over weights in any stored type (weights.cl supplies the block loaders).
 //
 // linear: out[t, n] = x[t, :] . W[n, :] (+ bias[n]).
-// - linear_t1 (one token, decode): one weight row per work-item, read front to back, multiplying
-//   the quants into x without dequantizing them first (block_dot in weights.cl).
+// - linear_q8 (decodes over the quantized types but Q2_K / Q3_K: one token, or a batch of
+//   decodes): x quantized to 8 bits per 32 elements first (quantize_q8_rows, as the CPU backend's
+//   Q8_0 activations), then integer dot products per (weight row, token) (block_dot_q8).
+// - linear_t1 (one token otherwise: plain floats, Q2_K / Q3_K, scoring steps): one weight row per
+//   work-item, read front to back, multiplying the quants into f32 x without dequantizing them
+//   first (block_dot in weights.cl).
 // - linear_t4 / linear_t8 (more tokens): each work-item owns a register tile of 4 tokens x 4
 //   weight rows (or 8 x 2) and walks K 32 elements at a time: a chunk of each weight row is
 //   dequantized once into two float16 (block scales once per block) and multiplied into 16
@@ -155,6 +159,73 @@ kernel void linear_t1(LINEAR_ARGS, local float* xs) {
   if (has_bias) s += bias[bias_off + n];
   out[out_off + n] = s;
 }
+
+// ---- 8-bit activations: decodes over the quantized types (W_DOT_Q8) ----
+// quantize_q8_rows turns x [T, K] into xq rows of K + 8 * K / 32 bytes: the K int8 quants, then
+// per 32-element chunk its scale d and the sum of its dequantized values, as floats. A chunk is
+// quantized exactly as the CPU backend's Q8_0 activations (cpp/quant/quantize.cpp): d = amax / 127,
+// q = round(x / d) with 1 / d in f32, d then rounded to f16; so both backends dot the same x.
+// One work-item per (token, chunk).
+// Row t of xq.
+inline const global char* xq_row(const global char* xq, int t, int K) { return xq + (long)t * (K + K / 4); }
+
+kernel void quantize_q8_rows(const global float* x, long x_off, int T, int K, global char* xq, long xq_off) {
+  const int chunks = K / CHUNK, gid = (int)get_global_id(0);
+  const int t = gid / chunks, c = gid % chunks;
+  if (t >= T) return;
+  const global float* p = x + x_off + (long)t * K + CHUNK * c;
+  global char* row = (global char*)xq_row(xq + xq_off, t, K);
+  const float16 a = vload16(0, p), b = vload16(1, p);
+  const float16 m = fmax(fabs(a), fabs(b));
+  const float8 m8 = fmax(m.lo, m.hi);
+  const float4 m4 = fmax(m8.lo, m8.hi);
+  const float amax = fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w));
+  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  const int16 qa = convert_int16(round(a * id)), qb = convert_int16(round(b * id));
+  vstore16(convert_char16(qa), 0, row + CHUNK * c);
+  vstore16(convert_char16(qb), 1, row + CHUNK * c);
+  global float* scales = (global float*)(row + K);
+  vstore_half_rte(d, 0, (global half*)(scales + c));  // round d to f16 in its own slot
+  const float dh = vload_half(0, (global half*)(scales + c));
+  scales[c] = dh;
+  const int16 qs = qa + qb;
+  const int8 q8 = qs.lo + qs.hi;
+  const int4 q4 = q8.lo + q8.hi;
+  scales[chunks + c] = dh * (float)(q4.x + q4.y + q4.z + q4.w);
+}
+
+#ifdef W_DOT_Q8
+// One weight row (stored blocks) dotted with an xq row, front to back. Blocks in pairs, each with
+// its own two accumulators (four FMA chains). moe.cl uses it too.
+float row_dot_q8(const global uchar* row, const global char* x, int K) {
+  const int chunks = K / CHUNK, elems = CHUNK * W_CHUNKS, blocks = K / elems;
+  const global float* xd = (const global float*)(x + K);
+  const global float* xsum = xd + chunks;
+  float8 acc[4] = {(float8)(0.0f), (float8)(0.0f), (float8)(0.0f), (float8)(0.0f)};
+  float8 acc_m = (float8)(0.0f);
+  int b = 0;
+  for (; b + 1 < blocks; b += 2) {
+    block_dot_q8(row + (long)b * W_BLOCK_BYTES, x + b * elems, xd + b * W_CHUNKS, xsum + b * W_CHUNKS, acc, &acc_m);
+    block_dot_q8(row + (long)(b + 1) * W_BLOCK_BYTES, x + (b + 1) * elems, xd + (b + 1) * W_CHUNKS,
+                 xsum + (b + 1) * W_CHUNKS, acc + 2, &acc_m);
+  }
+  if (b < blocks) block_dot_q8(row + (long)b * W_BLOCK_BYTES, x + b * elems, xd + b * W_CHUNKS, xsum + b * W_CHUNKS, acc, &acc_m);
+  return sum8((acc[0] + acc[1]) + (acc[2] + acc[3]) + acc_m);
+}
+
+// out[t, n] = xq[t] . W[n, :] (+ bias[n]) for xq from quantize_q8_rows; one (row, token) per
+// work-item, token fastest, so a work-group's items share weight rows in cache and a token's
+// result is the same whatever the other tokens (a decode computes alike alone and in a batch).
+kernel void linear_q8(const global char* xq, long xq_off, int T, int K, const global uchar* w, long w_off,
+                      long w_row_bytes, int N, const global float* bias, long bias_off,
+                      int has_bias, global float* out, long out_off, int ldo) {
+  const int gid = (int)get_global_id(0), t = gid % T, n = gid / T;
+  if (n >= N) return;
+  float s = row_dot_q8(w + w_off + (long)n * w_row_bytes, xq_row(xq + xq_off, t, K), K);
+  if (has_bias) s += bias[bias_off + n];
+  out[out_off + (long)t * ldo + n] = s;
+}
+#endif
 
 kernel void linear_t4(LINEAR_ARGS) {
   linear_tile(4, 4, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);

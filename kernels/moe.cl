@@ -13,26 +13,52 @@
 // [0, E) get y = 0 (written by the launch with zero_invalid set).
 #pragma OPENCL FP_CONTRACT ON
 
+// Work-item gid's pair *p and the weight row it dots (see moe_rows), or null where it has none:
+// padding rows, rows in another buffer, and ids outside [0, E) (their y zeroed if zero_invalid).
+inline const global uchar* moe_item_row(int N, const global int* ids, int E, const global uchar* w,
+                                        long w_row_bytes, long row0, long nrows, int zero_invalid,
+                                        global float* y, int ldy, int* p, global float** o) {
+  const int rows_padded = (N + (int)get_local_size(0) - 1) / (int)get_local_size(0) * (int)get_local_size(0);
+  const int gid = (int)get_global_id(0), n = gid % rows_padded;
+  *p = gid / rows_padded;  // p < P: the launch is exact
+  const int e = ids[*p];
+  if (n >= N) return 0;
+  *o = y + (long)*p * ldy + n;
+  if (e < 0 || e >= E) {
+    if (zero_invalid) **o = 0.0f;
+    return 0;
+  }
+  const long r = (long)e * N + n - row0;
+  return r < 0 || r >= nrows ? 0 : w + r * w_row_bytes;
+}
+
 kernel void moe_rows(const global float* x, long x_off, int x_div, int K, const global int* ids,
                      long ids_off, int P, int E, int N, const global uchar* w, long w_off,
                      long w_row_bytes, long row0, long nrows, int zero_invalid, global float* y,
                      long y_off, int ldy, local float* xs) {
-  const int rows_padded = (N + (int)get_local_size(0) - 1) / (int)get_local_size(0) * (int)get_local_size(0);
-  const int gid = (int)get_global_id(0);
-  const int p = gid / rows_padded, n = gid % rows_padded;  // p < P: the launch is exact
+  int p;
+  global float* o;
+  const global uchar* row = moe_item_row(N, ids + ids_off, E, w + w_off, w_row_bytes, row0, nrows,
+                                         zero_invalid, y + y_off, ldy, &p, &o);
   const global float* xr = x + x_off + (long)(p / x_div) * K;
-  chunk_sums(xr, K, xs);  // linear.cl
-  const int e = ids[ids_off + p];
-  if (n >= N) return;
-  global float* o = y + y_off + (long)p * ldy + n;
-  if (e < 0 || e >= E) {
-    if (zero_invalid) *o = 0.0f;
-    return;
-  }
-  const long r = (long)e * N + n - row0;
-  if (r < 0 || r >= nrows) return;
-  *o = row_dot(w + w_off + r * w_row_bytes, xr, xs, K);  // linear.cl
+  chunk_sums(xr, K, xs);  // linear.cl; every work-item of the group reaches the barrier
+  if (row) *o = row_dot(row, xr, xs, K);  // linear.cl
 }
+
+#ifdef W_DOT_Q8
+// moe_rows over activations quantized by quantize_q8_rows (linear.cl), as linear_q8: the
+// few-token steps (decodes) over the types with integer dot kernels.
+kernel void moe_rows_q8(const global char* xq, long xq_off, int x_div, int K, const global int* ids,
+                        long ids_off, int P, int E, int N, const global uchar* w, long w_off,
+                        long w_row_bytes, long row0, long nrows, int zero_invalid, global float* y,
+                        long y_off, int ldy) {
+  int p;
+  global float* o;
+  const global uchar* row = moe_item_row(N, ids + ids_off, E, w + w_off, w_row_bytes, row0, nrows,
+                                         zero_invalid, y + y_off, ldy, &p, &o);
+  if (row) *o = row_dot_q8(row, xq_row(xq + xq_off, p / x_div, K), K);
+}
+#endif
 
 // moe_tiles_t4 / moe_tiles_t8 (a prompt): the same y for pairs grouped by expert (moe_group),
 // so an expert's weight rows are read once per tile of TM of its pairs rather than once per pair:

@@ -6,8 +6,9 @@
 //   block_chunk    chunk j of a block as two float16 (lo = its first 16 elements).
 // Decoding the scales once per block and not once per chunk is what makes the k-quants fast.
 // The quantized types also define block_dot (W_BLOCK_DOT), the one-token dot product of a block
-// with x without dequantizing it: see there. W_XSUMS marks the types whose block_dot needs the
-// sums of x over each 32-element chunk (those with a per-block min / offset term).
+// with f32 x without dequantizing it: see there. W_XSUMS marks the types whose block_dot needs the
+// sums of x over each 32-element chunk (those with a per-block min / offset term). All but Q2_K /
+// Q3_K define block_dot_q8 (W_DOT_Q8), the same over x quantized to 8 bits (decodes).
 //
 // Dequantization keeps the operation order of cpp/quant/dequantize.cpp and is not contracted
 // into FMAs, so embedding rows equal the reference dequantizer bit for bit.
@@ -56,6 +57,46 @@ ALWAYS_INLINE float via_memory(float v) {
 #define CHUNK_DOT(x, q_lo, q_hi) fma(vload16(1, x), convert_float16(q_hi), vload16(0, x) * convert_float16(q_lo))
 
 typedef uchar4 __attribute__((aligned(1))) uchar4_unaligned;
+
+// ---- 8-bit activations (linear_q8) ----
+// block_dot_q8(b, xq, xd, xsum, acc, acc_m) is block_dot over x quantized per 32 elements to
+// int8 (see quantize_q8_rows in linear.cl): xq the block's quants, xd / xsum per 32-element chunk
+// its scale and the sum of its dequantized values. Weight quants times x quants are exact integer
+// sums of four products (dot32_*), converted to floats once per 4 products and scaled per chunk
+// by d_w * d_x; mins and offsets (Q4_0's 8) come from xsum. On pocl this is about half the
+// vector instructions of block_dot's float conversions (docs/performance.md).
+//
+// Lane i of dot32_*(lo, hi, xq) is the sum of w[l] * xq[l] for l = 4i .. 4i + 3 (lo holds
+// elements 0..15, hi 16..31), on every device: integers, so the result is exact either way.
+#if defined(__AVX2__) && defined(__clang__)
+// x86 CPUs (pocl): vpmaddubsw (unsigned bytes times signed bytes, adjacent pairs summed to 16
+// bits) then vpmaddwd by ones. The pairs cannot saturate: |w| <= 128 and |xq| <= 127, and the
+// unsigned weights are below 64 (2 * 63 * 127 < 2^15); signed ones pass |w| and give xq w's sign.
+typedef char char32 __attribute__((ext_vector_type(32)));
+typedef short short16_x86 __attribute__((ext_vector_type(16)));
+typedef char32 __attribute__((aligned(1))) char32_unaligned;
+ALWAYS_INLINE int8 sums_of_4(char32 w_unsigned, char32 x) {
+  return as_int8(__builtin_ia32_pmaddwd256(__builtin_ia32_pmaddubsw256(w_unsigned, x), (short16_x86)(1)));
+}
+ALWAYS_INLINE int8 dot32_u(uchar16 lo, uchar16 hi, const global char* xq) {
+  return sums_of_4((char32)(as_char16(lo), as_char16(hi)), *(const global char32_unaligned*)xq);
+}
+ALWAYS_INLINE int8 dot32_s(char16 lo, char16 hi, const global char* xq) {
+  const char32 w = (char32)(lo, hi);  // psignb(w, w) = |w| (-128 stays 0x80: 128 unsigned)
+  return sums_of_4(__builtin_ia32_psignb256(w, w), __builtin_ia32_psignb256(*(const global char32_unaligned*)xq, w));
+}
+#else
+ALWAYS_INLINE int8 dot32_products(int16 lo, int16 hi, const global char* xq) {
+  const int16 p = lo * convert_int16(vload16(0, xq)), q = hi * convert_int16(vload16(1, xq));
+  return (int8)(p.s048c + p.s159d + p.s26ae + p.s37bf, q.s048c + q.s159d + q.s26ae + q.s37bf);
+}
+ALWAYS_INLINE int8 dot32_u(uchar16 lo, uchar16 hi, const global char* xq) {
+  return dot32_products(convert_int16(lo), convert_int16(hi), xq);
+}
+ALWAYS_INLINE int8 dot32_s(char16 lo, char16 hi, const global char* xq) {
+  return dot32_products(convert_int16(lo), convert_int16(hi), xq);
+}
+#endif
 
 // The fifth bits of a Q5_0 / Q5_1 block: bit l of qh (element l) as 16 in byte l % 16 of lo
 // (l < 16) or hi. Byte swizzles and a bit test: cheap 16-byte ops, before widening to floats.
@@ -140,6 +181,13 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   acc[0] = fma(CHUNK_DOT(x, as_char16(q & (uchar)15) - (char)8, as_char16(q >> (uchar)4) - (char)8), via_memory(load_f16(b)), acc[0]);
 }
 
+#define W_DOT_Q8 1
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+  const uchar16 q = load_bytes16(b + 2);
+  const float d = load_f16(b);
+  acc[0] = fma(convert_float8(dot32_u(q & (uchar)15, q >> (uchar)4, xq)), d * xd[0], acc[0]);
+  acc_m->s0 = fma(-8.0f * d, xsum[0], acc_m->s0);
+}
 #elif defined(W_Q4_1)  // 20 bytes: d, m, qs[16]; x = d * q + m
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 20
@@ -159,6 +207,13 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   *acc_m += (float8)(dm.y * xs[0], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 }
 
+#define W_DOT_Q8 1
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+  const uchar16 q = load_bytes16(b + 4);
+  const float2 dm = load_f16x2(b);
+  acc[0] = fma(convert_float8(dot32_u(q & (uchar)15, q >> (uchar)4, xq)), dm.x * xd[0], acc[0]);
+  acc_m->s0 = fma(dm.y, xsum[0], acc_m->s0);
+}
 #elif defined(W_Q5_0)  // 22 bytes: d, qh[4], qs[16]; x = d * (q - 16)
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 22
@@ -178,6 +233,15 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   acc[0] = fma(CHUNK_DOT(x, as_char16((q & (uchar)15) | h0) - (char)16, as_char16((q >> (uchar)4) | h1) - (char)16), via_memory(load_f16(b)), acc[0]);
 }
 
+#define W_DOT_Q8 1
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+  uchar16 h0, h1;
+  high_bits32(*(const global uchar4_unaligned*)(b + 2), &h0, &h1);
+  const uchar16 q = load_bytes16(b + 6);
+  const float d = load_f16(b);
+  acc[0] = fma(convert_float8(dot32_u((q & (uchar)15) | h0, (q >> (uchar)4) | h1, xq)), d * xd[0], acc[0]);
+  acc_m->s0 = fma(-16.0f * d, xsum[0], acc_m->s0);
+}
 #elif defined(W_Q5_1)  // 24 bytes: d, m, qh[4], qs[16]; x = d * q + m
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 24
@@ -200,6 +264,15 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   *acc_m += (float8)(dm.y * xs[0], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 }
 
+#define W_DOT_Q8 1
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+  uchar16 h0, h1;
+  high_bits32(*(const global uchar4_unaligned*)(b + 4), &h0, &h1);
+  const uchar16 q = load_bytes16(b + 8);
+  const float2 dm = load_f16x2(b);
+  acc[0] = fma(convert_float8(dot32_u((q & (uchar)15) | h0, (q >> (uchar)4) | h1, xq)), dm.x * xd[0], acc[0]);
+  acc_m->s0 = fma(dm.y, xsum[0], acc_m->s0);
+}
 #elif defined(W_Q8_0)  // 34 bytes: d, qs[32]; x = d * q
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 34
@@ -214,6 +287,11 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   acc[0] = fma(CHUNK_DOT(x, as_char16(load_bytes16(b + 2)), as_char16(load_bytes16(b + 18))), via_memory(load_f16(b)), acc[0]);
 }
 
+#define W_DOT_Q8 1
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+  const int8 p = dot32_s(as_char16(load_bytes16(b + 2)), as_char16(load_bytes16(b + 18)), xq);
+  acc[0] = fma(convert_float8(p), load_f16(b) * xd[0], acc[0]);
+}
 #elif defined(W_Q4_K)  // 144 bytes: d, dmin, scales[12], qs[128]; x = d*sc*q - dmin*m
 #define W_CHUNKS 8
 #define W_BLOCK_BYTES 144
@@ -239,6 +317,19 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   *acc_m = fma(-vload8(0, s.m), vload8(0, xs), *acc_m);
 }
 
+#define W_DOT_Q8 1
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+  const k4_scales s = k4_block_scales(b);
+  float dd[8];  // sub-block scale times the x chunk's
+  vstore8(vload8(0, s.d) * vload8(0, xd), 0, dd);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // chunks 2i, 2i + 1: low / high nibbles of qs[32i .. 32i + 31]
+    const uchar16 q0 = load_bytes16(b + 16 + 32 * i), q1 = load_bytes16(b + 32 + 32 * i);
+    acc[0] = fma(convert_float8(dot32_u(q0 & (uchar)15, q1 & (uchar)15, xq + 64 * i)), dd[2 * i], acc[0]);
+    acc[1] = fma(convert_float8(dot32_u(q0 >> (uchar)4, q1 >> (uchar)4, xq + 64 * i + 32)), dd[2 * i + 1], acc[1]);
+  }
+  *acc_m = fma(-vload8(0, s.m), vload8(0, xsum), *acc_m);
+}
 #elif defined(W_Q5_K)  // 176 bytes: d, dmin, scales[12], qh[32], qs[128]
 #define W_CHUNKS 8
 #define W_BLOCK_BYTES 176
@@ -269,6 +360,25 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   *acc_m = fma(-vload8(0, s.m), vload8(0, xs), *acc_m);
 }
 
+#define W_DOT_Q8 1
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+  const k4_scales s = k4_block_scales(b);
+  float dd[8];  // sub-block scale times the x chunk's
+  vstore8(vload8(0, s.d) * vload8(0, xd), 0, dd);
+  const uchar16 h0 = load_bytes16(b + 16), h1 = load_bytes16(b + 32);  // bit j: chunk j's fifth bits
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uchar16 q0 = load_bytes16(b + 48 + 32 * i), q1 = load_bytes16(b + 64 + 32 * i);
+    const uchar lo = (uchar)(2 * i), hi = (uchar)(2 * i + 1);
+    acc[0] = fma(convert_float8(dot32_u((q0 & (uchar)15) | (((h0 >> lo) & (uchar)1) << (uchar)4),
+                                        (q1 & (uchar)15) | (((h1 >> lo) & (uchar)1) << (uchar)4), xq + 64 * i)),
+                 dd[2 * i], acc[0]);
+    acc[1] = fma(convert_float8(dot32_u((q0 >> (uchar)4) | (((h0 >> hi) & (uchar)1) << (uchar)4),
+                                        (q1 >> (uchar)4) | (((h1 >> hi) & (uchar)1) << (uchar)4), xq + 64 * i + 32)),
+                 dd[2 * i + 1], acc[1]);
+  }
+  *acc_m = fma(-vload8(0, s.m), vload8(0, xsum), *acc_m);
+}
 #elif defined(W_Q6_K)  // 210 bytes: ql[128], qh[64], scales[16] (int8), d; x = d*sc*(q - 32)
 #define W_CHUNKS 8
 #define W_BLOCK_BYTES 210
@@ -309,6 +419,22 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
   }
 }
 
+#define W_DOT_Q8 1
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+  // Scales per 16 elements: lanes 0-3 of a chunk's sums are its first 16 elements, 4-7 the rest.
+  const wscales s = block_scales(b);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {  // the layout of block_chunk above; q - 32 on the bytes
+    const int h = j >> 2, g = j & 3;
+    const global uchar* ql = b + 64 * h + 32 * (g & 1);
+    const global uchar* qh = b + 128 + 32 * h;
+    const uchar ls = (uchar)(4 * (g >> 1)), hs = (uchar)(2 * g);
+    const char16 q0 = as_char16(((load_bytes16(ql) >> ls) & (uchar)15) | (((load_bytes16(qh) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
+    const char16 q1 = as_char16(((load_bytes16(ql + 16) >> ls) & (uchar)15) | (((load_bytes16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
+    const float8 scale = (float8)((float4)(s.d[2 * j]), (float4)(s.d[2 * j + 1])) * xd[j];
+    acc[j & 1] = fma(convert_float8(dot32_s(q0, q1, xq + 32 * j)), scale, acc[j & 1]);
+  }
+}
 #elif defined(W_Q2_K)  // 84 bytes: scales[16], qs[64], d, dmin; x = d*(sc&15)*q - dmin*(sc>>4)
 #define W_CHUNKS 8
 #define W_BLOCK_BYTES 84

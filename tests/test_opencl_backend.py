@@ -200,7 +200,8 @@ def test_split_expert_weights_moe(ocl, small_alloc, rng, dtype, T, E, H, I):
 def test_moe_prompt_is_grouped_by_expert(ocl, rng, T, E, decode_rows, grouped):
     """A prompt with 8 or more (token, expert) pairs per expert runs each matrix as one launch of
     tiles over the pairs grouped by expert (the shapes the tests here use); fewer pairs, or a
-    batch of decodes (each token must get what it gets alone), run a row dot per pair."""
+    batch of decodes (each token must get what it gets alone), run a row dot per pair (over
+    8-bit activations, as linear's decodes)."""
     k, H, I = 2, 64, 32
     tensors, _ = expert_weights(ocl, rng, E, I, H, ["q8_0"] * 3)
     s = ocl.stream()
@@ -215,7 +216,9 @@ def test_moe_prompt_is_grouped_by_expert(ocl, rng, T, E, decode_rows, grouped):
     if grouped:
         assert names == ["moe_group", "moe_tiles_t4", "moe_tiles_t4", "swiglu", "moe_tiles_t4", "moe_combine"]
     else:
-        assert names == ["moe_rows", "moe_rows", "swiglu", "moe_rows", "moe_combine"]
+        # x quantized to 8 bits once for gate and up, the SwiGLU output once for down
+        assert names == ["quantize_q8_rows", "moe_rows_q8", "moe_rows_q8", "swiglu", "quantize_q8_rows",
+                         "moe_rows_q8", "moe_combine"]
 
 
 @pytest.mark.parametrize("dtypes", [("q8_0",) * 3, ("q4_0", "q4_0", "q6_k"), ("f16", "q5_1", "q4_k")])

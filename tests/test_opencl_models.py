@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import ferrum
+import reference as R
 from conftest import STORIES, STORIES_FORMATS
 from ferrum import _core
 from ferrum.tools.make_model import make_model
@@ -23,7 +24,7 @@ PROMPT = [int(t) for t in np.random.default_rng(4).integers(3, 1000, 45)]
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def quantized_model(request, tmp_path_factory):
     arch, dtype = request.param
-    out = tmp_path_factory.mktemp(f"{arch}-{dtype}") / "m.gguf"
+    out = tmp_path_factory.mktemp(arch) / f"{dtype}.gguf"
     return make_model(arch, "tiny", "gguf", dtype, seed=7, out=out, **SHAPE, **ARCHS[arch])
 
 
@@ -51,17 +52,26 @@ def test_quantized_variant_prefill_logits_equal_cpu(quantized_model):
 
 
 def test_quantized_variant_decode_agrees_with_prefill(quantized_model):
-    """Greedy tokens generated one at a time (GEMV kernels, T = 1) are the argmax of a single
-    prefill over prompt + generated tokens (tiled kernels), at every step."""
+    """Greedy tokens generated one at a time (GEMV kernels, T = 1) against a single prefill over
+    prompt + generated tokens (tiled kernels, f32 activations), step by step. The decodes of the
+    quantized types dot 8-bit activations (as the CPU backend's do), which moves every matmul's
+    output by about 3e-5 NMSE; through the model's layers the logits move by 2e-4 .. 8e-4
+    (measured over these 12 models): bound 2e-3. bf16 decodes keep f32 activations: the same
+    logits to f32 accuracy, hence the same greedy tokens."""
     r = runner(quantized_model, "opencl")
     seq = r.add_sequence()
-    logits, gen = r.step([(seq, PROMPT, "last")]), []
+    logits, gen, decoded = r.step([(seq, PROMPT, "last")]), [], []
     while len(gen) < 10:
         gen.append(int(logits[0].argmax()))
         logits = r.step([(seq, [gen[-1]], "last")])
+        decoded.append(logits[0])
     r.release_sequence(seq)
-    logits = score(r, PROMPT + gen)
-    assert logits[len(PROMPT) - 1:-1].argmax(1).tolist() == gen
+    prefill = score(r, PROMPT + gen)[len(PROMPT):]
+    if quantized_model.stem == "bf16":
+        assert R.nmse(np.array(decoded), prefill) < 1e-10
+        assert prefill[:-1].argmax(1).tolist() == gen[1:]
+    else:
+        assert R.nmse(np.array(decoded), prefill) < 2e-3
 
 
 def test_model_with_embedding_split_over_buffers(monkeypatch):

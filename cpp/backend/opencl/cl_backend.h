@@ -24,6 +24,8 @@ struct MatmulTile {
   const char *linear_kernel, *moe_kernel;
 };
 MatmulTile matmul_tile(DType weight_dtype, int64_t tokens);
+// Whether one-token and batched-decode matmuls over these weights quantize x to 8 bits.
+bool dot_q8(DType weight_dtype);
 
 class ClBackend : public Backend {
  public:
@@ -69,13 +71,20 @@ class ClBackend : public Backend {
   cl_program elementwise_program();
   cl_program attention_program(DType kv_dtype);
   cl_program linear_program(DType weight_dtype);
+  // x [T, K] quantized to 8 bits per 32 elements (the CPU's Q8_0 activations) in a new tensor,
+  // the layout kernels/linear.cl's quantize_q8_rows describes.
+  Tensor quantize_q8(Stream& s, cl_program program, const Tensor& x);
+  // linear over 8-bit activations (decodes over the weight types dot_q8 accepts).
+  void linear_q8(Stream& s, cl_program program, const Tensor& x, const Tensor& w, const Tensor& bias,
+                 const Tensor& out, int64_t out_col);
   // A launch of `kernel` over `work_items` work-items (1-D), in work-groups of up to max_local.
   Launch launch(cl_program program, const char* kernel, int64_t work_items, int64_t max_local = 16);
   void record(Stream& s, Launch&& l);
   // moe_experts' matmuls: y[p, col + n] = w[ids[p]][n, :] . x[p / x_div, :], per pair
   // (moe_rows) or over the pairs grouped by expert (moe_tiles; groups from moe_group).
-  void moe_rows(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& ids,
-                const Tensor& y, int64_t col);
+  // xq: x quantized by quantize_q8 (8-bit activations), or undefined (f32 ones).
+  void moe_rows(Stream& s, const Tensor& x, const Tensor& xq, int64_t x_div, const Tensor& w,
+                const Tensor& ids, const Tensor& y, int64_t col);
   Tensor moe_group(Stream& s, const Tensor& ids, int64_t E, int64_t tile_tokens);
   // groups: from moe_group with tiles of tile.tokens pairs.
   void moe_tiles(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& groups,

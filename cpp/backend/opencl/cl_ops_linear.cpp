@@ -24,6 +24,11 @@ void ClBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor
   const int64_t T = x.rows(), K = x.cols(), N = w.dim(0);
   if (T == 0 || N == 0) return;
   cl_program program = linear_program(w.dtype);
+  // Decodes (one token, or a batch of them) over quantized weights: x to 8 bits, integer dots.
+  if (dot_q8(w.dtype) && !s.float_activations && (T == 1 || s.decode_rows > 0)) {
+    linear_q8(s, program, x, w, bias, out, out_col);
+    return;
+  }
   // One token: the GEMV kernel (a row per work-item). More: register tiles of tokens x rows,
   // dequantizing each weight chunk once per tile.
   const bool gemv = T == 1;
@@ -42,6 +47,47 @@ void ClBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor
     else a.tensor(placeholder(), "linear").i32(0);
     a.buffer(o.mem, int64_t(o.byte_offset / 4) + out_col + seg.first_row, out.storage).i32(out.cols());
     if (gemv) a.local_floats(K / kChunk);  // linear_t1's sums of x per 32-element chunk
+    record(s, std::move(l));
+  }
+}
+
+// The types with block_dot_q8 in kernels/weights.cl.
+bool dot_q8(DType w) {
+  switch (w) {
+    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Tensor ClBackend::quantize_q8(Stream& s, cl_program program, const Tensor& x) {
+  const int64_t T = x.rows(), K = x.cols();
+  Tensor xq = alloc(DType::I8, {T, K + K / 4});  // kernels/linear.cl: quantize_q8_rows
+  Launch l = launch(program, "quantize_q8_rows", T * (K / kChunk), 64);
+  KernelArgs(l).tensor(x, "linear").i32(T).i32(K).tensor(xq, "linear");
+  record(s, std::move(l));
+  return xq;
+}
+
+// As the CPU backend does for decodes: x quantized to int8 per 32 elements once, then integer
+// dot products against the stored blocks; on pocl about half the vector instructions of
+// converting every weight to a float (kernels/README.md).
+void ClBackend::linear_q8(Stream& s, cl_program program, const Tensor& x, const Tensor& w,
+                          const Tensor& bias, const Tensor& out, int64_t out_col) {
+  const int64_t T = x.rows(), K = x.cols();
+  const Tensor xq = quantize_q8(s, program, x);
+  const BufferView o = single_buffer(out, "linear");
+  for (const RowSegment& seg : row_segments(w, "linear")) {
+    if (seg.rows == 0) continue;
+    Launch l = launch(program, "linear_q8", T * seg.rows, 64);
+    KernelArgs a(l);
+    a.tensor(xq, "linear").i32(T).i32(K);
+    a.buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes())).i32(seg.rows);
+    if (bias.defined()) a.tensor(bias.slice(seg.first_row, seg.rows), "linear").i32(1);
+    else a.tensor(placeholder(), "linear").i32(0);
+    a.buffer(o.mem, int64_t(o.byte_offset / 4) + out_col + seg.first_row, out.storage).i32(out.cols());
     record(s, std::move(l));
   }
 }

@@ -8,7 +8,8 @@
 //                the selected experts' rows: for decodes and short prompts by moe_rows (the
 //                linear_t1 row dot, a pair at a time); for a prompt by moe_tiles over the pairs
 //                grouped by expert on the device (moe_group), so each expert's rows are read
-//                once per tile of its tokens, not once per token. Activations stay f32.
+//                once per tile of its tokens, not once per token. moe_rows quantizes the
+//                activations to 8 bits as linear does for decodes (not for scoring steps).
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -37,23 +38,25 @@ void ClBackend::moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool n
 }
 
 // y[p, col + n] = w[ids[p]][n, :] . x[p / x_div, :] for the pairs p < P, rows n < w.dim(1).
-void ClBackend::moe_rows(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& ids,
-                         const Tensor& y, int64_t col) {
+// xq: x quantized by quantize_q8 (undefined: f32 activations).
+void ClBackend::moe_rows(Stream& s, const Tensor& x, const Tensor& xq, int64_t x_div, const Tensor& w,
+                         const Tensor& ids, const Tensor& y, int64_t col) {
   const int64_t P = ids.numel(), E = w.dim(0), N = w.dim(1), K = w.dim(2);
   cl_program program = linear_program(w.dtype);
   const BufferView o = single_buffer(y, "moe_experts");
+  const bool q8 = xq.defined();
   bool first = true;
   for (const RowSegment& seg : row_segments(w, "moe_experts")) {
     if (seg.rows == 0 && !first) continue;
-    Launch l = launch(program, "moe_rows", P * N, 64);
+    Launch l = launch(program, q8 ? "moe_rows_q8" : "moe_rows", P * N, 64);
     l.global = size_t(P) * ((size_t(N) + l.local - 1) / l.local * l.local);  // a pair's rows padded to whole work-groups
-    KernelArgs(l)
-        .tensor(x, "moe_experts").i32(x_div).i32(K)
+    KernelArgs a(l);
+    a.tensor(q8 ? xq : x, "moe_experts").i32(x_div).i32(K)
         .tensor(ids, "moe_experts").i32(P).i32(E).i32(N)
         .buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes()))
         .i64(seg.first_row).i64(seg.rows).i32(first ? 1 : 0)
-        .buffer(o.mem, int64_t(o.byte_offset / 4) + col, y.storage).i32(y.cols())
-        .local_floats(K / 32);  // the sums of x per 32-element chunk (see linear_t1)
+        .buffer(o.mem, int64_t(o.byte_offset / 4) + col, y.storage).i32(y.cols());
+    if (!q8) a.local_floats(K / 32);  // the sums of x per 32-element chunk (see linear_t1)
     first = false;
     record(s, std::move(l));
   }
@@ -122,13 +125,20 @@ void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, cons
   } else if (P > 0) {
     y = alloc(DType::F32, {P, H});
     if (I > 0) {
+      // As linear: 8-bit activations (x quantized once for gate and up) unless the step is scoring.
+      Tensor xq, actq;
+      auto activations = [&](const Tensor& in, const Tensor& w, Tensor& quantized) {
+        if (s.float_activations || !dot_q8(w.dtype)) return Tensor();
+        if (!quantized.defined()) quantized = quantize_q8(s, linear_program(w.dtype), in);
+        return quantized;
+      };
       Tensor gu = alloc(DType::F32, {P, 2 * I}), act = alloc(DType::F32, {P, I});
-      moe_rows(s, x, k, gate, ids, gu, 0);
-      moe_rows(s, x, k, up, ids, gu, I);
+      moe_rows(s, x, activations(x, gate, xq), k, gate, ids, gu, 0);
+      moe_rows(s, x, activations(x, up, xq), k, up, ids, gu, I);
       swiglu(s, gu, act);
-      moe_rows(s, act, 1, down, ids, y, 0);
+      moe_rows(s, act, activations(act, down, actq), 1, down, ids, y, 0);
     } else {
-      moe_rows(s, x, 1, down, ids, y, 0);  // K = 0: writes zeros, reads no activations
+      moe_rows(s, x, Tensor(), 1, down, ids, y, 0);  // K = 0: writes zeros, reads no activations
     }
   }
   Launch l = launch(elementwise_program(), "moe_combine", T * H, 256);
