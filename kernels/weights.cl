@@ -68,7 +68,7 @@ typedef uchar4 __attribute__((aligned(1))) uchar4_unaligned;
 //
 // Lane i of dot32_*(lo, hi, xq) is the sum of w[l] * xq[l] for l = 4i .. 4i + 3 (lo holds
 // elements 0..15, hi 16..31), on every device: integers, so the result is exact either way.
-#if defined(__AVX2__) && defined(__clang__)
+#if defined(__AVX2__) && defined(__clang__) && !defined(PORTABLE_INT_DOTS)
 // x86 CPUs (pocl): vpmaddubsw (unsigned bytes times signed bytes, adjacent pairs summed to 16
 // bits) then vpmaddwd by ones. The pairs cannot saturate: |w| <= 128 and |xq| <= 127, and the
 // unsigned weights are below 64 (2 * 63 * 127 < 2^15); signed ones pass |w| and give xq w's sign.

@@ -182,6 +182,31 @@ def test_linear_one_token_odd_block_count(cpu, ocl, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", OPENCL_Q8_DTYPES)
+def test_portable_integer_dots_equal_the_x86_ones(ocl, rng, dtype, monkeypatch):
+    """The integer dot kernels' portable OpenCL C form (what a GPU compiles) gives pocl's x86
+    vpmaddubsw form bit for bit: the same exact integer sums per lane, then the same float ops.
+    A batch of decodes covers linear_q8, a short prompt's experts moe_rows_q8."""
+    monkeypatch.setenv("FERRUM_OPENCL_PORTABLE_DOTS", "1")
+    portable = _core.make_backend("opencl")  # builds its programs with -DPORTABLE_INT_DOTS
+    K, N, T = 512, 40, 3
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    raw, _ = encode_weight(rng.standard_normal((N, K)).astype(np.float32), dtype)
+
+    def decode_batch(be):
+        s = be.stream()
+        s.decode_rows = T
+        out = be.empty("f32", [T, N])
+        be.linear(be.tensor(x), upload_weight(be, raw, dtype, (N, K)), None, out, stream=s)
+        s.submit()
+        s.sync()
+        return out.numpy()
+
+    np.testing.assert_array_equal(decode_batch(portable), decode_batch(ocl))
+    moe_portable, moe_x86, _ = moe_parity(portable, ocl, rng, [dtype] * 3, T)
+    np.testing.assert_array_equal(moe_portable, moe_x86)
+
+
+@pytest.mark.parametrize("dtype", OPENCL_Q8_DTYPES)
 def test_linear_decode_batch_equals_each_decode_alone(ocl, rng, dtype):
     """A batch of decodes (decode_rows) takes the one-token path row by row: each row's result is
     the row's alone, bit for bit, whatever the batch. A prompt of the same rows keeps f32

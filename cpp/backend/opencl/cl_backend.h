@@ -97,6 +97,9 @@ class ClBackend : public Backend {
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<ProgramCache> programs_;
   Tensor placeholder_;
+  // FERRUM_OPENCL_PORTABLE_DOTS=1 at construction: the integer dot kernels' portable form on
+  // x86 too (kernels/weights.cl; tests compare both forms).
+  bool portable_dots_ = false;
 };
 
 }  // namespace ferrum::ocl
