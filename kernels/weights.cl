@@ -21,14 +21,33 @@
 typedef uchar16 __attribute__((aligned(1))) uchar16_unaligned;
 inline uchar16 load_bytes16(const global uchar* p) { return *(const global uchar16_unaligned*)p; }
 
+// x86 CPUs under pocl (clang): a few instructions OpenCL C has no words for, through clang's
+// builtins (F16C conversions, AVX2 byte multiply-adds, AVX-512 mask expansion). Every other
+// device compiles the portable forms beside them, which give the same bits;
+// FERRUM_OPENCL_PORTABLE=1 (-DPORTABLE_KERNELS) selects those on x86 too (tests compare them).
+#if defined(__clang__) && defined(__AVX2__) && defined(__F16C__) && !defined(PORTABLE_KERNELS)
+#define X86_BUILTINS 1
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define X86_AVX512 1
+#endif
+#endif
+
+typedef uint __attribute__((aligned(1))) uint_unaligned;
+
+inline uint load_u32_bytes(const global uchar* p) {
+  return (uint)p[0] | ((uint)p[1] << 8) | ((uint)p[2] << 16) | ((uint)p[3] << 24);
+}
+
+#ifdef X86_BUILTINS
+// One vcvtph2ps (exact, as the portable form).
+inline float4 f16x2_to_f32(uint h) { return __builtin_ia32_vcvtph2ps(as_short8((uint4)(h, 0u, 0u, 0u))); }
+inline float2 load_f16x2(const global uchar* p) { return f16x2_to_f32(*(const global uint_unaligned*)p).s01; }
+inline float load_f16(const global uchar* p) { return f16x2_to_f32(*(const global ushort*)p).s0; }
+#else
 // The f16 pair (d, m) at p.
 inline float2 load_f16x2(const global uchar* p) {
   const uint2 h = (uint2)(((const global ushort*)p)[0], ((const global ushort*)p)[1]);
   return as_float2(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 0x1p112f;
-}
-
-inline uint load_u32_bytes(const global uchar* p) {
-  return (uint)p[0] | ((uint)p[1] << 8) | ((uint)p[2] << 16) | ((uint)p[3] << 24);
 }
 // A block's f16 scale. The float's exponent field is re-biased by one multiply, exact for every
 // finite half including subnormals (quantizers never write inf / NaN scales); pocl's scalar
@@ -37,6 +56,7 @@ inline float load_f16(const global uchar* p) {
   const uint h = *(const global ushort*)p;
   return as_float(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 0x1p112f;
 }
+#endif
 
 // block_dot(b, x, xs, acc, acc_m): acc[0] (+ acc[1]) += the products of block b's quants with
 // x[0, 32 * W_CHUNKS), lane-wise (the k-quants alternate between the two accumulators, so their
@@ -68,7 +88,7 @@ typedef uchar4 __attribute__((aligned(1))) uchar4_unaligned;
 //
 // Lane i of dot32_*(lo, hi, xq) is the sum of w[l] * xq[l] for l = 4i .. 4i + 3 (lo holds
 // elements 0..15, hi 16..31), on every device: integers, so the result is exact either way.
-#if defined(__AVX2__) && defined(__clang__) && !defined(PORTABLE_INT_DOTS)
+#ifdef X86_BUILTINS
 // x86 CPUs (pocl): vpmaddubsw (unsigned bytes times signed bytes, adjacent pairs summed to 16
 // bits) then vpmaddwd by ones. The pairs cannot saturate: |w| <= 128 and |xq| <= 127, and the
 // unsigned weights are below 64 (2 * 63 * 127 < 2^15); signed ones pass |w| and give xq w's sign.
@@ -99,11 +119,18 @@ ALWAYS_INLINE int8 dot32_s(char16 lo, char16 hi, const global char* xq) {
 #endif
 
 // The fifth bits of a Q5_0 / Q5_1 block: bit l of qh (element l) as 16 in byte l % 16 of lo
-// (l < 16) or hi. Byte swizzles and a bit test: cheap 16-byte ops, before widening to floats.
+// (l < 16) or hi. Byte swizzles and a bit test: cheap 16-byte ops, before widening to floats;
+// with AVX-512 one mask expansion (vpmovm2b) makes all 32 bytes.
 inline void high_bits32(uchar4 qh, uchar16* lo, uchar16* hi) {
+#ifdef X86_AVX512
+  const char32 bits = __builtin_ia32_cvtmask2b256(as_uint(qh)) & (char)16;
+  *lo = as_uchar16(bits.lo);
+  *hi = as_uchar16(bits.hi);
+#else
   const uchar16 bit = (uchar16)(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
   *lo = as_uchar16((qh.s0000000011111111 & bit) == bit) & (uchar)16;
   *hi = as_uchar16((qh.s2222222233333333 & bit) == bit) & (uchar)16;
+#endif
 }
 
 // Bit j of qh, for j = base .. base + 15, as 0 / 1 per lane.

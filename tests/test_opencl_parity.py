@@ -182,26 +182,31 @@ def test_linear_one_token_odd_block_count(cpu, ocl, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", OPENCL_Q8_DTYPES)
-def test_portable_integer_dots_equal_the_x86_ones(ocl, rng, dtype, monkeypatch):
-    """The integer dot kernels' portable OpenCL C form (what a GPU compiles) gives pocl's x86
-    vpmaddubsw form bit for bit: the same exact integer sums per lane, then the same float ops.
-    A batch of decodes covers linear_q8, a short prompt's experts moe_rows_q8."""
-    monkeypatch.setenv("FERRUM_OPENCL_PORTABLE_DOTS", "1")
-    portable = _core.make_backend("opencl")  # builds its programs with -DPORTABLE_INT_DOTS
+def test_portable_kernels_equal_the_x86_ones(ocl, rng, dtype, monkeypatch):
+    """The weight kernels' portable OpenCL C forms (what a GPU compiles) give pocl's x86 builtin
+    forms (vpmaddubsw integer sums, vcvtph2ps scales, vpmovm2b fifth bits) bit for bit: exact
+    integers and conversions, then the same float ops. A batch of decodes covers linear_q8, a
+    short prompt's experts moe_rows_q8, a scoring step linear_t1, and embedding rows."""
+    monkeypatch.setenv("FERRUM_OPENCL_PORTABLE", "1")
+    portable = _core.make_backend("opencl")  # builds its programs with -DPORTABLE_KERNELS
     K, N, T = 512, 40, 3
     x = rng.standard_normal((T, K)).astype(np.float32)
     raw, _ = encode_weight(rng.standard_normal((N, K)).astype(np.float32), dtype)
 
-    def decode_batch(be):
+    def run(be, rows, decode_rows=0, float_activations=False):
         s = be.stream()
-        s.decode_rows = T
-        out = be.empty("f32", [T, N])
-        be.linear(be.tensor(x), upload_weight(be, raw, dtype, (N, K)), None, out, stream=s)
+        s.decode_rows, s.float_activations = decode_rows, float_activations
+        out, emb = be.empty("f32", [len(rows), N]), be.empty("f32", [3, K])
+        w = upload_weight(be, raw, dtype, (N, K))
+        be.linear(be.tensor(rows), w, None, out, stream=s)
+        be.embedding(be.tensor(np.array([0, 39, 7], np.int32)), w, emb, stream=s)
         s.submit()
         s.sync()
-        return out.numpy()
+        return out.numpy(), emb.numpy()
 
-    np.testing.assert_array_equal(decode_batch(portable), decode_batch(ocl))
+    for args in ((x, T), (x[:1], 0, True)):
+        for a, b in zip(run(portable, *args), run(ocl, *args)):
+            np.testing.assert_array_equal(a, b)
     moe_portable, moe_x86, _ = moe_parity(portable, ocl, rng, [dtype] * 3, T)
     np.testing.assert_array_equal(moe_portable, moe_x86)
 

@@ -42,8 +42,8 @@ ClBackend::ClBackend(const std::string& selector)
       pool_(std::make_shared<BufferPool>(dc_, kPoolCacheBytes)),
       programs_(std::make_unique<ProgramCache>(*dc_)) {
   placeholder_ = alloc(DType::F32, {16});
-  const char* portable = std::getenv("FERRUM_OPENCL_PORTABLE_DOTS");
-  portable_dots_ = portable && std::string(portable) == "1";
+  const char* portable = std::getenv("FERRUM_OPENCL_PORTABLE");
+  portable_kernels_ = portable && std::string(portable) == "1";
 }
 
 bool ClBackend::supports(Op op, DType w) const {
@@ -118,7 +118,7 @@ cl_program ClBackend::attention_program(DType kv) {
 cl_program ClBackend::linear_program(DType w) {
   const char* def = weight_define(w);
   if (!def) throw ValueError(std::string("the OpenCL backend has no kernels for weights of type ") + dtype_name(w));
-  return programs_->get({"common", "weights", "linear", "moe"}, std::string(def) + (portable_dots_ ? " -DPORTABLE_INT_DOTS" : ""));
+  return programs_->get({"common", "weights", "linear", "moe"}, std::string(def) + (portable_kernels_ ? " -DPORTABLE_KERNELS" : ""));
 }
 
 Launch ClBackend::launch(cl_program program, const char* kernel, int64_t work_items, int64_t max_local) {

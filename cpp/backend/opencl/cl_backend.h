@@ -97,9 +97,9 @@ class ClBackend : public Backend {
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<ProgramCache> programs_;
   Tensor placeholder_;
-  // FERRUM_OPENCL_PORTABLE_DOTS=1 at construction: the integer dot kernels' portable form on
-  // x86 too (kernels/weights.cl; tests compare both forms).
-  bool portable_dots_ = false;
+  // FERRUM_OPENCL_PORTABLE=1 at construction: the weight kernels' portable forms on x86 too,
+  // not clang's x86 builtins (kernels/weights.cl; tests compare both forms).
+  bool portable_kernels_ = false;
 };
 
 }  // namespace ferrum::ocl
