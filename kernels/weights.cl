@@ -38,12 +38,6 @@ inline uint load_u32_bytes(const global uchar* p) {
   return (uint)p[0] | ((uint)p[1] << 8) | ((uint)p[2] << 16) | ((uint)p[3] << 24);
 }
 
-#ifdef X86_BUILTINS
-// One vcvtph2ps (exact, as the portable form).
-inline float4 f16x2_to_f32(uint h) { return __builtin_ia32_vcvtph2ps(as_short8((uint4)(h, 0u, 0u, 0u))); }
-inline float2 load_f16x2(const global uchar* p) { return f16x2_to_f32(*(const global uint_unaligned*)p).s01; }
-inline float load_f16(const global uchar* p) { return f16x2_to_f32(*(const global ushort*)p).s0; }
-#else
 // The f16 pair (d, m) at p.
 inline float2 load_f16x2(const global uchar* p) {
   const uint2 h = (uint2)(((const global ushort*)p)[0], ((const global ushort*)p)[1]);
@@ -56,6 +50,17 @@ inline float load_f16(const global uchar* p) {
   const uint h = *(const global ushort*)p;
   return as_float(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 0x1p112f;
 }
+
+// The same for block_dot_q8's one block at a time: on x86 one vcvtph2ps (exact too), where the
+// re-biasing is seven scalar instructions. The tile kernels keep load_f16: there the compiler
+// vectorizes it over a tile's rows, and the builtin made Q4_1 / Q8_0 tiles 4-8% slower.
+#ifdef X86_BUILTINS
+inline float4 f16x2_to_f32(uint h) { return __builtin_ia32_vcvtph2ps(as_short8((uint4)(h, 0u, 0u, 0u))); }
+inline float2 block_f16x2(const global uchar* p) { return f16x2_to_f32(*(const global uint_unaligned*)p).s01; }
+inline float block_f16(const global uchar* p) { return f16x2_to_f32(*(const global ushort*)p).s0; }
+#else
+inline float2 block_f16x2(const global uchar* p) { return load_f16x2(p); }
+inline float block_f16(const global uchar* p) { return load_f16(p); }
 #endif
 
 // block_dot(b, x, xs, acc, acc_m): acc[0] (+ acc[1]) += the products of block b's quants with
@@ -211,7 +216,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 #define W_DOT_Q8 1
 ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
   const uchar16 q = load_bytes16(b + 2);
-  const float d = load_f16(b);
+  const float d = block_f16(b);
   acc[0] = fma(convert_float8(dot32_u(q & (uchar)15, q >> (uchar)4, xq)), d * xd[0], acc[0]);
   acc_m->s0 = fma(-8.0f * d, xsum[0], acc_m->s0);
 }
@@ -237,7 +242,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 #define W_DOT_Q8 1
 ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
   const uchar16 q = load_bytes16(b + 4);
-  const float2 dm = load_f16x2(b);
+  const float2 dm = block_f16x2(b);
   acc[0] = fma(convert_float8(dot32_u(q & (uchar)15, q >> (uchar)4, xq)), dm.x * xd[0], acc[0]);
   acc_m->s0 = fma(dm.y, xsum[0], acc_m->s0);
 }
@@ -265,7 +270,7 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
   uchar16 h0, h1;
   high_bits32(*(const global uchar4_unaligned*)(b + 2), &h0, &h1);
   const uchar16 q = load_bytes16(b + 6);
-  const float d = load_f16(b);
+  const float d = block_f16(b);
   acc[0] = fma(convert_float8(dot32_u((q & (uchar)15) | h0, (q >> (uchar)4) | h1, xq)), d * xd[0], acc[0]);
   acc_m->s0 = fma(-16.0f * d, xsum[0], acc_m->s0);
 }
@@ -296,7 +301,7 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
   uchar16 h0, h1;
   high_bits32(*(const global uchar4_unaligned*)(b + 4), &h0, &h1);
   const uchar16 q = load_bytes16(b + 8);
-  const float2 dm = load_f16x2(b);
+  const float2 dm = block_f16x2(b);
   acc[0] = fma(convert_float8(dot32_u((q & (uchar)15) | h0, (q >> (uchar)4) | h1, xq)), dm.x * xd[0], acc[0]);
   acc_m->s0 = fma(dm.y, xsum[0], acc_m->s0);
 }
@@ -317,7 +322,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 #define W_DOT_Q8 1
 ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
   const int8 p = dot32_s(as_char16(load_bytes16(b + 2)), as_char16(load_bytes16(b + 18)), xq);
-  acc[0] = fma(convert_float8(p), load_f16(b) * xd[0], acc[0]);
+  acc[0] = fma(convert_float8(p), block_f16(b) * xd[0], acc[0]);
 }
 #elif defined(W_Q4_K)  // 144 bytes: d, dmin, scales[12], qs[128]; x = d*sc*q - dmin*m
 #define W_CHUNKS 8
