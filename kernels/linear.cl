@@ -202,15 +202,16 @@ float row_dot_q8(const global uchar* row, const global char* x, int K) {
   const global float* xd = (const global float*)(x + K);
   const global float* xsum = xd + chunks;
   float8 acc[4] = {(float8)(0.0f), (float8)(0.0f), (float8)(0.0f), (float8)(0.0f)};
-  float8 acc_m = (float8)(0.0f);
+  float8 acc_m = (float8)(0.0f);  // the k-quants' mins, lane-wise
+  float acc_s[2] = {0.0f, 0.0f};   // the 32-element types' min / offset terms, one per block chain
   int b = 0;
   for (; b + 1 < blocks; b += 2) {
-    block_dot_q8(row + (long)b * W_BLOCK_BYTES, x + b * elems, xd + b * W_CHUNKS, xsum + b * W_CHUNKS, acc, &acc_m);
+    block_dot_q8(row + (long)b * W_BLOCK_BYTES, x + b * elems, xd + b * W_CHUNKS, xsum + b * W_CHUNKS, acc, &acc_m, acc_s);
     block_dot_q8(row + (long)(b + 1) * W_BLOCK_BYTES, x + (b + 1) * elems, xd + (b + 1) * W_CHUNKS,
-                 xsum + (b + 1) * W_CHUNKS, acc + 2, &acc_m);
+                 xsum + (b + 1) * W_CHUNKS, acc + 2, &acc_m, acc_s + 1);
   }
-  if (b < blocks) block_dot_q8(row + (long)b * W_BLOCK_BYTES, x + b * elems, xd + b * W_CHUNKS, xsum + b * W_CHUNKS, acc, &acc_m);
-  return sum8((acc[0] + acc[1]) + (acc[2] + acc[3]) + acc_m);
+  if (b < blocks) block_dot_q8(row + (long)b * W_BLOCK_BYTES, x + b * elems, xd + b * W_CHUNKS, xsum + b * W_CHUNKS, acc, &acc_m, acc_s);
+  return sum8((acc[0] + acc[1]) + (acc[2] + acc[3]) + acc_m) + (acc_s[0] + acc_s[1]);
 }
 
 // out[t, n] = xq[t] . W[n, :] (+ bias[n]) for xq from quantize_q8_rows; one (row, token) per

@@ -214,11 +214,11 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 }
 
 #define W_DOT_Q8 1
-ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
   const uchar16 q = load_bytes16(b + 2);
   const float d = block_f16(b);
   acc[0] = fma(convert_float8(dot32_u(q & (uchar)15, q >> (uchar)4, xq)), d * xd[0], acc[0]);
-  acc_m->s0 = fma(-8.0f * d, xsum[0], acc_m->s0);
+  *acc_s = fma(-8.0f * d, xsum[0], *acc_s);
 }
 #elif defined(W_Q4_1)  // 20 bytes: d, m, qs[16]; x = d * q + m
 #define W_CHUNKS 1
@@ -240,11 +240,11 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 }
 
 #define W_DOT_Q8 1
-ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
   const uchar16 q = load_bytes16(b + 4);
   const float2 dm = block_f16x2(b);
   acc[0] = fma(convert_float8(dot32_u(q & (uchar)15, q >> (uchar)4, xq)), dm.x * xd[0], acc[0]);
-  acc_m->s0 = fma(dm.y, xsum[0], acc_m->s0);
+  *acc_s = fma(dm.y, xsum[0], *acc_s);
 }
 #elif defined(W_Q5_0)  // 22 bytes: d, qh[4], qs[16]; x = d * (q - 16)
 #define W_CHUNKS 1
@@ -266,13 +266,15 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 }
 
 #define W_DOT_Q8 1
-ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
   uchar16 h0, h1;
   high_bits32(*(const global uchar4_unaligned*)(b + 2), &h0, &h1);
   const uchar16 q = load_bytes16(b + 6);
-  const float d = block_f16(b);
+  // Read back from memory: otherwise LLVM converts a block pair's scales as one vector built
+  // by inserts into the last pair's register, a false dependency across iterations (-20%).
+  const float d = via_memory(block_f16(b));
   acc[0] = fma(convert_float8(dot32_u((q & (uchar)15) | h0, (q >> (uchar)4) | h1, xq)), d * xd[0], acc[0]);
-  acc_m->s0 = fma(-16.0f * d, xsum[0], acc_m->s0);
+  *acc_s = fma(-16.0f * d, xsum[0], *acc_s);
 }
 #elif defined(W_Q5_1)  // 24 bytes: d, m, qh[4], qs[16]; x = d * q + m
 #define W_CHUNKS 1
@@ -297,13 +299,13 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 }
 
 #define W_DOT_Q8 1
-ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
   uchar16 h0, h1;
   high_bits32(*(const global uchar4_unaligned*)(b + 4), &h0, &h1);
   const uchar16 q = load_bytes16(b + 8);
   const float2 dm = block_f16x2(b);
   acc[0] = fma(convert_float8(dot32_u((q & (uchar)15) | h0, (q >> (uchar)4) | h1, xq)), dm.x * xd[0], acc[0]);
-  acc_m->s0 = fma(dm.y, xsum[0], acc_m->s0);
+  *acc_s = fma(dm.y, xsum[0], *acc_s);
 }
 #elif defined(W_Q8_0)  // 34 bytes: d, qs[32]; x = d * q
 #define W_CHUNKS 1
@@ -320,7 +322,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 }
 
 #define W_DOT_Q8 1
-ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
   const int8 p = dot32_s(as_char16(load_bytes16(b + 2)), as_char16(load_bytes16(b + 18)), xq);
   acc[0] = fma(convert_float8(p), block_f16(b) * xd[0], acc[0]);
 }
@@ -350,7 +352,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 }
 
 #define W_DOT_Q8 1
-ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
   const k4_scales s = k4_block_scales(b);
   float dd[8];  // sub-block scale times the x chunk's
   vstore8(vload8(0, s.d) * vload8(0, xd), 0, dd);
@@ -393,7 +395,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 }
 
 #define W_DOT_Q8 1
-ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
   const k4_scales s = k4_block_scales(b);
   float dd[8];  // sub-block scale times the x chunk's
   vstore8(vload8(0, s.d) * vload8(0, xd), 0, dd);
@@ -452,7 +454,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 }
 
 #define W_DOT_Q8 1
-ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m) {
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
   // Scales per 16 elements: lanes 0-3 of a chunk's sums are its first 16 elements, 4-7 the rest.
   const wscales s = block_scales(b);
 #pragma unroll
