@@ -195,36 +195,83 @@ kernel void quantize_q8_rows(const global float* x, long x_off, int T, int K, gl
 }
 
 #ifdef W_DOT_Q8
-// One weight row (stored blocks) dotted with an xq row, front to back. Blocks in pairs, each with
-// its own two accumulators (four FMA chains). moe.cl uses it too.
-float row_dot_q8(const global uchar* row, const global char* x, int K) {
+#define MAX_TQ 4
+
+// s[m] = one weight row (stored blocks) . xq row x[m], for TM rows of xq, front to back. Blocks
+// in pairs, each with its own two accumulators per token (four FMA chains). Each token's sum is
+// formed alike whatever TM (a decode computes the same alone and in a batch); the tokens' calls
+// share the block's loads and unpacking (the compiler merges the identical work). moe.cl uses
+// it too.
+ALWAYS_INLINE void rows_dot_q8(const int TM, const global uchar* row, const global char* x[MAX_TQ], int K, float s[MAX_TQ]) {
   const int chunks = K / CHUNK, elems = CHUNK * W_CHUNKS, blocks = K / elems;
-  const global float* xd = (const global float*)(x + K);
-  const global float* xsum = xd + chunks;
-  float8 acc[4] = {(float8)(0.0f), (float8)(0.0f), (float8)(0.0f), (float8)(0.0f)};
-  float8 acc_m = (float8)(0.0f);  // the k-quants' mins, lane-wise
-  float acc_s[2] = {0.0f, 0.0f};   // the 32-element types' min / offset terms, one per block chain
+  float8 acc[MAX_TQ][4];
+  float8 acc_m[MAX_TQ];     // the k-quants' mins, lane-wise
+  float acc_s[MAX_TQ][2];   // the 32-element types' min / offset terms, one per block chain
+  const global float* xd[MAX_TQ];
+  const global float* xsum[MAX_TQ];
+#pragma unroll
+  for (int m = 0; m < TM; ++m) {
+    acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = acc_m[m] = (float8)(0.0f);
+    acc_s[m][0] = acc_s[m][1] = 0.0f;
+    xd[m] = (const global float*)(x[m] + K);
+    xsum[m] = xd[m] + chunks;
+  }
   int b = 0;
   for (; b + 1 < blocks; b += 2) {
-    block_dot_q8(row + (long)b * W_BLOCK_BYTES, x + b * elems, xd + b * W_CHUNKS, xsum + b * W_CHUNKS, acc, &acc_m, acc_s);
-    block_dot_q8(row + (long)(b + 1) * W_BLOCK_BYTES, x + (b + 1) * elems, xd + (b + 1) * W_CHUNKS,
-                 xsum + (b + 1) * W_CHUNKS, acc + 2, &acc_m, acc_s + 1);
+#pragma unroll
+    for (int m = 0; m < TM; ++m) {
+      block_dot_q8(row + (long)b * W_BLOCK_BYTES, x[m] + b * elems, xd[m] + b * W_CHUNKS, xsum[m] + b * W_CHUNKS,
+                   acc[m], &acc_m[m], acc_s[m]);
+      block_dot_q8(row + (long)(b + 1) * W_BLOCK_BYTES, x[m] + (b + 1) * elems, xd[m] + (b + 1) * W_CHUNKS,
+                   xsum[m] + (b + 1) * W_CHUNKS, acc[m] + 2, &acc_m[m], acc_s[m] + 1);
+    }
   }
-  if (b < blocks) block_dot_q8(row + (long)b * W_BLOCK_BYTES, x + b * elems, xd + b * W_CHUNKS, xsum + b * W_CHUNKS, acc, &acc_m, acc_s);
-  return sum8((acc[0] + acc[1]) + (acc[2] + acc[3]) + acc_m) + (acc_s[0] + acc_s[1]);
+  if (b < blocks)
+#pragma unroll
+    for (int m = 0; m < TM; ++m)
+      block_dot_q8(row + (long)b * W_BLOCK_BYTES, x[m] + b * elems, xd[m] + b * W_CHUNKS, xsum[m] + b * W_CHUNKS,
+                   acc[m], &acc_m[m], acc_s[m]);
+#pragma unroll
+  for (int m = 0; m < TM; ++m)
+    s[m] = sum8((acc[m][0] + acc[m][1]) + (acc[m][2] + acc[m][3]) + acc_m[m]) + (acc_s[m][0] + acc_s[m][1]);
 }
 
-// out[t, n] = xq[t] . W[n, :] (+ bias[n]) for xq from quantize_q8_rows; one (row, token) per
-// work-item, token fastest, so a work-group's items share weight rows in cache and a token's
-// result is the same whatever the other tokens (a decode computes alike alone and in a batch).
-kernel void linear_q8(const global char* xq, long xq_off, int T, int K, const global uchar* w, long w_off,
-                      long w_row_bytes, int N, const global float* bias, long bias_off,
-                      int has_bias, global float* out, long out_off, int ldo) {
-  const int gid = (int)get_global_id(0), t = gid % T, n = gid / T;
+float row_dot_q8(const global uchar* row, const global char* x, int K) {
+  const global char* xs[MAX_TQ] = {x};
+  float s[MAX_TQ];
+  rows_dot_q8(1, row, xs, K, s);
+  return s[0];
+}
+
+// out[t, n] = xq[t] . W[n, :] (+ bias[n]) for xq from quantize_q8_rows; one weight row and TM
+// tokens per work-item, tokens fastest, so a work-group's items share weight rows in cache.
+inline void linear_q8_rows(const int TM, const global char* xq, int T, int K, const global uchar* w,
+                           long w_row_bytes, int N, const global float* bias, int has_bias,
+                           global float* out, int ldo) {
+  const int groups = (T + TM - 1) / TM, gid = (int)get_global_id(0);
+  const int t0 = (gid % groups) * TM, n = gid / groups;
   if (n >= N) return;
-  float s = row_dot_q8(w + w_off + (long)n * w_row_bytes, xq_row(xq + xq_off, t, K), K);
-  if (has_bias) s += bias[bias_off + n];
-  out[out_off + (long)t * ldo + n] = s;
+  const global char* x[MAX_TQ];
+#pragma unroll
+  for (int m = 0; m < TM; ++m) x[m] = xq_row(xq, min(t0 + m, T - 1), K);
+  float s[MAX_TQ];
+  rows_dot_q8(TM, w + (long)n * w_row_bytes, x, K, s);
+#pragma unroll
+  for (int m = 0; m < TM; ++m)
+    if (t0 + m < T) out[(long)(t0 + m) * ldo + n] = has_bias ? s[m] + bias[n] : s[m];
+}
+
+#define LINEAR_Q8_ARGS                                                                         \
+  const global char *xq, long xq_off, int T, int K, const global uchar *w, long w_off,         \
+      long w_row_bytes, int N, const global float *bias, long bias_off, int has_bias,          \
+      global float *out, long out_off, int ldo
+
+// One token: a row per work-item. A batch of decodes: four tokens per work-item.
+kernel void linear_q8(LINEAR_Q8_ARGS) {
+  linear_q8_rows(1, xq + xq_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+}
+kernel void linear_q8_t4(LINEAR_Q8_ARGS) {
+  linear_q8_rows(4, xq + xq_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
 }
 #endif
 

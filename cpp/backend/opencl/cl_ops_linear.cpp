@@ -81,7 +81,10 @@ void ClBackend::linear_q8(Stream& s, cl_program program, const Tensor& x, const 
   const BufferView o = single_buffer(out, "linear");
   for (const RowSegment& seg : row_segments(w, "linear")) {
     if (seg.rows == 0) continue;
-    Launch l = launch(program, "linear_q8", T * seg.rows, 64);
+    // A batch of decodes: four tokens per work-item share each weight block's unpacking.
+    const int64_t tokens_per_item = T == 1 ? 1 : 4;
+    Launch l = launch(program, T == 1 ? "linear_q8" : "linear_q8_t4",
+                      (T + tokens_per_item - 1) / tokens_per_item * seg.rows, 64);
     KernelArgs a(l);
     a.tensor(xq, "linear").i32(T).i32(K);
     a.buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes())).i32(seg.rows);
