@@ -141,6 +141,15 @@ inline void high_bits32(uchar4 qh, uchar16* lo, uchar16* hi) {
 #endif
 }
 
+// A Q5_0 / Q5_1 block's 5-bit quants from its qh and qs: elements 0..15 in lo, 16..31 in hi.
+ALWAYS_INLINE void q5_quants(const global uchar* qh, const global uchar* qs, uchar16* lo, uchar16* hi) {
+  uchar16 h0, h1;
+  high_bits32(*(const global uchar4_unaligned*)qh, &h0, &h1);
+  const uchar16 q = load_bytes16(qs);
+  *lo = (q & (uchar)15) | h0;
+  *hi = (q >> (uchar)4) | h1;
+}
+
 // Bit j of qh, for j = base .. base + 15, as 0 / 1 per lane.
 inline int16 bits16(uint qh, int base) {
   const uint16 lane = (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -262,19 +271,17 @@ inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, fl
 }
 #define W_BLOCK_DOT 1
 ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
-  uchar16 h0, h1;
-  high_bits32(*(const global uchar4_unaligned*)(b + 2), &h0, &h1);
-  const uchar16 q = load_bytes16(b + 6);
-  acc[0] = fma(CHUNK_DOT(x, as_char16((q & (uchar)15) | h0) - (char)16, as_char16((q >> (uchar)4) | h1) - (char)16), via_memory(load_f16(b)), acc[0]);
+  uchar16 lo, hi;
+  q5_quants(b + 2, b + 6, &lo, &hi);
+  acc[0] = fma(CHUNK_DOT(x, as_char16(lo) - (char)16, as_char16(hi) - (char)16), via_memory(load_f16(b)), acc[0]);
 }
 
 #define W_DOT_Q8 1
 ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
-  uchar16 h0, h1;
-  high_bits32(*(const global uchar4_unaligned*)(b + 2), &h0, &h1);
-  const uchar16 q = load_bytes16(b + 6);
+  uchar16 lo, hi;
+  q5_quants(b + 2, b + 6, &lo, &hi);
   const float d = block_f16(b);
-  acc[0] = fma(convert_float8(dot32_u((q & (uchar)15) | h0, (q >> (uchar)4) | h1, xq)), d * xd[0], acc[0]);
+  acc[0] = fma(convert_float8(dot32_u(lo, hi, xq)), d * xd[0], acc[0]);
   *acc_s = fma(-16.0f * d, xsum[0], *acc_s);
 }
 #elif defined(W_Q5_1)  // 24 bytes: d, m, qh[4], qs[16]; x = d * q + m
@@ -291,21 +298,19 @@ inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, f
 #define W_BLOCK_DOT 1
 #define W_XSUMS 1
 ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
-  uchar16 h0, h1;
-  high_bits32(*(const global uchar4_unaligned*)(b + 4), &h0, &h1);
-  const uchar16 q = load_bytes16(b + 8);
+  uchar16 lo, hi;
+  q5_quants(b + 4, b + 8, &lo, &hi);
   const float2 dm = load_f16x2(b);
-  acc[0] = fma(CHUNK_DOT(x, (q & (uchar)15) | h0, (q >> (uchar)4) | h1), via_memory(dm.x), acc[0]);
+  acc[0] = fma(CHUNK_DOT(x, lo, hi), via_memory(dm.x), acc[0]);
   *acc_m += (float8)(dm.y * xs[0], 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 #define W_DOT_Q8 1
 ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
-  uchar16 h0, h1;
-  high_bits32(*(const global uchar4_unaligned*)(b + 4), &h0, &h1);
-  const uchar16 q = load_bytes16(b + 8);
+  uchar16 lo, hi;
+  q5_quants(b + 4, b + 8, &lo, &hi);
   const float2 dm = block_f16x2(b);
-  acc[0] = fma(convert_float8(dot32_u((q & (uchar)15) | h0, (q >> (uchar)4) | h1, xq)), dm.x * xd[0], acc[0]);
+  acc[0] = fma(convert_float8(dot32_u(lo, hi, xq)), dm.x * xd[0], acc[0]);
   *acc_s = fma(dm.y, xsum[0], *acc_s);
 }
 #elif defined(W_Q8_0)  // 34 bytes: d, qs[32]; x = d * q
@@ -425,30 +430,31 @@ inline wscales block_scales(const global uchar* b) {
   vstore16(load_f16(b + 208) * convert_float16(as_char16(load_bytes16(b + 192))), 0, s.d);
   return s;
 }
-inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
-  // Each half (128 elements) takes 64 bytes of ql and 32 of qh; its four chunks g = 0..3 use the
-  // low / high nibbles of ql[0..31] / ql[32..63] and the 2-bit fields 2g of qh.
+// Chunk j's quants minus 32 (elements 0..15 in q0, 16..31 in q1). Each half (128 elements) takes
+// 64 bytes of ql and 32 of qh; its four chunks g = 0..3 use the low / high nibbles of ql[0..31] /
+// ql[32..63] and the 2-bit fields 2g of qh.
+ALWAYS_INLINE void q6k_chunk(const global uchar* b, int j, char16* q0, char16* q1) {
   const int h = j >> 2, g = j & 3;
   const global uchar* ql = b + 64 * h + 32 * (g & 1);
   const global uchar* qh = b + 128 + 32 * h;
   const uchar ls = (uchar)(4 * (g >> 1)), hs = (uchar)(2 * g);
-  const int16 q0 = convert_int16(((load_bytes16(ql) >> ls) & (uchar)15) | (((load_bytes16(qh) >> hs) & (uchar)3) << (uchar)4)) - 32;
-  const int16 q1 = convert_int16(((load_bytes16(ql + 16) >> ls) & (uchar)15) | (((load_bytes16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - 32;
-  *lo = s.d[8 * h + 2 * g] * convert_float16(q0);
-  *hi = s.d[8 * h + 2 * g + 1] * convert_float16(q1);
+  *q0 = as_char16(((load_bytes16(ql) >> ls) & (uchar)15) | (((load_bytes16(qh) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
+  *q1 = as_char16(((load_bytes16(ql + 16) >> ls) & (uchar)15) | (((load_bytes16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
+}
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  char16 q0, q1;
+  q6k_chunk(b, j, &q0, &q1);
+  *lo = s.d[2 * j] * convert_float16(q0);
+  *hi = s.d[2 * j + 1] * convert_float16(q1);
 }
 #define W_BLOCK_DOT 1
 ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const local float* xs, float16* acc, float8* acc_m) {
   // Scales per 16 elements: each half-chunk's products are scaled on their own (2 FMAs per 16).
   const wscales s = block_scales(b);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {  // the layout of block_chunk above; q - 32 on the bytes
-    const int h = j >> 2, g = j & 3;
-    const global uchar* ql = b + 64 * h + 32 * (g & 1);
-    const global uchar* qh = b + 128 + 32 * h;
-    const uchar ls = (uchar)(4 * (g >> 1)), hs = (uchar)(2 * g);
-    const char16 q0 = as_char16(((load_bytes16(ql) >> ls) & (uchar)15) | (((load_bytes16(qh) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
-    const char16 q1 = as_char16(((load_bytes16(ql + 16) >> ls) & (uchar)15) | (((load_bytes16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
+  for (int j = 0; j < 8; ++j) {
+    char16 q0, q1;
+    q6k_chunk(b, j, &q0, &q1);
     acc[0] = fma(vload16(0, x + 32 * j) * convert_float16(q0), s.d[2 * j], acc[0]);
     acc[1] = fma(vload16(1, x + 32 * j) * convert_float16(q1), s.d[2 * j + 1], acc[1]);
   }
@@ -459,13 +465,9 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
   // Scales per 16 elements: lanes 0-3 of a chunk's sums are its first 16 elements, 4-7 the rest.
   const wscales s = block_scales(b);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {  // the layout of block_chunk above; q - 32 on the bytes
-    const int h = j >> 2, g = j & 3;
-    const global uchar* ql = b + 64 * h + 32 * (g & 1);
-    const global uchar* qh = b + 128 + 32 * h;
-    const uchar ls = (uchar)(4 * (g >> 1)), hs = (uchar)(2 * g);
-    const char16 q0 = as_char16(((load_bytes16(ql) >> ls) & (uchar)15) | (((load_bytes16(qh) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
-    const char16 q1 = as_char16(((load_bytes16(ql + 16) >> ls) & (uchar)15) | (((load_bytes16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
+  for (int j = 0; j < 8; ++j) {
+    char16 q0, q1;
+    q6k_chunk(b, j, &q0, &q1);
     const float8 scale = (float8)((float4)(s.d[2 * j]), (float4)(s.d[2 * j + 1])) * xd[j];
     acc[j & 1] = fma(convert_float8(dot32_s(q0, q1, xq + 32 * j)), scale, acc[j & 1]);
   }

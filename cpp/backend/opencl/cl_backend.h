@@ -74,6 +74,8 @@ class ClBackend : public Backend {
   // x [T, K] quantized to 8 bits per 32 elements (the CPU's Q8_0 activations) in a new tensor,
   // the layout kernels/linear.cl's quantize_q8_rows describes.
   Tensor quantize_q8(Stream& s, cl_program program, const Tensor& x);
+  void segment_args(KernelArgs& a, const RowSegment& seg, const Tensor& w, const Tensor& bias,
+                    const BufferView& o, const Tensor& out, int64_t out_col) const;
   // linear over 8-bit activations (decodes over the weight types dot_q8 accepts).
   void linear_q8(Stream& s, cl_program program, const Tensor& x, const Tensor& w, const Tensor& bias,
                  const Tensor& out, int64_t out_col);

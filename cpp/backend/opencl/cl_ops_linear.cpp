@@ -18,6 +18,16 @@ MatmulTile matmul_tile(DType w, int64_t tokens) {
   return wide ? MatmulTile{8, 2, "linear_t8", "moe_tiles_t8"} : MatmulTile{4, 4, "linear_t4", "moe_tiles_t4"};
 }
 
+// The linear kernels' arguments after (x, T, K) for the rows of one device buffer of w: its
+// blocks, their bias and the output columns they fill.
+void ClBackend::segment_args(KernelArgs& a, const RowSegment& seg, const Tensor& w, const Tensor& bias,
+                             const BufferView& o, const Tensor& out, int64_t out_col) const {
+  a.buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes())).i32(seg.rows);
+  if (bias.defined()) a.tensor(bias.slice(seg.first_row, seg.rows), "linear").i32(1);
+  else a.tensor(placeholder(), "linear").i32(0);
+  a.buffer(o.mem, int64_t(o.byte_offset / 4) + out_col + seg.first_row, out.storage).i32(out.cols());
+}
+
 void ClBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
                        const Tensor& out, int64_t out_col) {
   checks::linear(x, w, bias, out, out_col);
@@ -42,10 +52,7 @@ void ClBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor
                       token_tiles * ((seg.rows + rows_per_item - 1) / rows_per_item), gemv ? 64 : 16);
     KernelArgs a(l);
     a.tensor(x, "linear").i32(T).i32(K);
-    a.buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes())).i32(seg.rows);
-    if (bias.defined()) a.tensor(bias.slice(seg.first_row, seg.rows), "linear").i32(1);
-    else a.tensor(placeholder(), "linear").i32(0);
-    a.buffer(o.mem, int64_t(o.byte_offset / 4) + out_col + seg.first_row, out.storage).i32(out.cols());
+    segment_args(a, seg, w, bias, o, out, out_col);
     if (gemv) a.local_floats(K / kChunk);  // linear_t1's sums of x per 32-element chunk
     record(s, std::move(l));
   }
@@ -87,10 +94,7 @@ void ClBackend::linear_q8(Stream& s, cl_program program, const Tensor& x, const 
                       (T + tokens_per_item - 1) / tokens_per_item * seg.rows, 64);
     KernelArgs a(l);
     a.tensor(xq, "linear").i32(T).i32(K);
-    a.buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes())).i32(seg.rows);
-    if (bias.defined()) a.tensor(bias.slice(seg.first_row, seg.rows), "linear").i32(1);
-    else a.tensor(placeholder(), "linear").i32(0);
-    a.buffer(o.mem, int64_t(o.byte_offset / 4) + out_col + seg.first_row, out.storage).i32(out.cols());
+    segment_args(a, seg, w, bias, o, out, out_col);
     record(s, std::move(l));
   }
 }
