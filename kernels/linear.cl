@@ -161,14 +161,13 @@ kernel void linear_t1(LINEAR_ARGS, local float* xs) {
 }
 
 // ---- 8-bit activations: decodes over the quantized types (W_DOT_Q8) ----
-// quantize_q8_rows turns x [T, K] into xq rows of K + 8 * K / 32 bytes: the K int8 quants, then
-// per 32-element chunk its scale d and the sum of its dequantized values, as floats. A chunk is
-// quantized exactly as the CPU backend's Q8_0 activations (cpp/quant/quantize.cpp): d = amax / 127,
-// q = round(x / d) with 1 / d in f32, d then rounded to f16; so both backends dot the same x.
-// One work-item per (token, chunk).
-// Row t of xq.
+// Row t of xq, the quantized x [T, K]: K int8 quants, then per 32-element chunk its scale d and
+// the sum of its dequantized values, as floats (K + 8 * K / 32 bytes).
 inline const global char* xq_row(const global char* xq, int t, int K) { return xq + (long)t * (K + K / 4); }
 
+// quantize_q8_rows: x -> xq. A chunk is quantized exactly as the CPU backend's Q8_0 activations
+// (cpp/quant/quantize.cpp): d = amax / 127, q = round(x / d) with 1 / d in f32, d then rounded to
+// f16; so both backends dot the same x. One work-item per (token, chunk).
 kernel void quantize_q8_rows(const global float* x, long x_off, int T, int K, global char* xq, long xq_off) {
   const int chunks = K / CHUNK, gid = (int)get_global_id(0);
   const int t = gid / chunks, c = gid % chunks;

@@ -87,9 +87,10 @@ ALWAYS_INLINE float via_memory(float v) {
 typedef uchar4 __attribute__((aligned(1))) uchar4_unaligned;
 
 // ---- 8-bit activations (linear_q8) ----
-// block_dot_q8(b, xq, xd, xsum, acc, acc_m) is block_dot over x quantized per 32 elements to
-// int8 (see quantize_q8_rows in linear.cl): xq the block's quants, xd / xsum per 32-element chunk
-// its scale and the sum of its dequantized values. Weight quants times x quants are exact integer
+// block_dot_q8(b, xq, xd, xsum, acc, acc_m, acc_s) is block_dot over x quantized per 32
+// elements to int8 (see quantize_q8_rows in linear.cl): xq the block's quants, xd / xsum per
+// 32-element chunk its scale and the sum of its dequantized values; the 32-element types add
+// their min / offset term to the scalar acc_s, the k-quants theirs to acc_m lane-wise. Weight quants times x quants are exact integer
 // sums of four products (dot32_*), converted to floats once per 4 products and scaled per chunk
 // by d_w * d_x; mins and offsets (Q4_0's 8) come from xsum. On pocl this is about half the
 // vector instructions of block_dot's float conversions (docs/performance.md).

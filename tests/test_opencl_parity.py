@@ -181,6 +181,17 @@ def test_linear_one_token_odd_block_count(cpu, ocl, rng, dtype):
     assert R.nmse(outs["opencl"], outs["cpu"]) < cpu_vs_opencl_bound(dtype, dtype in OPENCL_Q8_DTYPES)
 
 
+def linear_on_stream(be, rows, w, n, decode_rows=0, float_activations=False):
+    """rows @ w.T through a stream marked as a batch of decode_rows decodes and / or scoring."""
+    s = be.stream()
+    s.decode_rows, s.float_activations = decode_rows, float_activations
+    out = be.empty("f32", [len(rows), n])
+    be.linear(be.tensor(rows), w, None, out, stream=s)
+    s.submit()
+    s.sync()
+    return out.numpy()
+
+
 @pytest.mark.parametrize("dtype", OPENCL_Q8_DTYPES)
 def test_portable_kernels_equal_the_x86_ones(ocl, rng, dtype, monkeypatch):
     """The weight kernels' portable OpenCL C forms (what a GPU compiles) give pocl's x86 builtin
@@ -194,15 +205,10 @@ def test_portable_kernels_equal_the_x86_ones(ocl, rng, dtype, monkeypatch):
     raw, _ = encode_weight(rng.standard_normal((N, K)).astype(np.float32), dtype)
 
     def run(be, rows, decode_rows=0, float_activations=False):
-        s = be.stream()
-        s.decode_rows, s.float_activations = decode_rows, float_activations
-        out, emb = be.empty("f32", [len(rows), N]), be.empty("f32", [3, K])
         w = upload_weight(be, raw, dtype, (N, K))
-        be.linear(be.tensor(rows), w, None, out, stream=s)
-        be.embedding(be.tensor(np.array([0, 39, 7], np.int32)), w, emb, stream=s)
-        s.submit()
-        s.sync()
-        return out.numpy(), emb.numpy()
+        emb = be.empty("f32", [3, K])
+        be.embedding(be.tensor(np.array([0, 39, 7], np.int32)), w, emb)
+        return linear_on_stream(be, rows, w, N, decode_rows, float_activations), emb.numpy()
 
     for args in ((x, T), (x[:1], 0, True)):
         for a, b in zip(run(portable, *args), run(ocl, *args)):
@@ -222,13 +228,7 @@ def test_linear_decode_batch_equals_each_decode_alone(ocl, rng, dtype):
     W = upload_weight(ocl, raw, dtype, (N, K))
 
     def run(rows, decode_rows=0, float_activations=False):
-        s = ocl.stream()
-        s.decode_rows, s.float_activations = decode_rows, float_activations
-        out = ocl.empty("f32", [len(rows), N])
-        ocl.linear(ocl.tensor(rows), W, None, out, stream=s)
-        s.submit()
-        s.sync()
-        return out.numpy()
+        return linear_on_stream(ocl, rows, W, N, decode_rows, float_activations)
 
     batch = run(x, decode_rows=T)
     for t in range(T):

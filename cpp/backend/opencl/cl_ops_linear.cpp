@@ -85,13 +85,13 @@ void ClBackend::linear_q8(Stream& s, cl_program program, const Tensor& x, const 
                           const Tensor& bias, const Tensor& out, int64_t out_col) {
   const int64_t T = x.rows(), K = x.cols();
   const Tensor xq = quantize_q8(s, program, x);
+  // A batch of decodes: four tokens per work-item share each weight block's unpacking.
+  const int64_t tokens_per_item = T == 1 ? 1 : 4;
+  const char* kernel = T == 1 ? "linear_q8" : "linear_q8_t4";
   const BufferView o = single_buffer(out, "linear");
   for (const RowSegment& seg : row_segments(w, "linear")) {
     if (seg.rows == 0) continue;
-    // A batch of decodes: four tokens per work-item share each weight block's unpacking.
-    const int64_t tokens_per_item = T == 1 ? 1 : 4;
-    Launch l = launch(program, T == 1 ? "linear_q8" : "linear_q8_t4",
-                      (T + tokens_per_item - 1) / tokens_per_item * seg.rows, 64);
+    Launch l = launch(program, kernel, (T + tokens_per_item - 1) / tokens_per_item * seg.rows, 64);
     KernelArgs a(l);
     a.tensor(xq, "linear").i32(T).i32(K);
     segment_args(a, seg, w, bias, o, out, out_col);
