@@ -97,11 +97,11 @@ class Backend {
   virtual void upload(const Tensor& dst, const void* src, size_t bytes) = 0;
   virtual void download(const Tensor& src, void* dst, size_t bytes) = 0;
   virtual std::unique_ptr<Stream> new_stream() = 0;
-  // A 2-D weight that only linear and embedding will read, in the layout those run fastest on
-  // here: possibly a copy in a dtype of the backend's own (the CPU's R16 types) with the same
-  // values, sizes and results; else w itself. A copy tells `consumed` (if set) of each range of
-  // w it has finished reading, so a loader can drop those file pages as it goes: memory never
-  // holds both whole copies of a large weight.
+  // A 2-D weight that only linear and embedding will read, where and in the layout those run
+  // fastest here: possibly a copy (the CPU's weight arena), possibly in a dtype of the backend's
+  // own (the CPU's R16 types) with the same values, sizes and results; else w itself. A copy
+  // tells `consumed` (if set) of each range of w it has finished reading, so a loader can drop
+  // those file pages as it goes: memory never holds both whole copies of a large weight.
   using Consumed = std::function<void(const void* begin, size_t bytes)>;
   virtual Tensor pack_weight(const Tensor& w, const Consumed& consumed) { return w; }
 

@@ -1,11 +1,14 @@
-// Internals: thread pool, tensor views, the block allocator and its prefix cache.
+// Internals: thread pool, the CPU weight arena, tensor views, the block allocator and its prefix
+// cache.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <numeric>
 #include <set>
 
 #include "backend/backend.h"
+#include "backend/cpu/weight_arena.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/block_allocator.h"
@@ -60,6 +63,39 @@ TEST(SplitRange, CoversEverythingOnce) {
     }
     EXPECT_EQ(covered, n);
   }
+}
+
+TEST(WeightArena, PacksAlignedBlocksInOrderAndUnmapsWithTheLastOne) {
+  WeightArena arena;
+  std::weak_ptr<const void> first_region;
+  {
+    const size_t sizes[] = {1000, 64, 3 << 20, 1};
+    std::vector<WeightArena::Block> blocks;
+    for (size_t n : sizes) {
+      blocks.push_back(arena.allocate(n));
+      std::memset(blocks.back().data, 0x5a, n + 64);  // the block and its vector of slack
+    }
+    const uintptr_t start = reinterpret_cast<uintptr_t>(blocks[0].data);
+    EXPECT_EQ(start % (2u << 20), 0u);  // a region starts on a 2 MiB page
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const uintptr_t p = reinterpret_cast<uintptr_t>(blocks[i].data);
+      EXPECT_EQ(p % 64, 0u);
+      EXPECT_EQ(blocks[i].region, blocks[0].region);  // one region, filled in order
+      if (i > 0) EXPECT_GE(p, reinterpret_cast<uintptr_t>(blocks[i - 1].data) + sizes[i - 1] + 64);
+    }
+    // Larger than a region: a region of its own, while the current one goes on filling.
+    WeightArena::Block big = arena.allocate(size_t(300) << 20);
+    EXPECT_NE(big.region, blocks[0].region);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data) % (2u << 20), 0u);
+    blocks.push_back(arena.allocate(10));
+    EXPECT_EQ(blocks.back().region, blocks[0].region);
+    first_region = blocks[0].region;
+    blocks.erase(blocks.begin());
+    EXPECT_FALSE(first_region.expired());
+  }
+  EXPECT_TRUE(first_region.expired());  // the last block gone: the region is unmapped
+  WeightArena::Block again = arena.allocate(100);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(again.data) % (2u << 20), 0u);  // a fresh region
 }
 
 TEST(Tensor, SliceAndReshapeKeepStorage) {

@@ -20,17 +20,16 @@ namespace ferrum {
 namespace {
 constexpr size_t kAlign = 64;
 
-// Buffers from this size up (weights, the KV pool, large scratch) are mapped pages of their own:
+// Buffers from this size up (the KV pool, large scratch, a fused projection before pack_weight)
+// are mapped pages of their own:
 // freed, they go back to the system at once. From the heap, the load's short-lived copies (a
 // fused projection before it is repacked) left tens of MB of free but resident holes.
 constexpr size_t kMapBytes = size_t(1) << 20;
 
-void* aligned_bytes(size_t n, bool large_pages) {
+void* aligned_bytes(size_t n) {
   if (n >= kMapBytes) {
     void* p = mmap(nullptr, n + kAlign, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw ResourceError("out of host memory mapping " + std::to_string(n) + " bytes");
-    static const bool large_pages_allowed = !std::getenv("FERRUM_NO_HUGEPAGE");  // read once
-    if (large_pages && large_pages_allowed) madvise(p, n + kAlign, MADV_HUGEPAGE);
     return p;
   }
   // (kAlign bytes of slack past the end, as for the mapped buffers: kernels may load a whole
@@ -54,8 +53,7 @@ inline bool my_range(int64_t n, int ith, int nth, int64_t* b, int64_t* e) {
 }
 }  // namespace
 
-CpuStorage::CpuStorage(Backend* b, size_t n, bool large_pages)
-    : Storage(b, n), data(aligned_bytes(n, large_pages)), owned(true) {}
+CpuStorage::CpuStorage(Backend* b, size_t n) : Storage(b, n), data(aligned_bytes(n)), owned(true) {}
 CpuStorage::CpuStorage(Backend* b, size_t n, void* d, std::shared_ptr<const void> keep)
     : Storage(b, n), data(d), owned(false), keepalive(std::move(keep)) {}
 CpuStorage::~CpuStorage() {
@@ -136,17 +134,14 @@ void CpuBackend::own(std::initializer_list<const Tensor*> ts, const AttnBatch& b
   own({&b.token_seq, &b.token_pos, &b.slot_mapping, &b.block_tables, &kv.k, &kv.v, &kv.k_scale, &kv.v_scale});
 }
 
-Tensor CpuBackend::alloc(DType dtype, Shape shape) { return alloc(dtype, std::move(shape), false); }
-
-Tensor CpuBackend::alloc(DType dtype, Shape shape, bool large_pages) {
+Tensor CpuBackend::alloc(DType dtype, Shape shape) {
   Tensor t;
   t.dtype = dtype;
   t.shape = std::move(shape);
   for (int64_t d : t.shape) FERRUM_CHECK(d >= 0, "negative dimension in " + shape_str(t.shape));
   FERRUM_CHECK(t.cols() % dtype_info(dtype).block_elems == 0,
                "last dim of " + t.str() + " is not a multiple of the block size");
-  size_t n = t.nbytes();
-  t.storage = std::make_shared<CpuStorage>(this, n, large_pages);
+  t.storage = std::make_shared<CpuStorage>(this, t.nbytes());
   return t;
 }
 
@@ -172,20 +167,25 @@ void CpuBackend::upload(const Tensor& dst, const void* src, size_t bytes) {
 
 Tensor CpuBackend::pack_weight(const Tensor& w, const Consumed& consumed) {
   check_host(w);
-  const DType packed = quant::r16_type(w.dtype);
-  if (packed == w.dtype || w.shape.size() != 2 || w.dim(0) % quant::kR16Rows != 0 || !quant::gemm_kernel(packed))
-    return w;
-  // Large pages where the system grants them on request (THP "madvise"): the weights are
-  // streamed every token, and with 4 KiB pages every 64th cache line costs a TLB walk (0.5B
-  // Q8_0 decode ~3% faster). Not for the KV pool: its blocks are touched sparsely.
-  Tensor t = alloc(packed, w.shape, /*large_pages=*/true);
+  if (w.shape.size() != 2) return w;
+  DType dtype = quant::r16_type(w.dtype);
+  if (dtype != w.dtype && (w.dim(0) % quant::kR16Rows != 0 || !quant::gemm_kernel(dtype))) dtype = w.dtype;
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = w.shape;
+  WeightArena::Block block = weights_.allocate(t.nbytes());
+  t.storage = std::make_shared<CpuStorage>(this, t.nbytes(), block.data, std::move(block.region));
   // In chunks of rows, each handed back once copied (a tied 49152-row embedding is 30 MB).
   constexpr int64_t kChunkRows = 64 * quant::kR16Rows;
   const size_t rb = w.row_bytes();
   for (int64_t r = 0; r < w.dim(0); r += kChunkRows) {
     const int64_t rows = std::min(kChunkRows, w.dim(0) - r);
     const char* src = host_ptr<char>(w) + size_t(r) * rb;
-    quant::repack_r16(w.dtype, src, host_ptr<char>(t) + size_t(r) * rb, rows, w.cols());
+    char* dst = host_ptr<char>(t) + size_t(r) * rb;
+    if (dtype == w.dtype)
+      std::memcpy(dst, src, size_t(rows) * rb);
+    else
+      quant::repack_r16(w.dtype, src, dst, rows, w.cols());
     if (consumed) consumed(src, size_t(rows) * rb);
   }
   return t;

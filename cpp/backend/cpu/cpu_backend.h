@@ -7,12 +7,13 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/weight_arena.h"
 #include "core/thread_pool.h"
 
 namespace ferrum {
 
 struct CpuStorage : Storage {
-  CpuStorage(Backend* b, size_t n, bool large_pages);                              // owns memory
+  CpuStorage(Backend* b, size_t n);                                                // owns memory
   CpuStorage(Backend* b, size_t n, void* data, std::shared_ptr<const void> keep);  // wraps
   ~CpuStorage() override;
   void* data;
@@ -66,7 +67,8 @@ class CpuBackend : public Backend {
   Tensor from_host(const void* data, DType dtype, Shape shape,
                    std::shared_ptr<const void> keepalive) override;
   void upload(const Tensor& dst, const void* src, size_t bytes) override;
-  // Q4_0 / Q4_1 / Q8_0 -> their R16 layouts (quant/repack.h) where the AVX-512 VNNI kernels run.
+  // A copy in the weight arena (2 MiB pages, streamed in order); Q4_0 / Q4_1 / Q8_0 in their R16
+  // layouts (quant/repack.h) where the AVX-512 VNNI kernels run.
   Tensor pack_weight(const Tensor& w, const Consumed& consumed) override;
   void download(const Tensor& src, void* dst, size_t bytes) override;
   std::unique_ptr<Stream> new_stream() override { return std::make_unique<CpuStream>(this); }
@@ -100,14 +102,13 @@ class CpuBackend : public Backend {
   // of memory and a fresh page-faulting allocation per eager step). A recorded stream keeps the
   // buffer it was recorded with alive; a larger request replaces the backend's buffer.
   std::shared_ptr<std::vector<char>> scratch(Scratch kind, size_t bytes);
-  // large_pages: asks the system for 2 MiB pages (buffers from 1 MiB up, read as a whole).
-  Tensor alloc(DType dtype, Shape shape, bool large_pages);
   void check_host(const Tensor& t) const;
   // Every (defined) tensor of an op must live in this backend's host memory: a tensor of
   // another backend would be read as a host pointer.
   void own(std::initializer_list<const Tensor*> ts) const;
   void own(std::initializer_list<const Tensor*> ts, const AttnBatch& b, const KvLayer& kv) const;
   ThreadPool pool_;
+  WeightArena weights_;
   std::shared_ptr<std::vector<char>> scratch_[int(Scratch::Count)];
 };
 
