@@ -318,8 +318,9 @@ bool attend_rows(const BlockRows& r, float scale, int64_t hd, const TileScratch&
         const f32x16 key = cpu::in_register(s.keys[d + c]);
         for (int i = 0; i < kRows; ++i) acc[i][c] = cpu::fmadd(cpu::splat(r.q[i][d + c]), key, acc[i][c]);
       }
-    for (; d < hd; ++d)
-      for (int i = 0; i < kRows; ++i) acc[i][0] = cpu::fmadd(cpu::splat(r.q[i][d]), s.keys[d], acc[i][0]);
+    if constexpr (kChunks == 0)  // (a fixed head size is a multiple of 16: no tail)
+      for (; d < hd; ++d)
+        for (int i = 0; i < kRows; ++i) acc[i][0] = cpu::fmadd(cpu::splat(r.q[i][d]), s.keys[d], acc[i][0]);
     for (int i = 0; i < kRows; ++i) {
       score[i] = (acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3]);
       score[i] = r.seen[i] ? score[i] * scale : kNegInf;
