@@ -71,6 +71,16 @@ FERRUM_AVX512_INLINE void prefetch_share(const char* p, int64_t bytes, int64_t i
   for (int64_t o = i * step; o < std::min(bytes, (i + 1) * step); o += 64) _mm_prefetch(p + o, _MM_HINT_T2);
 }
 
+// A row kernel (T = 1) over 8-bit weights prefetches only short 16-row groups. With the weights
+// on 2 MiB pages (cpu/weight_arena.h) the hardware prefetchers follow a long Q8_0 group on their
+// own and software prefetches only add to the misses in flight (one thread: 1.1B, 35 KB groups,
+// 21 -> 25 tok/s without them; 0.5B, 15 KB, 43 -> 46), while SmolLM2's 10 KB groups still gain
+// from them (140 -> 155). The 4-bit formats, more work per byte, gain at every size measured
+// (SmolLM2 Q4_1, 6 and 15 KB groups: 170 -> 235 tok/s with them).
+FERRUM_AVX512_INLINE bool row_kernel_prefetches(int64_t row_bytes, int64_t nb) {
+  return row_bytes < 32 * nb || 16 * row_bytes <= 12 * 1024;
+}
+
 // ---- the int8 GEMM ----
 //
 // Weight rows go across the lanes, kGemmRows at a time, as their unsigned quants in vpdpbusd's
@@ -152,11 +162,12 @@ FERRUM_AVX512 void gemm_tiles(const void* w, size_t w_row_bytes, int64_t nb, int
   const char* base = static_cast<const char*>(w);
   const int64_t rb = int64_t(w_row_bytes);
   const int64_t calls = T / kGemmActs + (T % kGemmActs >= 2) + (T % 2);  // gemm_block calls per tile
-  prefetch_share(base, std::min<int64_t>(rows, 2 * kGemmRows) * rb, 0, 1);
+  const bool prefetch = T > 1 || row_kernel_prefetches(rb, nb);
+  if (prefetch) prefetch_share(base, std::min<int64_t>(rows, 2 * kGemmRows) * rb, 0, 1);
   for (int64_t r0 = 0; r0 < rows; r0 += kGemmRows) {
     const int64_t tile_rows = std::min<int64_t>(kGemmRows, rows - r0);
     const char* ahead = base + (r0 + 2 * kGemmRows) * rb;
-    const int64_t ahead_bytes = std::clamp<int64_t>(rows - r0 - 2 * kGemmRows, 0, kGemmRows) * rb;
+    const int64_t ahead_bytes = prefetch ? std::clamp<int64_t>(rows - r0 - 2 * kGemmRows, 0, kGemmRows) * rb : 0;
     const auto source = pack(r0, tile_rows);
     int64_t t = 0, call = 0;
     auto run = [&](auto acts_per_call) {
