@@ -59,7 +59,7 @@ class Loader {
     return *t;
   }
 
-  // Weights used as stored (mmap'd on the CPU backend).
+  // Weights used as stored (the mmap'd file's bytes on the CPU backend).
   Tensor weight(const TensorInfo& t) const {
     return be_.from_host(t.data, t.dtype, t.shape, t.file);
   }
