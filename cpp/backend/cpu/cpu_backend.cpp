@@ -20,10 +20,9 @@ namespace ferrum {
 namespace {
 constexpr size_t kAlign = 64;
 
-// Buffers from this size up (the KV pool, large scratch, a fused projection before pack_weight)
-// are mapped pages of their own:
-// freed, they go back to the system at once. From the heap, the load's short-lived copies (a
-// fused projection before it is repacked) left tens of MB of free but resident holes.
+// Buffers from this size up (the KV pool, large scratch, a fused projection before pack_weight
+// copies it) are mapped pages of their own: freed, they go back to the system at once. From the
+// heap, the load's short-lived copies left tens of MB of free but resident holes.
 constexpr size_t kMapBytes = size_t(1) << 20;
 
 void* aligned_bytes(size_t n) {
