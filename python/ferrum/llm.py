@@ -10,7 +10,6 @@ import numpy as np
 
 from . import _core
 from .engine import Engine
-from .models import resolve_model
 from .outputs import RequestDelta, RequestOutput
 from .sampling import SamplingParams
 from .scoring import TokenLogprobs, forward_many, token_logprobs
@@ -58,6 +57,7 @@ class LLM:
         if sum(v is not None for v in (kv_cache_tokens, kv_cache_memory, fraction)) > 1:
             raise ValueError("size the KV cache with one of kv_cache_tokens, kv_cache_memory, "
                              "kv_cache_memory_fraction")
+        from .models import resolve_model  # here, not at import: `python -m ferrum.models` runs it fresh
         path = resolve_model(model)
         self.model_path = path
         with _load_progress(path) as progress:
