@@ -17,7 +17,9 @@ class WeightArena {
     std::shared_ptr<const void> region;  // keeps the region mapped while the block is in use
   };
   // `bytes` (plus a vector's worth of readable slack), 64-byte aligned. A region is unmapped
-  // when the last block in it is gone.
+  // when the last block in it is gone; the space of a block freed before that is not reused
+  // (a bump allocator: meant for a model's weights, loaded once and freed together; each
+  // ModelRunner has its own backend and so its own arena).
   Block allocate(size_t bytes);
 
  private:
