@@ -94,10 +94,12 @@ inline void linear_tile(const int TM, const int TN, const global float* x, int T
 
 // Offsets are in elements of each pointer's type (bytes for w); out already points at the
 // first column this weight fills (out_col) and ldo is the row stride of the whole output.
-#define LINEAR_ARGS                                                                          \
-  const global float *x, long x_off, int T, int K, const global uchar *w, long w_off,         \
+// The linear kernels' arguments, x [T, K] of element type X (float, or char for xq rows).
+#define LINEAR_ARGS_OF(X)                                                                    \
+  const global X *x, long x_off, int T, int K, const global uchar *w, long w_off,             \
       long w_row_bytes, int N, const global float *bias, long bias_off, int has_bias,         \
       global float *out, long out_off, int ldo
+#define LINEAR_ARGS LINEAR_ARGS_OF(float)
 
 kernel void linear_t8(LINEAR_ARGS) {
   linear_tile(8, 2, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
@@ -260,17 +262,12 @@ inline void linear_q8_rows(const int TM, const global char* xq, int T, int K, co
     if (t0 + m < T) out[(long)(t0 + m) * ldo + n] = has_bias ? s[m] + bias[n] : s[m];
 }
 
-#define LINEAR_Q8_ARGS                                                                         \
-  const global char *xq, long xq_off, int T, int K, const global uchar *w, long w_off,         \
-      long w_row_bytes, int N, const global float *bias, long bias_off, int has_bias,          \
-      global float *out, long out_off, int ldo
-
-// One token: a row per work-item. A batch of decodes: four tokens per work-item.
-kernel void linear_q8(LINEAR_Q8_ARGS) {
-  linear_q8_rows(1, xq + xq_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+// One token: a row per work-item. A batch of decodes: four tokens per work-item. (x: xq rows.)
+kernel void linear_q8(LINEAR_ARGS_OF(char)) {
+  linear_q8_rows(1, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
 }
-kernel void linear_q8_t4(LINEAR_Q8_ARGS) {
-  linear_q8_rows(4, xq + xq_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
+kernel void linear_q8_t4(LINEAR_ARGS_OF(char)) {
+  linear_q8_rows(4, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
 }
 #endif
 

@@ -39,14 +39,13 @@ WeightArena::Block WeightArena::allocate(size_t bytes) {
     return {const_cast<void*>(own.get()), own};
   }
   std::shared_ptr<const void> region = region_.lock();
-  if (!region || size_t(end_ - next_) < need) {
+  if (!region || used_ + need > kRegionBytes) {
     region = map_region(kRegionBytes);
     region_ = region;
-    next_ = static_cast<char*>(const_cast<void*>(region.get()));
-    end_ = next_ + kRegionBytes;
+    used_ = 0;
   }
-  void* data = next_;
-  next_ += need;
+  void* data = static_cast<char*>(const_cast<void*>(region.get())) + used_;
+  used_ += need;
   return {data, std::move(region)};
 }
 

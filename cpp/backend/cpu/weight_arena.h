@@ -24,8 +24,7 @@ class WeightArena {
 
  private:
   std::weak_ptr<const void> region_;  // the region being filled (not kept alive by the arena)
-  char* next_ = nullptr;
-  char* end_ = nullptr;
+  size_t used_ = 0;                   // its bytes handed out
 };
 
 }  // namespace ferrum
