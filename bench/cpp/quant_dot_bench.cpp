@@ -39,10 +39,16 @@ std::vector<uint8_t> random_weights(DType t, int rows, int n, std::mt19937& rng)
   return w;
 }
 
+// n rounded up to whole blocks of t (the k-quants: 576 -> 768).
+int whole_blocks(DType t, int n) {
+  const int b = dtype_info(t).block_elems;
+  return (n + b - 1) / b * b;
+}
+
 // Batched kernels at T activation rows: GMAC/s over the weight matrix (rows x n), best of 5.
 void bench_batch() {
   const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                         DType::Q8_0_R16, DType::Q4_0_R16, DType::Q4_1_R16};
+                         DType::Q8_0_R16, DType::Q4_0_R16, DType::Q4_1_R16, DType::Q4_K_R16};
   // rows x n: L2-resident, and the tied lm_head of SmolLM2 (L3-resident, 3 MB of outputs at T = 16)
   const int shapes[][2] = {{576, 1536}, {1536, 576}, {49152, 576}};
   const int batch_rows[] = {2, 4, 8, 16, 32, 64};
@@ -58,7 +64,7 @@ void bench_batch() {
     std::printf("%-8s            ", dtype_name(t));
     for (int T : batch_rows) {
       for (auto& shape : shapes) {
-        const int rows = shape[0], n = shape[1];
+        const int rows = shape[0], n = whole_blocks(t, shape[1]);
         const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(DType::Q8_0, n);
         std::vector<uint8_t> w = random_weights(t, rows, n, rng), act(act_bytes * T);
         std::vector<float> x(n), out(size_t(T) * rows);
@@ -133,7 +139,7 @@ void bench_gemm() {
 // The int8 GEMM of a prefill chunk at SmolLM2-135M's shapes (one thread): what the model's
 // linear_dot commands run per thread, without the model around them.
 void bench_prefill() {
-  const DType types[] = {DType::Q4_1_R16, DType::Q8_0_R16, DType::Q4_1};
+  const DType types[] = {DType::Q4_1_R16, DType::Q8_0_R16, DType::Q4_1, DType::Q4_K_R16, DType::Q4_K};
   const int shapes[][2] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};  // rows, n
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -144,7 +150,7 @@ void bench_prefill() {
     for (int T : {64, 512}) {
       std::printf("%-9s %5d", dtype_name(t), T);
       for (auto& sh : shapes) {
-        const int rows = sh[0], n = sh[1];
+        const int rows = sh[0], n = whole_blocks(t, sh[1]);
         const DType at = gemm_act_type(t);
         const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(at, n);
         std::vector<uint8_t> w = random_weights(t, rows, n, rng), act(act_bytes * T);
@@ -180,7 +186,7 @@ int main(int argc, char** argv) {
   const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                          DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0_R16, DType::Q4_0_R16,
-                         DType::Q4_1_R16};
+                         DType::Q4_1_R16, DType::Q4_K_R16};
   // rows x n: L2-resident, L3-resident (up to 32 MB), and 64 MB worth of rows (DRAM)
   const int shapes[][2] = {{576, 1536}, {4096, 4096}, {0, 4096}};
   std::mt19937 rng(1);

@@ -400,7 +400,8 @@ DotBatchFn avx512_gemm(DType t) {
     case DType::Q5_0: return gemm_legacy<BlockQ5_0, 5, 4, false>;
     case DType::Q5_1: return gemm_legacy<BlockQ5_1, 5, 0, true>;
     case DType::Q8_0: return gemm_legacy<BlockQ8_0, 8, 7, false>;
-    case DType::Q4_0_R16: case DType::Q4_1_R16: case DType::Q8_0_R16: return avx512_r16_gemm(t);
+    case DType::Q4_0_R16: case DType::Q4_1_R16: case DType::Q8_0_R16: case DType::Q4_K_R16:
+      return avx512_r16_gemm(t);
     default: return avx512_gemm_kquant(t);
   }
 }

@@ -12,7 +12,7 @@ namespace ferrum::quant {
 
 namespace {
 
-constexpr int kNumTypes = int(DType::Q8_0_R16) + 1;
+constexpr int kNumTypes = int(kLastType) + 1;
 constexpr const char* kIsaNames[] = {"avx512", "avx2", "scalar"};  // fastest first
 constexpr int kNumIsas = 3;
 

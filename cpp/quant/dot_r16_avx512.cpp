@@ -1,8 +1,9 @@
 // AVX-512 VNNI kernels for the R16 layouts (quant/repack.h): a block of 16 rows loads as
 // vpdpbusd-ready registers and 16-lane scale vectors, so the GEMM (legacy_gemm_avx512.h) reads
 // its tiles in place instead of packing them, and the row kernel is that GEMM at T = 1 (no
-// horizontal sums). Same float order as the GGUF kernels, hence the same results bit for bit.
+// horizontal sums). Same float order as the GGUF GEMMs, hence the same results bit for bit.
 #include "quant/kernels.h"
+#include "quant/kquant_acts.h"
 #include "quant/legacy_gemm_avx512.h"
 #include "quant/repack.h"
 
@@ -34,6 +35,13 @@ using R16Q4_0 = R16<BlockQ4_0, 4, 3, false>;
 using R16Q4_1 = R16<BlockQ4_1, 4, 0, true>;
 using R16Q8_0 = R16<BlockQ8_0, 8, 7, false>;
 
+// The kGemmVecs 16-row groups of the tile at row r0; a tile of one group repeats it (those
+// lanes are never stored).
+inline void tile_groups(const void* w, size_t w_row_bytes, int64_t r0, int64_t tile_rows, const char* group[kGemmVecs]) {
+  for (int v = 0; v < kGemmVecs; ++v)
+    group[v] = static_cast<const char*>(w) + (r0 + (16 * v < tile_rows ? 16 * v : 0)) * int64_t(w_row_bytes);
+}
+
 // Two groups read in place as a GEMM tile (gemm_block's source, see TileSource): the layout is
 // the packed form but for the 4-bit formats' nibble split, done as the quants are used.
 template <class F>
@@ -53,8 +61,7 @@ FERRUM_AVX512 void gemm_r16(int64_t n, const void* w, size_t w_row_bytes, int64_
   prepare_legacy_acts<F::kOffset, F::kMin>(nb, act, act_row_bytes, T, acts);
   gemm_tiles<F::kMin>(w, w_row_bytes, nb, rows, acts, T, out, ldo, [&](int64_t r0, int64_t tile_rows) {
     R16Source<F> src;
-    for (int vec = 0; vec < kGemmVecs; ++vec)  // a tile of one group repeats it (lanes never stored)
-      src.group[vec] = static_cast<const char*>(w) + (r0 + (16 * vec < tile_rows ? 16 * vec : 0)) * w_row_bytes;
+    tile_groups(w, w_row_bytes, r0, tile_rows, src.group);
     return src;
   });
 }
@@ -66,6 +73,146 @@ FERRUM_AVX512 void dot_rows_r16(int64_t n, const void* w, size_t w_row_bytes, in
   gemm_r16<F>(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
 }
 
+
+// ---- Q4_K ----
+//
+// A super-block of 16 rows (16 * 144 bytes): d and dmin as f16 vectors, then dwords k = 0..34
+// of the rows' remaining 140 bytes, one per lane, 64 bytes each: k = 0..2 are the 12 packed
+// scale bytes, k = 3 + 8c + m is dword m of qs[32c..32c + 31], whose low nibbles are group
+// 8s + m of sub-block s = 2c and whose high nibbles are group 8s + m of s = 2c + 1.
+// Per super-block and output, as the GGUF GEMM (gemm_kquant_avx512.cpp) computes it:
+//   isum = sum_s scale_s * sum over sub-block s of q * a               (int32, exact)
+//   acc = fma(float(isum), d * d_a, acc)
+//   acc = fnmadd(float(sum_s min_s * sum_a_s), dmin * d_a, acc)
+
+constexpr int kQ4KChunk = int(kR16Rows * sizeof(BlockQ4_K));
+
+// One super-block's 6-bit scales and mins for the 16 rows of a group, unpacked lane-wise as
+// unpack_k4_scales does per row: scale s as int32 lanes, mins 2k, 2k + 1 as int16 halves
+// (vpdpwssd against the activation's paired sub-block sums).
+struct Q4KScales {
+  __m512i scale[8], min_pair[4];
+};
+
+FERRUM_AVX512_INLINE Q4KScales q4k_scales(const char* chunk) {
+  const __m512i a0 = _mm512_loadu_si512(chunk + 64), a1 = _mm512_loadu_si512(chunk + 128),
+                a2 = _mm512_loadu_si512(chunk + 192);
+  const __m512i six = _mm512_set1_epi8(63), four = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
+  // bytes j of each lane: scale j / scale 4 + j / min j / min 4 + j
+  const __m512i sc_lo = _mm512_and_si512(a0, six);
+  const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(a2, four), _mm512_and_si512(_mm512_srli_epi32(a0, 2), top));
+  const __m512i mn_lo = _mm512_and_si512(a1, six);
+  const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a2, 4), four),
+                                        _mm512_and_si512(_mm512_srli_epi32(a1, 2), top));
+  // vpshufb indices (per 128-bit lane, 4 dwords): byte j of each dword zero-extended to a
+  // dword, and bytes 2p, 2p + 1 to the two words of a dword.
+  const __m512i dword_base = _mm512_set_epi32(12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0);
+  Q4KScales r;
+  for (int j = 0; j < 4; ++j) {
+    const __m512i index = _mm512_add_epi32(dword_base, _mm512_set1_epi32(int(0x80808000u) + j));
+    r.scale[j] = _mm512_shuffle_epi8(sc_lo, index);
+    r.scale[4 + j] = _mm512_shuffle_epi8(sc_hi, index);
+  }
+  for (int p = 0; p < 2; ++p) {
+    const __m512i index = _mm512_add_epi32(_mm512_add_epi32(dword_base, _mm512_slli_epi32(dword_base, 16)),
+                                           _mm512_set1_epi32(int(0x80008000u) + 2 * p + ((2 * p + 1) << 16)));
+    r.min_pair[p] = _mm512_shuffle_epi8(mn_lo, index);
+    r.min_pair[2 + p] = _mm512_shuffle_epi8(mn_hi, index);
+  }
+  return r;
+}
+
+// kActs activation rows from t0 against the tile's two groups.
+template <int kActs>
+FERRUM_AVX512 void gemm_block_q4k(int64_t nb, const char* const group[kGemmVecs], const KActs& acts, int64_t t0,
+                                  float* out, int64_t ldo, int64_t rows, const Prefetch& prefetch) {
+  const __m512i low4 = _mm512_set1_epi8(15);
+  __m512 acc[kActs][kGemmVecs];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nb; ++sb) {
+    const char* chunk[kGemmVecs];
+    Q4KScales sc[kGemmVecs];
+    for (int v = 0; v < kGemmVecs; ++v) {
+      chunk[v] = group[v] + sb * kQ4KChunk;
+      sc[v] = q4k_scales(chunk[v]);
+    }
+    const BlockQ8_K* y[kActs];
+    for (int j = 0; j < kActs; ++j) y[j] = acts.rows[size_t(t0 + j)] + sb;
+    __m512i isum[kActs][kGemmVecs];
+    for (int s = 0; s < 8; ++s) {
+      prefetch.at(8 * sb + s);
+      __m512i sum[kActs][kGemmVecs];
+      for (auto& a : sum)
+        for (auto& v : a) v = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int m = 0; m < 8; ++m) {
+        __m512i q[kGemmVecs];
+        for (int v = 0; v < kGemmVecs; ++v) {
+          const __m512i packed = _mm512_loadu_si512(chunk[v] + 64 * (4 + 8 * (s / 2) + m));
+          q[v] = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(packed, 4) : packed, low4);
+        }
+        for (int j = 0; j < kActs; ++j) {
+          int32_t a4;
+          std::memcpy(&a4, y[j]->qs + 4 * (8 * s + m), 4);
+          const __m512i a = _mm512_set1_epi32(a4);
+          for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
+        }
+      }
+      for (int j = 0; j < kActs; ++j)
+        for (int v = 0; v < kGemmVecs; ++v) {
+          const __m512i scaled = _mm512_mullo_epi32(sum[j][v], sc[v].scale[s]);
+          isum[j][v] = s == 0 ? scaled : _mm512_add_epi32(isum[j][v], scaled);
+        }
+    }
+    for (int v = 0; v < kGemmVecs; ++v) {
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v])));
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v] + 32)));
+      for (int j = 0; j < kActs; ++j) {
+        const int32_t* terms = &acts.terms[size_t(((t0 + j) * nb + sb) * 16)];
+        const __m512 d_a = _mm512_set1_ps(y[j]->d);
+        acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(d, d_a), acc[j][v]);
+        __m512i min_sum = _mm512_setzero_si512();
+        for (int k = 0; k < 4; ++k) min_sum = _mm512_dpwssd_epi32(min_sum, sc[v].min_pair[k], _mm512_set1_epi32(terms[k]));
+        acc[j][v] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum), _mm512_mul_ps(dmin, d_a), acc[j][v]);
+      }
+    }
+  }
+  for (int j = 0; j < kActs; ++j)
+    for (int v = 0; v < kGemmVecs; ++v) {
+      const int64_t left = rows - 16 * v;
+      if (left <= 0) break;
+      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      _mm512_mask_storeu_ps(out + (t0 + j) * ldo + 16 * v, m, acc[j][v]);
+    }
+}
+
+struct Q4KTile {
+  const char* group[kGemmVecs];
+};
+
+FERRUM_AVX512 void gemm_r16_q4k(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+                                size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
+  const int64_t nb = n / kQKK;
+  thread_local KActs acts;
+  prepare_kquant_acts<8, true, 0>(nb, act, act_row_bytes, T, acts);
+  walk_tiles(
+      w, w_row_bytes, 8 * nb, n, rows, T,
+      [&](int64_t r0, int64_t tile_rows) {
+        Q4KTile tile;
+        tile_groups(w, w_row_bytes, r0, tile_rows, tile.group);
+        return tile;
+      },
+      [&](auto acts_per_call, const Q4KTile& tile, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
+        gemm_block_q4k<decltype(acts_per_call)::value>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
+      });
+}
+
+FERRUM_AVX512 void dot_rows_r16_q4k(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+                                    float* out) {
+  gemm_r16_q4k(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
+}
+
 }  // namespace
 
 DotRowsFn avx512_r16_dot_rows(DType t) {
@@ -73,6 +220,7 @@ DotRowsFn avx512_r16_dot_rows(DType t) {
     case DType::Q4_0_R16: return dot_rows_r16<R16Q4_0>;
     case DType::Q4_1_R16: return dot_rows_r16<R16Q4_1>;
     case DType::Q8_0_R16: return dot_rows_r16<R16Q8_0>;
+    case DType::Q4_K_R16: return dot_rows_r16_q4k;
     default: return nullptr;
   }
 }
@@ -82,6 +230,7 @@ DotBatchFn avx512_r16_gemm(DType t) {
     case DType::Q4_0_R16: return gemm_r16<R16Q4_0>;
     case DType::Q4_1_R16: return gemm_r16<R16Q4_1>;
     case DType::Q8_0_R16: return gemm_r16<R16Q8_0>;
+    case DType::Q4_K_R16: return gemm_r16_q4k;
     default: return nullptr;
   }
 }

@@ -23,6 +23,7 @@
 #include "quant/avx512_common.h"
 #include "quant/formats.h"
 #include "quant/kernels.h"
+#include "quant/kquant_acts.h"
 
 namespace ferrum::quant::detail {
 
@@ -39,12 +40,6 @@ struct PackedSuperBlock {
   alignas(64) int32_t scales[16][kRows];        // sub-block scales (8 or 16 used)
   alignas(64) int32_t min_pairs[8][kRows];      // formats with mins: mins 2k, 2k + 1 as int16 halves
   alignas(64) float d[kRows], dmin[kRows];
-};
-
-// Per activation row and super-block: the sub-block terms that need the activation sums.
-struct KActs {
-  std::vector<const BlockQ8_K*> rows;  // [T]
-  std::vector<int32_t> terms;          // [T][nb][16], see prepare_acts
 };
 
 // Packing goes 16 rows (one register's lanes) at a time: each row's bytes are loaded as 16
@@ -218,35 +213,6 @@ FERRUM_AVX512 void prefetch_super_block(const char* w, size_t w_row_bytes, int64
   }
 }
 
-// terms[t][sb][.]: formats with mins: the sub-block sums of a (bsums, summed in pairs for the
-// 32-element sub-blocks) as int16 pairs, sums 2k, 2k + 1 in term k; formats with a zero point:
-// -zero point * bsums[s], where sub-block s's integer sum starts.
-template <class F>
-void prepare_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T, KActs& acts) {
-  acts.rows.resize(size_t(T));
-  acts.terms.resize(size_t(T * nb * 16));
-  for (int64_t t = 0; t < T; ++t) {
-    const BlockQ8_K* y = reinterpret_cast<const BlockQ8_K*>(static_cast<const char*>(act) + t * act_row_bytes);
-    acts.rows[size_t(t)] = y;
-    for (int64_t sb = 0; sb < nb; ++sb) {
-      int32_t* terms = &acts.terms[size_t((t * nb + sb) * 16)];
-      const int16_t* bsums = y[sb].bsums;
-      if constexpr (F::kHasMin) {
-        constexpr int kPer = 16 / F::kSubBlocks;  // bsums per sub-block
-        int sub_sums[16];
-        for (int s = 0; s < F::kSubBlocks; ++s) {
-          sub_sums[s] = 0;
-          for (int k = 0; k < kPer; ++k) sub_sums[s] += bsums[kPer * s + k];
-        }
-        for (int k = 0; k < F::kSubBlocks / 2; ++k)
-          terms[k] = int32_t(uint32_t(uint16_t(sub_sums[2 * k])) | (uint32_t(uint16_t(sub_sums[2 * k + 1])) << 16));
-      } else {
-        for (int s = 0; s < 16; ++s) terms[s] = -F::kZeroPoint * bsums[s];
-      }
-    }
-  }
-}
-
 FERRUM_AVX512 inline __m512i broadcast32(const void* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -312,7 +278,7 @@ FERRUM_AVX512 void gemm_kquant(int64_t n, const void* w, size_t w_row_bytes, int
   thread_local KActs acts;
   thread_local PackedSuperBlock packed;
   thread_local std::vector<float> acc_buffer;
-  prepare_acts<F>(nb, act, act_row_bytes, T, acts);
+  prepare_kquant_acts<F::kSubBlocks, F::kHasMin, F::kZeroPoint>(nb, act, act_row_bytes, T, acts);
   acc_buffer.resize(size_t(T * kRows + 16));
   float* acc = acc_buffer.data();  // [T][kRows], 64-byte aligned
   acc += (64 - reinterpret_cast<uintptr_t>(acc) % 64) % 64 / sizeof(float);

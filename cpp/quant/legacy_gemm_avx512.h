@@ -75,10 +75,10 @@ FERRUM_AVX512_INLINE void prefetch_share(const char* p, int64_t bytes, int64_t i
 // on 2 MiB pages (cpu/weight_arena.h) the hardware prefetchers follow a long Q8_0 group on their
 // own and software prefetches only add to the misses in flight (one thread: 1.1B, 35 KB groups,
 // 21 -> 25 tok/s without them; 0.5B, 15 KB, 43 -> 46), while SmolLM2's 10 KB groups still gain
-// from them (140 -> 155). The 4-bit formats, more work per byte, gain at every size measured
-// (SmolLM2 Q4_1, 6 and 15 KB groups: 170 -> 235 tok/s with them).
-FERRUM_AVX512_INLINE bool row_kernel_prefetches(int64_t row_bytes, int64_t nb) {
-  return row_bytes < 32 * nb || 16 * row_bytes <= 12 * 1024;
+// from them (140 -> 155). The 4-bit formats (under 6 bits a weight), more work per byte, gain at
+// every size measured (SmolLM2 Q4_1, 6 and 15 KB groups: 170 -> 235 tok/s with them).
+FERRUM_AVX512_INLINE bool row_kernel_prefetches(int64_t row_bytes, int64_t n) {
+  return 8 * row_bytes < 6 * n || 16 * row_bytes <= 12 * 1024;
 }
 
 // ---- the int8 GEMM ----
@@ -87,11 +87,52 @@ FERRUM_AVX512_INLINE bool row_kernel_prefetches(int64_t row_bytes, int64_t nb) {
 // layout: for block b and 4-element group g, one register holds elements 4g..4g+3 of 16 rows
 // (GGUF rows are packed into that form per tile, R16 weights are stored in it). An activation
 // row's 4 bytes are broadcast against it, so each weight register serves kGemmActs activation
-// rows and there is no horizontal sum.
+// rows and there is no horizontal sum. The k-quants' GEMMs use the same shape.
 
 constexpr int kGemmVecs = 2;               // 16-row weight registers per tile
 constexpr int kGemmRows = 16 * kGemmVecs;  // weight rows per tile
 constexpr int kGemmActs = 4;               // activation rows per register block
+
+// What a GEMM block call prefetches: share `share` + i of `shares` of [ahead, ahead + bytes) at
+// its step i (a block, or a k-quant's sub-block: a few cache lines each).
+struct Prefetch {
+  const char* ahead;
+  int64_t bytes, share, shares;
+  FERRUM_AVX512_INLINE void at(int64_t b) const { prefetch_share(ahead, bytes, share + b, shares); }
+};
+
+// out[t * ldo + r] for T activation rows against `rows` weight rows of n elements at w, in
+// tiles of kGemmRows rows (the tile walk of the int8 GEMMs): pack(r0, tile_rows) returns the
+// source of rows r0 .. r0 + tile_rows (packed, or read in place), then block(acts_per_call,
+// source, t, r0, tile_rows, prefetch) runs activation rows t .. t + acts_per_call - 1 against it,
+// 4 (kGemmActs), then 2, then 1 at a time, in `steps` prefetch steps. Both layouts keep a tile's rows in
+// one contiguous range, which is prefetched two tiles ahead, spread over the block steps of the
+// tile before: issued all at once, most prefetches would be dropped (more than the outstanding
+// misses a core tracks), and DRAM-resident weights ran at 5-6 GB/s at T = 16.
+template <class PackFn, class BlockFn>
+FERRUM_AVX512 void walk_tiles(const void* w, size_t w_row_bytes, int64_t steps, int64_t n, int64_t rows, int64_t T,
+                              PackFn pack, BlockFn block) {
+  constexpr int kActs = kGemmActs, kTileRows = kGemmRows;
+  const char* base = static_cast<const char*>(w);
+  const int64_t rb = int64_t(w_row_bytes);
+  const int64_t calls = T / kActs + (T % kActs >= 2) + (T % 2);  // block calls per tile
+  const bool prefetch = T > 1 || row_kernel_prefetches(rb, n);
+  if (prefetch) prefetch_share(base, std::min<int64_t>(rows, 2 * kTileRows) * rb, 0, 1);
+  for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+    const int64_t tile_rows = std::min<int64_t>(kTileRows, rows - r0);
+    const char* ahead = base + (r0 + 2 * kTileRows) * rb;
+    const int64_t ahead_bytes = prefetch ? std::clamp<int64_t>(rows - r0 - 2 * kTileRows, 0, kTileRows) * rb : 0;
+    const auto source = pack(r0, tile_rows);
+    int64_t t = 0, call = 0;
+    auto run = [&](auto acts_per_call) {
+      block(acts_per_call, source, t, r0, tile_rows, Prefetch{ahead, ahead_bytes, call++ * steps, calls * steps});
+      t += decltype(acts_per_call)::value;
+    };
+    while (t + kActs <= T) run(std::integral_constant<int, kActs>{});
+    if (t + 2 <= T) run(std::integral_constant<int, 2>{});
+    if (t < T) run(std::integral_constant<int, 1>{});
+  }
+}
 
 struct PackedTile {
   std::vector<__m512i> quants;  // [nb][8 groups][kGemmVecs]
@@ -109,17 +150,15 @@ struct TileSource {
 };
 
 // kActs activation rows from t0 against the kGemmRows weight rows of src (a TileSource or the
-// like: q(), d(), and m() for the min formats). Prefetches share `share` + b of `shares` of
-// [ahead, ahead + ahead_bytes) at block b.
+// like: q(), d(), and m() for the min formats).
 template <bool kHasMin, int kActs, class Source>
 FERRUM_AVX512 void gemm_block(int64_t nb, const Source& src, const LegacyActs& acts, int64_t t0,
-                              float* out, int64_t ldo, int64_t rows, const char* ahead, int64_t ahead_bytes,
-                              int64_t share, int64_t shares) {
+                              float* out, int64_t ldo, int64_t rows, const Prefetch& prefetch) {
   __m512 acc[kActs][kGemmVecs];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    prefetch_share(ahead, ahead_bytes, share + b, shares);
+    prefetch.at(b);
     __m512i sum[kActs][kGemmVecs];
     for (int j = 0; j < kActs; ++j)
       for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(acts.offsets[size_t((t0 + j) * nb + b)]);
@@ -150,35 +189,15 @@ FERRUM_AVX512 void gemm_block(int64_t nb, const Source& src, const LegacyActs& a
     }
 }
 
-// out[t * ldo + r] for T activation rows against `rows` weight rows at w: pack(r0, tile_rows)
-// returns the source (TileSource or the like) of rows r0 .. r0 + tile_rows (tile_rows <=
-// kGemmRows), then every activation row is run against it, kGemmActs at a time. Both layouts
-// keep a tile's rows in one contiguous range, which is prefetched two tiles ahead, spread over
-// the block steps of the tile before: issued all at once, most prefetches would be dropped (more than the outstanding
-// misses a core tracks), and DRAM-resident weights ran at 5-6 GB/s at T = 16.
+// The legacy formats' GEMM over T activation rows (walk_tiles with gemm_block); pack(r0,
+// tile_rows) gives a TileSource or the like.
 template <bool kHasMin, class PackFn>
 FERRUM_AVX512 void gemm_tiles(const void* w, size_t w_row_bytes, int64_t nb, int64_t rows, const LegacyActs& acts,
                               int64_t T, float* out, int64_t ldo, PackFn pack) {
-  const char* base = static_cast<const char*>(w);
-  const int64_t rb = int64_t(w_row_bytes);
-  const int64_t calls = T / kGemmActs + (T % kGemmActs >= 2) + (T % 2);  // gemm_block calls per tile
-  const bool prefetch = T > 1 || row_kernel_prefetches(rb, nb);
-  if (prefetch) prefetch_share(base, std::min<int64_t>(rows, 2 * kGemmRows) * rb, 0, 1);
-  for (int64_t r0 = 0; r0 < rows; r0 += kGemmRows) {
-    const int64_t tile_rows = std::min<int64_t>(kGemmRows, rows - r0);
-    const char* ahead = base + (r0 + 2 * kGemmRows) * rb;
-    const int64_t ahead_bytes = prefetch ? std::clamp<int64_t>(rows - r0 - 2 * kGemmRows, 0, kGemmRows) * rb : 0;
-    const auto source = pack(r0, tile_rows);
-    int64_t t = 0, call = 0;
-    auto run = [&](auto acts_per_call) {
-      constexpr int kActs = decltype(acts_per_call)::value;
-      gemm_block<kHasMin, kActs>(nb, source, acts, t, out + r0, ldo, tile_rows, ahead, ahead_bytes, call++ * nb, calls * nb);
-      t += kActs;
-    };
-    while (t + kGemmActs <= T) run(std::integral_constant<int, kGemmActs>{});
-    if (t + 2 <= T) run(std::integral_constant<int, 2>{});
-    if (t < T) run(std::integral_constant<int, 1>{});
-  }
+  walk_tiles(w, w_row_bytes, nb, nb * kQK, rows, T, pack,
+                        [&](auto acts_per_call, const auto& source, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
+                          gemm_block<kHasMin, decltype(acts_per_call)::value>(nb, source, acts, t, out + r0, ldo, tile_rows, pf);
+                        });
 }
 
 }  // namespace ferrum::quant::detail

@@ -23,6 +23,7 @@ BlockShape block_shape(DType file_type) {
     case DType::Q4_0: return {1, int(sizeof(BlockQ4_0)), 0};
     case DType::Q4_1: return {2, int(sizeof(BlockQ4_1)), 0};
     case DType::Q8_0: return {1, int(sizeof(BlockQ8_0)), 0x80808080u};
+    case DType::Q4_K: return {2, int(sizeof(BlockQ4_K)), 0};  // d, dmin; scales and qs as quant bytes
     default: throw ValueError(std::string("no R16 layout for dtype ") + dtype_name(file_type));
   }
 }
@@ -48,25 +49,28 @@ DType r16_type(DType t) {
     case DType::Q4_0: return DType::Q4_0_R16;
     case DType::Q4_1: return DType::Q4_1_R16;
     case DType::Q8_0: return DType::Q8_0_R16;
+    case DType::Q4_K: return DType::Q4_K_R16;
     default: return t;
   }
 }
 
-bool is_r16(DType t) { return t == DType::Q4_0_R16 || t == DType::Q4_1_R16 || t == DType::Q8_0_R16; }
+bool is_r16(DType t) { return r16_source(t) != t; }
 
 DType r16_source(DType t) {
   switch (t) {
     case DType::Q4_0_R16: return DType::Q4_0;
     case DType::Q4_1_R16: return DType::Q4_1;
     case DType::Q8_0_R16: return DType::Q8_0;
+    case DType::Q4_K_R16: return DType::Q4_K;
     default: return t;
   }
 }
 
 void repack_r16(DType t, const void* src, void* dst, int64_t rows, int64_t n) {
   const BlockShape s = block_shape(t);
-  FERRUM_CHECK(rows % kR16Rows == 0 && n % kQK == 0, "repack_r16: rows must be a multiple of 16");
-  const int64_t nb = n / kQK, row_bytes = nb * s.block_bytes;
+  const int64_t block_elems = dtype_info(t).block_elems;
+  FERRUM_CHECK(rows % kR16Rows == 0 && n % block_elems == 0, "repack_r16: rows must be a multiple of 16");
+  const int64_t nb = n / block_elems, row_bytes = nb * s.block_bytes;
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = static_cast<const uint8_t*>(src) + r * row_bytes;
     uint8_t* group = static_cast<uint8_t*>(dst) + (r - r % kR16Rows) * row_bytes;
@@ -77,7 +81,7 @@ void repack_r16(DType t, const void* src, void* dst, int64_t rows, int64_t n) {
 
 void unpack_r16_row(DType t, const void* w, int64_t r, int64_t n, void* dst) {
   const BlockShape s = block_shape(r16_source(t));
-  const int64_t nb = n / kQK, row_bytes = nb * s.block_bytes;
+  const int64_t nb = n / dtype_info(t).block_elems, row_bytes = nb * s.block_bytes;
   const uint8_t* group = static_cast<const uint8_t*>(w) + (r - r % kR16Rows) * row_bytes;
   for (int64_t b = 0; b < nb; ++b)
     move_block(s, int(r % kR16Rows), group + b * kR16Rows * s.block_bytes,

@@ -1,4 +1,4 @@
-// The CPU backend's row-interleaved layouts (DType *_R16) of Q4_0, Q4_1 and Q8_0 weights.
+// The CPU backend's row-interleaved layouts (DType *_R16) of Q4_0, Q4_1, Q8_0 and Q4_K weights.
 //
 // Batched decode and prefill dot 16 weight rows at once, one per 32-bit lane, so they need each
 // block's quants as "bytes 4k..4k+3 of 16 rows" registers and its scales as 16-lane vectors.
@@ -7,13 +7,14 @@
 //
 //   rows in groups of 16; group g starts at row 16g (row stride as in the file format), and
 //   holds block b of its 16 rows together, for b = 0 .. nb - 1, in 16 * block_bytes bytes:
-//     the f16 fields: d of rows 0..15 (32 bytes), then m of rows 0..15 for Q4_1 (32 bytes);
-//     the quant bytes: for k = 0 .. qs_bytes / 4 - 1, bytes 4k..4k+3 of the 16 rows' qs (64 bytes).
+//     the f16 fields: d of rows 0..15 (32 bytes), then m (Q4_1) / dmin (Q4_K) of rows 0..15;
+//     the other bytes: for k = 0, 1, ..., bytes 4k..4k+3 of the 16 rows' rest of the block
+//     (64 bytes each): the qs; for Q4_K its 12 packed scale bytes (k = 0..2), then its qs.
 //   Q8_0's quants are stored + 128 (unsigned, as vpdpbusd takes them).
 //
-// Every byte of a block keeps its meaning, so sizes, row strides (at group starts) and the
-// numerics are those of the file format: the R16 kernels' results equal the GGUF kernels' bit
-// for bit.
+// Every byte of a block keeps its meaning, so sizes and row strides (at group starts) are those
+// of the file format. The legacy types' R16 kernels give their GGUF row kernels' results bit for
+// bit; Q4_K's give its GGUF GEMM's (whose float order its row kernel does not share).
 #pragma once
 #include <cstdint>
 
@@ -23,7 +24,7 @@ namespace ferrum::quant {
 
 constexpr int64_t kR16Rows = 16;
 
-// The R16 form of a file type (Q4_0, Q4_1, Q8_0), or t itself when it has none.
+// The R16 form of a file type (Q4_0, Q4_1, Q8_0, Q4_K), or t itself when it has none.
 DType r16_type(DType t);
 bool is_r16(DType t);
 // The file type an R16 type interleaves; t itself for the others.

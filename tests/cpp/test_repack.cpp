@@ -1,5 +1,5 @@
-// The R16 layouts (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q8_0 rows whose
-// kernels give the GGUF kernels' results bit for bit.
+// The R16 layouts (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q8_0 / Q4_K rows
+// whose kernels give the GGUF kernels' results bit for bit (Q4_K: its GGUF GEMM's).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -13,7 +13,9 @@
 namespace ferrum::quant {
 namespace {
 
-const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0};
+const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K};
+
+int64_t block_elems(DType t) { return dtype_info(t).block_elems; }
 
 // rows x n weights of file type t from varied random floats.
 std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t n, std::mt19937& rng) {
@@ -21,7 +23,7 @@ std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t n, std::mt199
   std::vector<uint8_t> w(dtype_bytes(t, n) * size_t(rows));
   std::vector<float> x(static_cast<size_t>(n));
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < n; ++i) x[size_t(i)] = (i % 32 == 0 ? 4.0f : 1.0f) * u(rng) + 0.2f * float(r % 3);
+    for (int64_t i = 0; i < n; ++i) x[size_t(i)] = (i % 32 == 0 ? 4.0f : 1.0f) * u(rng) + 0.2f * float(r % 3) + 0.1f * float(i % 64 / 32);
     quantize_row(t, x.data(), w.data() + r * dtype_bytes(t, n), n);
   }
   return w;
@@ -30,7 +32,7 @@ std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t n, std::mt199
 TEST(Repack, RoundTripsEveryRowAndDequantizesAsTheFileType) {
   std::mt19937 rng(5);
   for (DType t : kFileTypes) {
-    const int64_t rows = 48, n = 96;
+    const int64_t rows = 48, n = 3 * block_elems(t);
     const size_t row_bytes = dtype_bytes(t, n);
     const DType r16 = r16_type(t);
     ASSERT_NE(r16, t);
@@ -58,12 +60,13 @@ TEST(Repack, RoundTripsEveryRowAndDequantizesAsTheFileType) {
   }
   std::vector<uint8_t> w(dtype_bytes(DType::Q4_0, 32) * 8), out(w.size());
   EXPECT_THROW(repack_r16(DType::Q4_0, w.data(), out.data(), 8, 32), ValueError);  // not 16 rows
-  EXPECT_THROW(repack_r16(DType::Q4_K, w.data(), out.data(), 16, 256), ValueError);
-  EXPECT_EQ(r16_type(DType::Q4_K), DType::Q4_K);
+  EXPECT_THROW(repack_r16(DType::Q6_K, w.data(), out.data(), 16, 256), ValueError);
+  EXPECT_EQ(r16_type(DType::Q6_K), DType::Q6_K);
 }
 
 // The R16 row kernel from any group start and the R16 GEMM / batched kernel at every T equal
-// the file type's row kernel bit for bit.
+// the file type's row kernel bit for bit (Q4_K: its GEMM, which has another float order than its
+// row kernel).
 TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
   const CpuFeatures& f = cpu_features();
   const bool vnni = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni;
@@ -71,10 +74,12 @@ TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
   if (!vnni) return;  // without the kernels the CPU backend never repacks
   std::mt19937 rng(9);
   for (DType t : kFileTypes) {
-    for (int64_t n : {32, 96, 576}) {
+    for (int64_t blocks : {1, 3, 18}) {
+      const int64_t n = blocks * block_elems(t);
       SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n));
       const int64_t rows = 48, T = 37;
-      const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(DType::Q8_0, n);
+      const DType act_type = dot_kernel(t).act_type;
+      const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(act_type, n);
       const std::vector<uint8_t> w = random_weights(t, rows, n, rng);
       std::vector<uint8_t> packed(w.size()), act(act_bytes * T);
       repack_r16(t, w.data(), packed.data(), rows, n);
@@ -82,12 +87,15 @@ TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
       std::vector<float> a(static_cast<size_t>(n));
       for (int64_t i = 0; i < T; ++i) {
         for (float& v : a) v = u(rng);
-        quantize_row(DType::Q8_0, a.data(), act.data() + i * act_bytes, n);
+        quantize_row(act_type, a.data(), act.data() + i * act_bytes, n);
       }
       const DType r16 = r16_type(t);
-      EXPECT_EQ(dot_kernel(r16).act_type, DType::Q8_0);
+      EXPECT_EQ(dot_kernel(r16).act_type, act_type);
       std::vector<float> want(size_t(T * rows));
-      for (int64_t i = 0; i < T; ++i) dot_kernel(t).dot_rows(n, w.data(), row_bytes, rows, act.data() + i * act_bytes, want.data() + i * rows);
+      if (t == DType::Q4_K)
+        gemm_kernel(t)(n, w.data(), row_bytes, rows, act.data(), act_bytes, T, want.data(), rows);
+      else
+        for (int64_t i = 0; i < T; ++i) dot_kernel(t).dot_rows(n, w.data(), row_bytes, rows, act.data() + i * act_bytes, want.data() + i * rows);
       for (int64_t i = 0; i < T; ++i) {
         std::vector<float> got(size_t(rows), -7.0f);
         dot_kernel(r16).dot_rows(n, packed.data(), row_bytes, rows, act.data() + i * act_bytes, got.data());
