@@ -8,6 +8,7 @@
 
 #include "quant/kernels.h"
 #include "quant/legacy_gemm_avx512.h"
+#include "quant/repack.h"
 
 namespace ferrum::quant::detail {
 
@@ -400,9 +401,7 @@ DotBatchFn avx512_gemm(DType t) {
     case DType::Q5_0: return gemm_legacy<BlockQ5_0, 5, 4, false>;
     case DType::Q5_1: return gemm_legacy<BlockQ5_1, 5, 0, true>;
     case DType::Q8_0: return gemm_legacy<BlockQ8_0, 8, 7, false>;
-    case DType::Q4_0_R16: case DType::Q4_1_R16: case DType::Q8_0_R16: case DType::Q4_K_R16:
-      return avx512_r16_gemm(t);
-    default: return avx512_gemm_kquant(t);
+    default: return is_r16(t) ? avx512_r16_gemm(t) : avx512_gemm_kquant(t);
   }
 }
 

@@ -18,21 +18,38 @@ struct R16 {
   static constexpr int kHeader = kHasMin ? 64 : 32;               // the f16 fields
   static constexpr int kOffset = kOffsetShift;
   static constexpr bool kMin = kHasMin;
+  // From this many activation rows the GEMM unpacks a tile once (unpack_tile) rather than at
+  // every use. Pays for the 5-bit formats' bit gathering only (Q5_0, one thread, in place ->
+  // unpacked once: T = 8 119 -> 111 GMAC/s, T = 16 120 -> 134, T = 64 120 -> 161); for the
+  // 4-bit ones in place is as fast or faster up to T = 64.
+  static constexpr int64_t kUnpackOnceFrom = kBits == 5 ? 16 : INT64_MAX;
 
   // Field f (0: d, 1: m) of block `chunk` in the 16 rows, one per lane.
   FERRUM_AVX512_INLINE static __m512 scales(const char* chunk, int f) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * f)));
   }
   // Elements 4g..4g+3 of block `chunk` in the 16 rows, unsigned. 4-bit: bytes 4j..4j+3 of the
-  // qs hold group j in their low nibbles and group 4 + j in the high ones.
+  // qs hold group j in their low nibbles and group 4 + j in the high ones. 5-bit: the qs come
+  // after the qh dword, and element e's fifth bit is bit e of qh.
   FERRUM_AVX512_INLINE static __m512i quant_group(const char* chunk, int g) {
     if constexpr (kBits == 8) return _mm512_loadu_si512(chunk + kHeader + 64 * g);
-    const __m512i v = _mm512_loadu_si512(chunk + kHeader + 64 * (g % 4));
-    return _mm512_and_si512(g < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(15));
+    constexpr int kQs = kHeader + (kBits == 5 ? 64 : 0);
+    const __m512i v = _mm512_loadu_si512(chunk + kQs + 64 * (g % 4));
+    const __m512i low = _mm512_and_si512(g < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(15));
+    if constexpr (kBits == 4) return low;
+    // Byte g / 2 of each lane's qh copied to its 4 bytes; byte i then tests bit 4 (g % 2) + i.
+    const __m512i qh = _mm512_loadu_si512(chunk + kHeader);
+    const __m512i spread = _mm512_shuffle_epi8(qh, _mm512_add_epi32(_mm512_set1_epi32(0x01010101 * (g / 2)),
+                                                                    _mm512_set_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0, 0x0c0c0c0c, 0x08080808, 0x04040404, 0,
+                                                                                     0x0c0c0c0c, 0x08080808, 0x04040404, 0, 0x0c0c0c0c, 0x08080808, 0x04040404, 0)));
+    const __mmask64 fifth = _mm512_test_epi8_mask(spread, _mm512_set1_epi32(0x08040201 << (4 * (g % 2))));
+    return _mm512_mask_add_epi8(low, fifth, low, _mm512_set1_epi8(16));
   }
 };
 using R16Q4_0 = R16<BlockQ4_0, 4, 3, false>;
 using R16Q4_1 = R16<BlockQ4_1, 4, 0, true>;
+using R16Q5_0 = R16<BlockQ5_0, 5, 4, false>;
+using R16Q5_1 = R16<BlockQ5_1, 5, 0, true>;
 using R16Q8_0 = R16<BlockQ8_0, 8, 7, false>;
 
 // The kGemmVecs 16-row groups of the tile at row r0; a tile of one group repeats it (those
@@ -43,7 +60,7 @@ inline void tile_groups(const void* w, size_t w_row_bytes, int64_t r0, int64_t t
 }
 
 // Two groups read in place as a GEMM tile (gemm_block's source, see TileSource): the layout is
-// the packed form but for the 4-bit formats' nibble split, done as the quants are used.
+// the packed form but for the 4- and 5-bit formats' unpacking, done as the quants are used.
 template <class F>
 struct R16Source {
   const char* group[kGemmVecs];
@@ -52,18 +69,40 @@ struct R16Source {
   FERRUM_AVX512_INLINE __m512 m(int64_t b, int v) const { return F::scales(group[v] + b * F::kChunk, 1); }
 };
 
+// The tile of src in the packed form, its quants unpacked.
+template <class F>
+FERRUM_AVX512 void unpack_tile(const R16Source<F>& src, int64_t nb, PackedTile& tile) {
+  tile.quants.resize(size_t(nb * 8 * kGemmVecs));
+  tile.scales.resize(size_t(nb * kGemmRows));
+  if (F::kMin) tile.mins.resize(size_t(nb * kGemmRows));
+  for (int64_t b = 0; b < nb; ++b)
+    for (int v = 0; v < kGemmVecs; ++v) {
+      for (int g = 0; g < 8; ++g) tile.quants[size_t((b * 8 + g) * kGemmVecs + v)] = src.q(b, g, v);
+      _mm512_storeu_ps(&tile.scales[size_t(b * kGemmRows + 16 * v)], src.d(b, v));
+      if constexpr (F::kMin) _mm512_storeu_ps(&tile.mins[size_t(b * kGemmRows + 16 * v)], src.m(b, v));
+    }
+}
+
 // The GEMM (and batched decode from 2 rows).
 template <class F>
 FERRUM_AVX512 void gemm_r16(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                             size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
   const int64_t nb = n / kQK;
   thread_local LegacyActs acts;
+  thread_local PackedTile tile;
   prepare_legacy_acts<F::kOffset, F::kMin>(nb, act, act_row_bytes, T, acts);
-  gemm_tiles<F::kMin>(w, w_row_bytes, nb, rows, acts, T, out, ldo, [&](int64_t r0, int64_t tile_rows) {
+  const auto in_place = [&](int64_t r0, int64_t tile_rows) {
     R16Source<F> src;
     tile_groups(w, w_row_bytes, r0, tile_rows, src.group);
     return src;
-  });
+  };
+  if (T < F::kUnpackOnceFrom)
+    gemm_tiles<F::kMin>(w, w_row_bytes, nb, rows, acts, T, out, ldo, in_place);
+  else
+    gemm_tiles<F::kMin>(w, w_row_bytes, nb, rows, acts, T, out, ldo, [&](int64_t r0, int64_t tile_rows) {
+      unpack_tile(in_place(r0, tile_rows), nb, tile);
+      return TileSource{tile};
+    });
 }
 
 // One activation row: the GEMM at T = 1.
@@ -219,6 +258,8 @@ DotRowsFn avx512_r16_dot_rows(DType t) {
   switch (t) {
     case DType::Q4_0_R16: return dot_rows_r16<R16Q4_0>;
     case DType::Q4_1_R16: return dot_rows_r16<R16Q4_1>;
+    case DType::Q5_0_R16: return dot_rows_r16<R16Q5_0>;
+    case DType::Q5_1_R16: return dot_rows_r16<R16Q5_1>;
     case DType::Q8_0_R16: return dot_rows_r16<R16Q8_0>;
     case DType::Q4_K_R16: return dot_rows_r16_q4k;
     default: return nullptr;
@@ -229,6 +270,8 @@ DotBatchFn avx512_r16_gemm(DType t) {
   switch (t) {
     case DType::Q4_0_R16: return gemm_r16<R16Q4_0>;
     case DType::Q4_1_R16: return gemm_r16<R16Q4_1>;
+    case DType::Q5_0_R16: return gemm_r16<R16Q5_0>;
+    case DType::Q5_1_R16: return gemm_r16<R16Q5_1>;
     case DType::Q8_0_R16: return gemm_r16<R16Q8_0>;
     case DType::Q4_K_R16: return gemm_r16_q4k;
     default: return nullptr;

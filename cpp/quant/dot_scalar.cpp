@@ -180,7 +180,7 @@ DType dot_act_type(DType weight_type) {
     // Q4_1 / Q5_1 use Q8_0 too: the activation sum their min term needs is summed exactly from
     // the int8 quants instead of Q8_1's f16-rounded d * sum.
     case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0:
-    case DType::Q4_0_R16: case DType::Q4_1_R16: case DType::Q8_0_R16:
+    case DType::Q4_0_R16: case DType::Q4_1_R16: case DType::Q5_0_R16: case DType::Q5_1_R16: case DType::Q8_0_R16:
       return DType::Q8_0;
     case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
     case DType::Q4_K_R16:

@@ -22,6 +22,8 @@ BlockShape block_shape(DType file_type) {
   switch (file_type) {
     case DType::Q4_0: return {1, int(sizeof(BlockQ4_0)), 0};
     case DType::Q4_1: return {2, int(sizeof(BlockQ4_1)), 0};
+    case DType::Q5_0: return {1, int(sizeof(BlockQ5_0)), 0};  // qh, then qs, as quant bytes
+    case DType::Q5_1: return {2, int(sizeof(BlockQ5_1)), 0};
     case DType::Q8_0: return {1, int(sizeof(BlockQ8_0)), 0x80808080u};
     case DType::Q4_K: return {2, int(sizeof(BlockQ4_K)), 0};  // d, dmin; scales and qs as quant bytes
     default: throw ValueError(std::string("no R16 layout for dtype ") + dtype_name(file_type));
@@ -48,6 +50,8 @@ DType r16_type(DType t) {
   switch (t) {
     case DType::Q4_0: return DType::Q4_0_R16;
     case DType::Q4_1: return DType::Q4_1_R16;
+    case DType::Q5_0: return DType::Q5_0_R16;
+    case DType::Q5_1: return DType::Q5_1_R16;
     case DType::Q8_0: return DType::Q8_0_R16;
     case DType::Q4_K: return DType::Q4_K_R16;
     default: return t;
@@ -60,6 +64,8 @@ DType r16_source(DType t) {
   switch (t) {
     case DType::Q4_0_R16: return DType::Q4_0;
     case DType::Q4_1_R16: return DType::Q4_1;
+    case DType::Q5_0_R16: return DType::Q5_0;
+    case DType::Q5_1_R16: return DType::Q5_1;
     case DType::Q8_0_R16: return DType::Q8_0;
     case DType::Q4_K_R16: return DType::Q4_K;
     default: return t;

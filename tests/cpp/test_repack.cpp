@@ -1,4 +1,4 @@
-// The R16 layouts (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q8_0 / Q4_K rows
+// The R16 layouts (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K rows
 // whose kernels give the GGUF kernels' results bit for bit (Q4_K: its GGUF GEMM's).
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 namespace ferrum::quant {
 namespace {
 
-const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K};
+const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K};
 
 int64_t block_elems(DType t) { return dtype_info(t).block_elems; }
 
