@@ -36,11 +36,13 @@ def text_tokens(tokenize):
         return tokenize(f.read())
 
 
-def prompt_windows(ids, count, length, stride=97):
-    """`count` distinct windows of `length` tokens (different first blocks: no prefix sharing)."""
-    need = (count - 1) * stride + length
+def prompt_windows(ids, count, length, offset=0, stride=97):
+    """`count` distinct windows of `length` tokens from `offset` (different first blocks: no
+    prefix sharing). Offsets that differ by other than a multiple of the stride (97, a prime)
+    never give the same window."""
+    need = offset + (count - 1) * stride + length
     assert len(ids) >= need, f"the text has {len(ids)} tokens, {need} needed"
-    return [ids[i * stride:i * stride + length] for i in range(count)]
+    return [ids[offset + i * stride:offset + i * stride + length] for i in range(count)]
 
 
 # ---- ferrum worker (runs in a fresh process) ----
@@ -52,8 +54,10 @@ def ferrum_worker(a):
     ids = text_tokens(llm.tokenizer.encode)
     greedy = ferrum.SamplingParams(max_tokens=a.n, temperature=0, ignore_eos=True)
     result = {"throughput": {}, "decode": {}}
-    for c in a.concurrency:
-        prompts = prompt_windows(ids, c, a.p)
+    for level, c in enumerate(a.concurrency):
+        # Each level its own windows: with the same ones, a level would find the previous
+        # levels' prompts in the prefix cache (c = 16: half its prompts) and skip their prefill.
+        prompts = prompt_windows(ids, c, a.p, offset=13 * level)
         # Warm-up with the same shapes (records the replayed streams), then the timed run.
         llm.generate(prompt_token_ids=prompt_windows(ids[4000:], c, a.p),
                      sampling_params=ferrum.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
@@ -66,6 +70,7 @@ def ferrum_worker(a):
 def timed_generate(llm, prompts, params, expected):
     """Runs the prompts together through the incremental API (what generate() does); returns
     (generated tokens/s from submission to the last token, tokens/s after every request's first)."""
+    hits_before = llm.stats()["prefix_hit_tokens"]
     t0 = time.perf_counter()
     for p in prompts:
         llm.add_request(p, params)
@@ -81,6 +86,7 @@ def timed_generate(llm, prompts, params, expected):
             decoding_since, generated_then = time.perf_counter(), generated
     t1 = time.perf_counter()
     assert generated == expected
+    assert llm.stats()["prefix_hit_tokens"] == hits_before, "a timed prompt hit the prefix cache"
     return generated / (t1 - t0), (generated - generated_then) / (t1 - decoding_since)
 
 

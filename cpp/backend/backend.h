@@ -99,7 +99,7 @@ class Backend {
   virtual std::unique_ptr<Stream> new_stream() = 0;
   // A 2-D weight that only linear and embedding will read, where and in the layout those run
   // fastest here: possibly a copy (the CPU's weight arena), possibly in a dtype of the backend's
-  // own (the CPU's R16 types) with the same values, sizes and results; else w itself. A copy
+  // own (the CPU's R16 types) with the same values and sizes; else w itself. A copy
   // tells `consumed` (if set) of each range of w it has finished reading, so a loader can drop
   // those file pages as it goes: memory never holds both whole copies of a large weight.
   using Consumed = std::function<void(const void* begin, size_t bytes)>;

@@ -1,6 +1,7 @@
 // Internal: the legacy formats' (Q4_0 .. Q8_0) int8 kernels against Q8_0 activations that the
 // GGUF-layout kernels (dot_avx512.cpp) and the R16-layout ones (dot_r16_avx512.cpp) share: the
-// activation preparation, the one float order, and the GEMM over 32-row tiles.
+// activation preparation, the one float order, and the GEMM over 32-row tiles (whose tile walk,
+// walk_tiles, Q4_K's R16 GEMM uses too).
 #pragma once
 #include <algorithm>
 #include <cstring>
