@@ -2,17 +2,19 @@
 // type and ISA variant this CPU supports; then the batched kernels (a batch of decodes) in
 // multiply-adds per second; then the prefill GEMM against dequantize + sgemm. Not a test; build
 // with -DFERRUM_BENCH=ON.
-// usage: quant_dot_bench [batch|gemm]   (only the batched kernels / only the GEMM)
+// usage: quant_dot_bench [batch|gemm|prefill|stream]   (only the batched kernels / the GEMM / ...)
 #include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "backend/cpu/weight_arena.h"
 #include "core/cpu_features.h"
 #include "quant/quant.h"
 #include "quant/repack.h"
@@ -48,7 +50,7 @@ int whole_blocks(DType t, int n) {
 // Batched kernels at T activation rows: GMAC/s over the weight matrix (rows x n), best of 5.
 void bench_batch() {
   const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                         DType::Q8_0_R16, DType::Q4_0_R16, DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16};
+                         DType::Q8_0_R16, DType::Q4_0_R16, DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16};
   // rows x n: L2-resident, and the tied lm_head of SmolLM2 (L3-resident, 3 MB of outputs at T = 16)
   const int shapes[][2] = {{576, 1536}, {1536, 576}, {49152, 576}};
   const int batch_rows[] = {2, 4, 8, 16, 32, 64};
@@ -91,6 +93,59 @@ double thread_seconds() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// A batch of decodes through a whole SmolLM2-135M's weights (30 layers' qkv, o, gate_up and
+// down, then the tied lm_head: 93 MB of Q4_1_R16, streamed from DRAM every step as in the engine)
+// against the same kernel calls repeated on the first layer only (its 3.5 MB stay in L2 / L3):
+// one thread, GMAC/s (and GB/s of weights), best of 3 steps.
+void bench_stream() {
+  const DType t = DType::Q4_1_R16;
+  const int layer[][2] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};  // rows, n
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  struct Matrix { int rows, n; const uint8_t* w; };
+  WeightArena arena;  // as the CPU backend keeps weights: 2 MiB pages, in load order
+  std::vector<WeightArena::Block> blocks;
+  std::vector<Matrix> model;
+  auto add = [&](int rows, int n) {
+    const std::vector<uint8_t> w = random_weights(t, rows, n, rng);
+    blocks.push_back(arena.allocate(w.size()));
+    std::memcpy(blocks.back().data, w.data(), w.size());
+    model.push_back({rows, n, static_cast<const uint8_t*>(blocks.back().data)});
+  };
+  for (int l = 0; l < 30; ++l)
+    for (auto& sh : layer) add(sh[0], sh[1]);
+  add(49152, 576);
+  std::printf("decode steps through SmolLM2-135M's Q4_1_R16 weights, one thread (GMAC/s)\n   T   streamed   layer 0 repeated\n");
+  for (int T : {1, 4, 16, 32}) {
+    std::vector<uint8_t> act(dtype_bytes(DType::Q8_0, 1536) * T);
+    std::vector<float> x(1536), out(size_t(T) * 49152);
+    for (int r = 0; r < T; ++r) {
+      for (float& v : x) v = u(rng);
+      quantize_row(DType::Q8_0, x.data(), act.data() + r * dtype_bytes(DType::Q8_0, 1536), 1536);
+    }
+    double rate[2];
+    for (int hot = 0; hot < 2; ++hot) {
+      double best = 1e30, macs = 0;
+      for (int rep = 0; rep < 3; ++rep) {
+        macs = 0;
+        const double t0 = thread_seconds();
+        for (size_t i = 0; i < model.size(); ++i) {
+          const Matrix& m = hot ? model[i % 4] : model[i];
+          const size_t ab = dtype_bytes(DType::Q8_0, m.n);
+          if (T == 1)
+            dot_kernel(t).dot_rows(m.n, m.w, dtype_bytes(t, m.n), m.rows, act.data(), out.data());
+          else
+            dot_batch_kernel(t)(m.n, m.w, dtype_bytes(t, m.n), m.rows, act.data(), ab, T, out.data(), m.rows);
+          macs += double(m.rows) * m.n * T;
+        }
+        best = std::min(best, thread_seconds() - t0);
+      }
+      rate[hot] = macs / best / 1e9;
+    }
+    std::printf("%4d   %8.1f   %8.1f      (%.1f GB/s streamed)\n", T, rate[0], rate[1], rate[0] / T * 20 / 32);
+  }
 }
 
 // Prefill at T = 128 activation rows against a 5632 x 2048 weight (TinyLlama's FFN up shape), one
@@ -179,6 +234,10 @@ int main(int argc, char** argv) {
     bench_prefill();
     return 0;
   }
+  if (mode == "stream") {
+    bench_stream();
+    return 0;
+  }
   if (mode == "batch" || mode == "gemm") {
     mode == "batch" ? bench_batch() : bench_gemm();
     return 0;
@@ -186,7 +245,7 @@ int main(int argc, char** argv) {
   const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                          DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0_R16, DType::Q4_0_R16,
-                         DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16};
+                         DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16};
   // rows x n: L2-resident, L3-resident (up to 32 MB), and 64 MB worth of rows (DRAM)
   const int shapes[][2] = {{576, 1536}, {4096, 4096}, {0, 4096}};
   std::mt19937 rng(1);

@@ -2,6 +2,8 @@
 // vpdpbusd-ready registers and 16-lane scale vectors, so the GEMM (legacy_gemm_avx512.h) reads
 // its tiles in place instead of packing them, and the row kernel is that GEMM at T = 1 (no
 // horizontal sums). Same float order as the GGUF GEMMs, hence the same results bit for bit.
+#include <type_traits>
+
 #include "quant/kernels.h"
 #include "quant/kquant_acts.h"
 #include "quant/legacy_gemm_avx512.h"
@@ -113,27 +115,35 @@ FERRUM_AVX512 void dot_rows_r16(int64_t n, const void* w, size_t w_row_bytes, in
 }
 
 
-// ---- Q4_K ----
+// ---- Q4_K and Q5_K ----
 //
-// A super-block of 16 rows (16 * 144 bytes): d and dmin as f16 vectors, then dwords k = 0..34
-// of the rows' remaining 140 bytes, one per lane, 64 bytes each: k = 0..2 are the 12 packed
-// scale bytes, k = 3 + 8c + m is dword m of qs[32c..32c + 31], whose low nibbles are group
-// 8s + m of sub-block s = 2c and whose high nibbles are group 8s + m of s = 2c + 1.
+// A super-block of 16 rows (16 * 144 or 176 bytes): d and dmin as f16 vectors, then dwords
+// k = 0, 1, ... of the rows' remaining bytes, one per lane, 64 bytes each: k = 0..2 are the 12
+// packed scale bytes; Q5_K's qh follows (k = 3..10); then dword m of qs[32c..32c + 31] at
+// k = kQs + 8c + m, whose low nibbles are group 8s + m of sub-block s = 2c and whose high nibbles
+// are group 8s + m of s = 2c + 1 (Q5_K: the fifth bit of those elements is bit s of the bytes of
+// qh dword m).
 // Per super-block and output, as the GGUF GEMM (gemm_kquant_avx512.cpp) computes it:
 //   isum = sum_s scale_s * sum over sub-block s of q * a               (int32, exact)
 //   acc = fma(float(isum), d * d_a, acc)
 //   acc = fnmadd(float(sum_s min_s * sum_a_s), dmin * d_a, acc)
 
-constexpr int kQ4KChunk = int(kR16Rows * sizeof(BlockQ4_K));
+template <bool kFiveBit>
+struct K4R16 {
+  using Block = std::conditional_t<kFiveBit, BlockQ5_K, BlockQ4_K>;
+  static constexpr int kChunk = int(kR16Rows * sizeof(Block));
+  static constexpr int kQs = kFiveBit ? 11 : 3;  // the dword where qs starts
+  static constexpr bool kFive = kFiveBit;
+};
 
 // One super-block's 6-bit scales and mins for the 16 rows of a group, unpacked lane-wise as
 // unpack_k4_scales does per row: scale s as int32 lanes, mins 2k, 2k + 1 as int16 halves
 // (vpdpwssd against the activation's paired sub-block sums).
-struct Q4KScales {
+struct K4Scales {
   __m512i scale[8], min_pair[4];
 };
 
-FERRUM_AVX512_INLINE Q4KScales q4k_scales(const char* chunk) {
+FERRUM_AVX512_INLINE K4Scales k4_scales(const char* chunk) {
   const __m512i a0 = _mm512_loadu_si512(chunk + 64), a1 = _mm512_loadu_si512(chunk + 128),
                 a2 = _mm512_loadu_si512(chunk + 192);
   const __m512i six = _mm512_set1_epi8(63), four = _mm512_set1_epi8(15), top = _mm512_set1_epi8(0x30);
@@ -146,7 +156,7 @@ FERRUM_AVX512_INLINE Q4KScales q4k_scales(const char* chunk) {
   // vpshufb indices (per 128-bit lane, 4 dwords): byte j of each dword zero-extended to a
   // dword, and bytes 2p, 2p + 1 to the two words of a dword.
   const __m512i dword_base = _mm512_set_epi32(12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0);
-  Q4KScales r;
+  K4Scales r;
   for (int j = 0; j < 4; ++j) {
     const __m512i index = _mm512_add_epi32(dword_base, _mm512_set1_epi32(int(0x80808000u) + j));
     r.scale[j] = _mm512_shuffle_epi8(sc_lo, index);
@@ -162,8 +172,8 @@ FERRUM_AVX512_INLINE Q4KScales q4k_scales(const char* chunk) {
 }
 
 // kActs activation rows from t0 against the tile's two groups.
-template <int kActs>
-FERRUM_AVX512 void gemm_block_q4k(int64_t nb, const char* const group[kGemmVecs], const KActs& acts, int64_t t0,
+template <class F, int kActs>
+FERRUM_AVX512 void gemm_block_k4(int64_t nb, const char* const group[kGemmVecs], const KActs& acts, int64_t t0,
                                   float* out, int64_t ldo, int64_t rows, const Prefetch& prefetch) {
   const __m512i low4 = _mm512_set1_epi8(15);
   __m512 acc[kActs][kGemmVecs];
@@ -171,10 +181,10 @@ FERRUM_AVX512 void gemm_block_q4k(int64_t nb, const char* const group[kGemmVecs]
     for (auto& v : a) v = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nb; ++sb) {
     const char* chunk[kGemmVecs];
-    Q4KScales sc[kGemmVecs];
+    K4Scales sc[kGemmVecs];
     for (int v = 0; v < kGemmVecs; ++v) {
-      chunk[v] = group[v] + sb * kQ4KChunk;
-      sc[v] = q4k_scales(chunk[v]);
+      chunk[v] = group[v] + sb * F::kChunk;
+      sc[v] = k4_scales(chunk[v]);
     }
     const BlockQ8_K* y[kActs];
     for (int j = 0; j < kActs; ++j) y[j] = acts.rows[size_t(t0 + j)] + sb;
@@ -188,8 +198,13 @@ FERRUM_AVX512 void gemm_block_q4k(int64_t nb, const char* const group[kGemmVecs]
       for (int m = 0; m < 8; ++m) {
         __m512i q[kGemmVecs];
         for (int v = 0; v < kGemmVecs; ++v) {
-          const __m512i packed = _mm512_loadu_si512(chunk[v] + 64 * (4 + 8 * (s / 2) + m));
+          const __m512i packed = _mm512_loadu_si512(chunk[v] + 64 * (1 + F::kQs + 8 * (s / 2) + m));
           q[v] = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(packed, 4) : packed, low4);
+          if constexpr (F::kFive) {
+            const __m512i qh = _mm512_loadu_si512(chunk[v] + 64 * (4 + m));
+            const __m512i bit = s <= 4 ? _mm512_slli_epi32(qh, 4 - s) : _mm512_srli_epi32(qh, s - 4);
+            q[v] = _mm512_or_si512(q[v], _mm512_and_si512(bit, _mm512_set1_epi8(16)));
+          }
         }
         for (int j = 0; j < kActs; ++j) {
           int32_t a4;
@@ -226,30 +241,32 @@ FERRUM_AVX512 void gemm_block_q4k(int64_t nb, const char* const group[kGemmVecs]
     }
 }
 
-struct Q4KTile {
+struct K4Tile {
   const char* group[kGemmVecs];
 };
 
-FERRUM_AVX512 void gemm_r16_q4k(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
-                                size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
+template <class F>
+FERRUM_AVX512 void gemm_r16_k4(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+                               size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
   const int64_t nb = n / kQKK;
   thread_local KActs acts;
   prepare_kquant_acts<8, true, 0>(nb, act, act_row_bytes, T, acts);
   walk_tiles(
       w, w_row_bytes, 8 * nb, n, rows, T,
       [&](int64_t r0, int64_t tile_rows) {
-        Q4KTile tile;
+        K4Tile tile;
         tile_groups(w, w_row_bytes, r0, tile_rows, tile.group);
         return tile;
       },
-      [&](auto acts_per_call, const Q4KTile& tile, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
-        gemm_block_q4k<decltype(acts_per_call)::value>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
+      [&](auto acts_per_call, const K4Tile& tile, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
+        gemm_block_k4<F, decltype(acts_per_call)::value>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
       });
 }
 
-FERRUM_AVX512 void dot_rows_r16_q4k(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
-                                    float* out) {
-  gemm_r16_q4k(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
+template <class F>
+FERRUM_AVX512 void dot_rows_r16_k4(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+                                   float* out) {
+  gemm_r16_k4<F>(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
 }
 
 }  // namespace
@@ -261,7 +278,8 @@ DotRowsFn avx512_r16_dot_rows(DType t) {
     case DType::Q5_0_R16: return dot_rows_r16<R16Q5_0>;
     case DType::Q5_1_R16: return dot_rows_r16<R16Q5_1>;
     case DType::Q8_0_R16: return dot_rows_r16<R16Q8_0>;
-    case DType::Q4_K_R16: return dot_rows_r16_q4k;
+    case DType::Q4_K_R16: return dot_rows_r16_k4<K4R16<false>>;
+    case DType::Q5_K_R16: return dot_rows_r16_k4<K4R16<true>>;
     default: return nullptr;
   }
 }
@@ -273,7 +291,8 @@ DotBatchFn avx512_r16_gemm(DType t) {
     case DType::Q5_0_R16: return gemm_r16<R16Q5_0>;
     case DType::Q5_1_R16: return gemm_r16<R16Q5_1>;
     case DType::Q8_0_R16: return gemm_r16<R16Q8_0>;
-    case DType::Q4_K_R16: return gemm_r16_q4k;
+    case DType::Q4_K_R16: return gemm_r16_k4<K4R16<false>>;
+    case DType::Q5_K_R16: return gemm_r16_k4<K4R16<true>>;
     default: return nullptr;
   }
 }

@@ -26,6 +26,7 @@ BlockShape block_shape(DType file_type) {
     case DType::Q5_1: return {2, int(sizeof(BlockQ5_1)), 0};
     case DType::Q8_0: return {1, int(sizeof(BlockQ8_0)), 0x80808080u};
     case DType::Q4_K: return {2, int(sizeof(BlockQ4_K)), 0};  // d, dmin; scales and qs as quant bytes
+    case DType::Q5_K: return {2, int(sizeof(BlockQ5_K)), 0};  // d, dmin; scales, qh and qs
     default: throw ValueError(std::string("no R16 layout for dtype ") + dtype_name(file_type));
   }
 }
@@ -54,6 +55,7 @@ DType r16_type(DType t) {
     case DType::Q5_1: return DType::Q5_1_R16;
     case DType::Q8_0: return DType::Q8_0_R16;
     case DType::Q4_K: return DType::Q4_K_R16;
+    case DType::Q5_K: return DType::Q5_K_R16;
     default: return t;
   }
 }
@@ -68,6 +70,7 @@ DType r16_source(DType t) {
     case DType::Q5_1_R16: return DType::Q5_1;
     case DType::Q8_0_R16: return DType::Q8_0;
     case DType::Q4_K_R16: return DType::Q4_K;
+    case DType::Q5_K_R16: return DType::Q5_K;
     default: return t;
   }
 }

@@ -1,5 +1,6 @@
-// The R16 layouts (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K rows
-// whose kernels give the GGUF kernels' results bit for bit (Q4_K: its GGUF GEMM's).
+// The R16 layouts (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 /
+// Q4_K / Q5_K rows whose kernels give the GGUF kernels' results bit for bit (the k-quants: their
+// GGUF GEMM's).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -13,7 +14,7 @@
 namespace ferrum::quant {
 namespace {
 
-const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K};
+const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K};
 
 int64_t block_elems(DType t) { return dtype_info(t).block_elems; }
 
@@ -65,8 +66,8 @@ TEST(Repack, RoundTripsEveryRowAndDequantizesAsTheFileType) {
 }
 
 // The R16 row kernel from any group start and the R16 GEMM / batched kernel at every T equal
-// the file type's row kernel bit for bit (Q4_K: its GEMM, which has another float order than its
-// row kernel).
+// the file type's row kernel bit for bit (the k-quants: its GEMM, which has another float order
+// than its row kernel).
 TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
   const CpuFeatures& f = cpu_features();
   const bool vnni = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni;
@@ -92,7 +93,7 @@ TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
       const DType r16 = r16_type(t);
       EXPECT_EQ(dot_kernel(r16).act_type, act_type);
       std::vector<float> want(size_t(T * rows));
-      if (t == DType::Q4_K)
+      if (block_elems(t) == 256)
         gemm_kernel(t)(n, w.data(), row_bytes, rows, act.data(), act_bytes, T, want.data(), rows);
       else
         for (int64_t i = 0; i < T; ++i) dot_kernel(t).dot_rows(n, w.data(), row_bytes, rows, act.data() + i * act_bytes, want.data() + i * rows);
