@@ -241,7 +241,7 @@ FERRUM_AVX512 void gemm_block_k4(int64_t nb, const char* const group[kGemmVecs],
     }
 }
 
-struct K4Tile {
+struct K4Tile {  // the k-quants' tile: two groups read in place
   const char* group[kGemmVecs];
 };
 
@@ -269,6 +269,117 @@ FERRUM_AVX512 void dot_rows_r16_k4(int64_t n, const void* w, size_t w_row_bytes,
   gemm_r16_k4<F>(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
 }
 
+
+// ---- Q6_K ----
+//
+// A super-block of 16 rows (16 * 210 bytes): d as an f16 vector, then dwords k = 0..51 of the
+// rows' other bytes, one per lane: ql (k = 0..31), qh (32..47), the int8 scales (48..51).
+// Group g = 32h + 8q + m (half h, quarter q, m = 0..7) takes its low 4 bits from the low (q < 2)
+// or high nibbles of ql dword 16h + 8 (q % 2) + m and its top 2 from bits 2q, 2q + 1 of qh dword
+// 8h + m; 16-element sub-block s holds the groups with h = s / 8, q = s % 8 / 2, m / 4 = s % 2.
+// Quants stay unsigned (0..63); the -32 enters through the activation terms, and per super-block,
+// as the GGUF GEMM computes it: isum = sum_s scale_s * (sum over s of q * a - 32 * bsum_s),
+// acc = fma(float(isum), d * d_a, acc).
+
+constexpr int kQ6Chunk = int(kR16Rows * sizeof(BlockQ6_K));
+
+// Elements 4g..4g+3 of the 16 rows, g = 32h + 8q + m.
+FERRUM_AVX512_INLINE __m512i q6k_group(const char* chunk, int h, int q, int m) {
+  const __m512i ql = _mm512_loadu_si512(chunk + 32 + 64 * (16 * h + 8 * (q % 2) + m));
+  const __m512i qh = _mm512_loadu_si512(chunk + 32 + 64 * (32 + 8 * h + m));
+  const __m512i low = q < 2 ? ql : _mm512_srli_epi16(ql, 4);
+  const __m512i high = q == 0 ? _mm512_slli_epi16(qh, 4) : q == 1 ? _mm512_slli_epi16(qh, 2) : q == 2 ? qh : _mm512_srli_epi16(qh, 2);
+  return _mm512_or_si512(_mm512_and_si512(low, _mm512_set1_epi8(15)), _mm512_and_si512(high, _mm512_set1_epi8(0x30)));
+}
+
+// Scale s of the 16 rows as int32 lanes: byte s % 4 of scale dword s / 4 moved to the top byte of
+// each dword, then shifted down with its sign.
+FERRUM_AVX512_INLINE __m512i q6k_scale(const char* chunk, int s) {
+  const __m512i dwords = _mm512_loadu_si512(chunk + 32 + 64 * (48 + s / 4));
+  const __m512i index = _mm512_add_epi32(_mm512_set1_epi32(int(0x00808080u) | ((s % 4) << 24)),
+                                         _mm512_set_epi32(12 << 24, 8 << 24, 4 << 24, 0, 12 << 24, 8 << 24, 4 << 24, 0,
+                                                          12 << 24, 8 << 24, 4 << 24, 0, 12 << 24, 8 << 24, 4 << 24, 0));
+  return _mm512_srai_epi32(_mm512_shuffle_epi8(dwords, index), 24);
+}
+
+template <int kActs>
+FERRUM_AVX512 void gemm_block_q6k(int64_t nb, const char* const group[kGemmVecs], const KActs& acts, int64_t t0,
+                                  float* out, int64_t ldo, int64_t rows, const Prefetch& prefetch) {
+  __m512 acc[kActs][kGemmVecs];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nb; ++sb) {
+    const char* chunk[kGemmVecs];
+    for (int v = 0; v < kGemmVecs; ++v) chunk[v] = group[v] + sb * kQ6Chunk;
+    const BlockQ8_K* y[kActs];
+    const int32_t* terms[kActs];
+    for (int j = 0; j < kActs; ++j) {
+      y[j] = acts.rows[size_t(t0 + j)] + sb;
+      terms[j] = &acts.terms[size_t(((t0 + j) * nb + sb) * 16)];
+    }
+    __m512i isum[kActs][kGemmVecs];
+    for (int s = 0; s < 16; ++s) {
+      prefetch.at(16 * sb + s);
+      const int h = s / 8, q = s % 8 / 2, m0 = 4 * (s % 2);
+      __m512i sum[kActs][kGemmVecs];
+      for (int j = 0; j < kActs; ++j)
+        for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(terms[j][s]);
+#pragma GCC unroll 4
+      for (int m = m0; m < m0 + 4; ++m) {
+        __m512i w[kGemmVecs];
+        for (int v = 0; v < kGemmVecs; ++v) w[v] = q6k_group(chunk[v], h, q, m);
+        for (int j = 0; j < kActs; ++j) {
+          int32_t a4;
+          std::memcpy(&a4, y[j]->qs + 4 * (32 * h + 8 * q + m), 4);
+          const __m512i a = _mm512_set1_epi32(a4);
+          for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], w[v], a);
+        }
+      }
+      for (int v = 0; v < kGemmVecs; ++v) {
+        const __m512i scale = q6k_scale(chunk[v], s);
+        for (int j = 0; j < kActs; ++j) {
+          const __m512i scaled = _mm512_mullo_epi32(sum[j][v], scale);
+          isum[j][v] = s == 0 ? scaled : _mm512_add_epi32(isum[j][v], scaled);
+        }
+      }
+    }
+    for (int v = 0; v < kGemmVecs; ++v) {
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v])));
+      for (int j = 0; j < kActs; ++j)
+        acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(d, _mm512_set1_ps(y[j]->d)), acc[j][v]);
+    }
+  }
+  for (int j = 0; j < kActs; ++j)
+    for (int v = 0; v < kGemmVecs; ++v) {
+      const int64_t left = rows - 16 * v;
+      if (left <= 0) break;
+      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      _mm512_mask_storeu_ps(out + (t0 + j) * ldo + 16 * v, m, acc[j][v]);
+    }
+}
+
+FERRUM_AVX512 void gemm_r16_q6k(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+                                size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
+  const int64_t nb = n / kQKK;
+  thread_local KActs acts;
+  prepare_kquant_acts<16, false, 32>(nb, act, act_row_bytes, T, acts);
+  walk_tiles(
+      w, w_row_bytes, 16 * nb, n, rows, T,
+      [&](int64_t r0, int64_t tile_rows) {
+        K4Tile tile;
+        tile_groups(w, w_row_bytes, r0, tile_rows, tile.group);
+        return tile;
+      },
+      [&](auto acts_per_call, const K4Tile& tile, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
+        gemm_block_q6k<decltype(acts_per_call)::value>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
+      });
+}
+
+FERRUM_AVX512 void dot_rows_r16_q6k(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+                                    float* out) {
+  gemm_r16_q6k(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
+}
+
 }  // namespace
 
 DotRowsFn avx512_r16_dot_rows(DType t) {
@@ -280,6 +391,7 @@ DotRowsFn avx512_r16_dot_rows(DType t) {
     case DType::Q8_0_R16: return dot_rows_r16<R16Q8_0>;
     case DType::Q4_K_R16: return dot_rows_r16_k4<K4R16<false>>;
     case DType::Q5_K_R16: return dot_rows_r16_k4<K4R16<true>>;
+    case DType::Q6_K_R16: return dot_rows_r16_q6k;
     default: return nullptr;
   }
 }
@@ -293,6 +405,7 @@ DotBatchFn avx512_r16_gemm(DType t) {
     case DType::Q8_0_R16: return gemm_r16<R16Q8_0>;
     case DType::Q4_K_R16: return gemm_r16_k4<K4R16<false>>;
     case DType::Q5_K_R16: return gemm_r16_k4<K4R16<true>>;
+    case DType::Q6_K_R16: return gemm_r16_q6k;
     default: return nullptr;
   }
 }

@@ -183,7 +183,7 @@ DType dot_act_type(DType weight_type) {
     case DType::Q4_0_R16: case DType::Q4_1_R16: case DType::Q5_0_R16: case DType::Q5_1_R16: case DType::Q8_0_R16:
       return DType::Q8_0;
     case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
-    case DType::Q4_K_R16: case DType::Q5_K_R16:
+    case DType::Q4_K_R16: case DType::Q5_K_R16: case DType::Q6_K_R16:
       return DType::Q8_K;
     default: return weight_type;  // no kernel; callers check scalar_dot_rows first
   }

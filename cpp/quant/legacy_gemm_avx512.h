@@ -76,10 +76,11 @@ FERRUM_AVX512_INLINE void prefetch_share(const char* p, int64_t bytes, int64_t i
 // on 2 MiB pages (cpu/weight_arena.h) the hardware prefetchers follow a long Q8_0 group on their
 // own and software prefetches only add to the misses in flight (one thread: 1.1B, 35 KB groups,
 // 21 -> 25 tok/s without them; 0.5B, 15 KB, 43 -> 46), while SmolLM2's 10 KB groups still gain
-// from them (140 -> 155). The 4-bit formats (under 6 bits a weight), more work per byte, gain at
-// every size measured (SmolLM2 Q4_1, 6 and 15 KB groups: 170 -> 235 tok/s with them).
+// from them (140 -> 155). The 4- to 6-bit formats (under 7 bits a weight), more work per byte,
+// gain at every size measured (SmolLM2 Q4_1, 6 and 15 KB groups: 170 -> 235 tok/s with them;
+// Q6_K_R16, 53 KB groups: 8.7 -> 15-18 GB/s from DRAM in quant_dot_bench).
 FERRUM_AVX512_INLINE bool row_kernel_prefetches(int64_t row_bytes, int64_t n) {
-  return 8 * row_bytes < 6 * n || 16 * row_bytes <= 12 * 1024;
+  return 8 * row_bytes < 7 * n || 16 * row_bytes <= 12 * 1024;
 }
 
 // ---- the int8 GEMM ----

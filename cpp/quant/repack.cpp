@@ -11,11 +11,15 @@ namespace ferrum::quant {
 
 namespace {
 
-// One file type's block as the R16 layout sees it: `fields` f16 fields, then the quant bytes.
+// One file type's block as the R16 layout sees it: `fields` f16 fields and the quant bytes (the
+// rest), the fields first in the file but for Q6_K.
 struct BlockShape {
   int fields, block_bytes;
-  uint32_t quant_xor;  // Q8_0: + 128 in every byte
+  uint32_t quant_xor;        // Q8_0: + 128 in every byte
+  bool fields_last = false;  // Q6_K: d follows the quants
   int header() const { return 32 * fields; }
+  int field_at(int k) const { return (fields_last ? block_bytes - 2 * fields : 0) + 2 * k; }
+  int quant_at(int k) const { return (fields_last ? 0 : 2 * fields) + 4 * k; }
 };
 
 BlockShape block_shape(DType file_type) {
@@ -27,6 +31,7 @@ BlockShape block_shape(DType file_type) {
     case DType::Q8_0: return {1, int(sizeof(BlockQ8_0)), 0x80808080u};
     case DType::Q4_K: return {2, int(sizeof(BlockQ4_K)), 0};  // d, dmin; scales and qs as quant bytes
     case DType::Q5_K: return {2, int(sizeof(BlockQ5_K)), 0};  // d, dmin; scales, qh and qs
+    case DType::Q6_K: return {1, int(sizeof(BlockQ6_K)), 0, true};  // ql, qh, scales; d
     default: throw ValueError(std::string("no R16 layout for dtype ") + dtype_name(file_type));
   }
 }
@@ -40,9 +45,9 @@ void move_block(const BlockShape& s, int lane, const uint8_t* from, uint8_t* to,
     v ^= x;
     std::memcpy(to + (to_chunk ? chunk_at : file_at), &v, bytes);
   };
-  for (int k = 0; k < s.fields; ++k) piece(2 * k, 32 * k + 2 * lane, 2, 0);
+  for (int k = 0; k < s.fields; ++k) piece(s.field_at(k), 32 * k + 2 * lane, 2, 0);
   for (int k = 0; k < (s.block_bytes - 2 * s.fields) / 4; ++k)
-    piece(2 * s.fields + 4 * k, s.header() + 64 * k + 4 * lane, 4, s.quant_xor);
+    piece(s.quant_at(k), s.header() + 64 * k + 4 * lane, 4, s.quant_xor);
 }
 
 }  // namespace
@@ -56,6 +61,7 @@ DType r16_type(DType t) {
     case DType::Q8_0: return DType::Q8_0_R16;
     case DType::Q4_K: return DType::Q4_K_R16;
     case DType::Q5_K: return DType::Q5_K_R16;
+    case DType::Q6_K: return DType::Q6_K_R16;
     default: return t;
   }
 }
@@ -71,6 +77,7 @@ DType r16_source(DType t) {
     case DType::Q8_0_R16: return DType::Q8_0;
     case DType::Q4_K_R16: return DType::Q4_K;
     case DType::Q5_K_R16: return DType::Q5_K;
+    case DType::Q6_K_R16: return DType::Q6_K;
     default: return t;
   }
 }
