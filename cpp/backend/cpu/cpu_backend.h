@@ -68,7 +68,7 @@ class CpuBackend : public Backend {
                    std::shared_ptr<const void> keepalive) override;
   void upload(const Tensor& dst, const void* src, size_t bytes) override;
   // A copy in the weight arena (2 MiB pages, streamed in order); Q4_0 / Q4_1 / Q5_0 / Q5_1 /
-  // Q8_0 / Q4_K / Q5_K in their R16 layouts (quant/repack.h) where the AVX-512 VNNI kernels run.
+  // Q8_0 / Q4_K / Q5_K / Q6_K in their R16 layouts (quant/repack.h) where the AVX-512 VNNI kernels run.
   Tensor pack_weight(const Tensor& w, const Consumed& consumed) override;
   void download(const Tensor& src, void* dst, size_t bytes) override;
   std::unique_ptr<Stream> new_stream() override { return std::make_unique<CpuStream>(this); }
