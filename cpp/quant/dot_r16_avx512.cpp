@@ -134,6 +134,8 @@ struct K4R16 {
   static constexpr int kChunk = int(kR16Rows * sizeof(Block));
   static constexpr int kQs = kFiveBit ? 11 : 3;  // the dword where qs starts
   static constexpr bool kFive = kFiveBit;
+  static constexpr int kSubBlocks = 8, kZeroPoint = 0;
+  static constexpr bool kHasMin = true;
 };
 
 // One super-block's 6-bit scales and mins for the 16 rows of a group, unpacked lane-wise as
@@ -232,43 +234,8 @@ FERRUM_AVX512 void gemm_block_k4(int64_t nb, const char* const group[kGemmVecs],
       }
     }
   }
-  for (int j = 0; j < kActs; ++j)
-    for (int v = 0; v < kGemmVecs; ++v) {
-      const int64_t left = rows - 16 * v;
-      if (left <= 0) break;
-      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-      _mm512_mask_storeu_ps(out + (t0 + j) * ldo + 16 * v, m, acc[j][v]);
-    }
+  store_block<kActs>(acc, out, t0, ldo, rows);
 }
-
-struct K4Tile {  // the k-quants' tile: two groups read in place
-  const char* group[kGemmVecs];
-};
-
-template <class F>
-FERRUM_AVX512 void gemm_r16_k4(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
-                               size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
-  const int64_t nb = n / kQKK;
-  thread_local KActs acts;
-  prepare_kquant_acts<8, true, 0>(nb, act, act_row_bytes, T, acts);
-  walk_tiles(
-      w, w_row_bytes, 8 * nb, n, rows, T,
-      [&](int64_t r0, int64_t tile_rows) {
-        K4Tile tile;
-        tile_groups(w, w_row_bytes, r0, tile_rows, tile.group);
-        return tile;
-      },
-      [&](auto acts_per_call, const K4Tile& tile, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
-        gemm_block_k4<F, decltype(acts_per_call)::value>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
-      });
-}
-
-template <class F>
-FERRUM_AVX512 void dot_rows_r16_k4(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
-                                   float* out) {
-  gemm_r16_k4<F>(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
-}
-
 
 // ---- Q6_K ----
 //
@@ -349,35 +316,45 @@ FERRUM_AVX512 void gemm_block_q6k(int64_t nb, const char* const group[kGemmVecs]
         acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(d, _mm512_set1_ps(y[j]->d)), acc[j][v]);
     }
   }
-  for (int j = 0; j < kActs; ++j)
-    for (int v = 0; v < kGemmVecs; ++v) {
-      const int64_t left = rows - 16 * v;
-      if (left <= 0) break;
-      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-      _mm512_mask_storeu_ps(out + (t0 + j) * ldo + 16 * v, m, acc[j][v]);
-    }
+  store_block<kActs>(acc, out, t0, ldo, rows);
 }
 
-FERRUM_AVX512 void gemm_r16_q6k(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
-                                size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
+// The k-quants' GEMM (F: K4R16<...> or Q6R16) and row kernel, tiles of two groups read in place.
+struct Q6R16 {
+  static constexpr int kSubBlocks = 16, kZeroPoint = 32;
+  static constexpr bool kHasMin = false;
+};
+
+struct KTile {
+  const char* group[kGemmVecs];
+};
+
+template <class F>
+FERRUM_AVX512 void gemm_r16_kquant(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+                                   size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
   const int64_t nb = n / kQKK;
   thread_local KActs acts;
-  prepare_kquant_acts<16, false, 32>(nb, act, act_row_bytes, T, acts);
+  prepare_kquant_acts<F::kSubBlocks, F::kHasMin, F::kZeroPoint>(nb, act, act_row_bytes, T, acts);
   walk_tiles(
-      w, w_row_bytes, 16 * nb, n, rows, T,
+      w, w_row_bytes, F::kSubBlocks * nb, n, rows, T,
       [&](int64_t r0, int64_t tile_rows) {
-        K4Tile tile;
+        KTile tile;
         tile_groups(w, w_row_bytes, r0, tile_rows, tile.group);
         return tile;
       },
-      [&](auto acts_per_call, const K4Tile& tile, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
-        gemm_block_q6k<decltype(acts_per_call)::value>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
+      [&](auto acts_per_call, const KTile& tile, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
+        constexpr int kActs = decltype(acts_per_call)::value;
+        if constexpr (std::is_same_v<F, Q6R16>)
+          gemm_block_q6k<kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
+        else
+          gemm_block_k4<F, kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
       });
 }
 
-FERRUM_AVX512 void dot_rows_r16_q6k(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
-                                    float* out) {
-  gemm_r16_q6k(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
+template <class F>
+FERRUM_AVX512 void dot_rows_r16_kquant(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+                                       float* out) {
+  gemm_r16_kquant<F>(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
 }
 
 }  // namespace
@@ -389,9 +366,9 @@ DotRowsFn avx512_r16_dot_rows(DType t) {
     case DType::Q5_0_R16: return dot_rows_r16<R16Q5_0>;
     case DType::Q5_1_R16: return dot_rows_r16<R16Q5_1>;
     case DType::Q8_0_R16: return dot_rows_r16<R16Q8_0>;
-    case DType::Q4_K_R16: return dot_rows_r16_k4<K4R16<false>>;
-    case DType::Q5_K_R16: return dot_rows_r16_k4<K4R16<true>>;
-    case DType::Q6_K_R16: return dot_rows_r16_q6k;
+    case DType::Q4_K_R16: return dot_rows_r16_kquant<K4R16<false>>;
+    case DType::Q5_K_R16: return dot_rows_r16_kquant<K4R16<true>>;
+    case DType::Q6_K_R16: return dot_rows_r16_kquant<Q6R16>;
     default: return nullptr;
   }
 }
@@ -403,9 +380,9 @@ DotBatchFn avx512_r16_gemm(DType t) {
     case DType::Q5_0_R16: return gemm_r16<R16Q5_0>;
     case DType::Q5_1_R16: return gemm_r16<R16Q5_1>;
     case DType::Q8_0_R16: return gemm_r16<R16Q8_0>;
-    case DType::Q4_K_R16: return gemm_r16_k4<K4R16<false>>;
-    case DType::Q5_K_R16: return gemm_r16_k4<K4R16<true>>;
-    case DType::Q6_K_R16: return gemm_r16_q6k;
+    case DType::Q4_K_R16: return gemm_r16_kquant<K4R16<false>>;
+    case DType::Q5_K_R16: return gemm_r16_kquant<K4R16<true>>;
+    case DType::Q6_K_R16: return gemm_r16_kquant<Q6R16>;
     default: return nullptr;
   }
 }

@@ -136,6 +136,19 @@ FERRUM_AVX512 void walk_tiles(const void* w, size_t w_row_bytes, int64_t steps, 
   }
 }
 
+// A block call's outputs: acc[j][v] to row t0 + j of out, columns 16v.., the first `rows` only.
+template <int kActs>
+FERRUM_AVX512_INLINE void store_block(const __m512 (&acc)[kActs][kGemmVecs], float* out, int64_t t0, int64_t ldo,
+                                      int64_t rows) {
+  for (int j = 0; j < kActs; ++j)
+    for (int v = 0; v < kGemmVecs; ++v) {
+      const int64_t left = rows - 16 * v;
+      if (left <= 0) break;
+      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      _mm512_mask_storeu_ps(out + (t0 + j) * ldo + 16 * v, m, acc[j][v]);
+    }
+}
+
 struct PackedTile {
   std::vector<__m512i> quants;  // [nb][8 groups][kGemmVecs]
   std::vector<float> scales;    // [nb][kGemmRows]
@@ -182,13 +195,7 @@ FERRUM_AVX512 void gemm_block(int64_t nb, const Source& src, const LegacyActs& a
       }
     }
   }
-  for (int j = 0; j < kActs; ++j)
-    for (int v = 0; v < kGemmVecs; ++v) {
-      const int64_t left = rows - 16 * v;
-      if (left <= 0) break;
-      const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-      _mm512_mask_storeu_ps(out + (t0 + j) * ldo + 16 * v, m, acc[j][v]);
-    }
+  store_block<kActs>(acc, out, t0, ldo, rows);
 }
 
 // The legacy formats' GEMM over T activation rows (walk_tiles with gemm_block); pack(r0,

@@ -11,6 +11,9 @@
 #include "backend/cpu/fast_math.h"
 #include "quant/quant.h"
 
+// GCC 12 reports _mm512_reduce_add_ps's deliberately undefined upper lanes as uninitialized.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 namespace ferrum::cpu {
 
 float dot_f32(const float* a, const float* b, int64_t n) {
