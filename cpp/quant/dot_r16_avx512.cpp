@@ -2,6 +2,7 @@
 // vpdpbusd-ready registers and 16-lane scale vectors, so the GEMM (legacy_gemm_avx512.h) reads
 // its tiles in place instead of packing them, and the row kernel is that GEMM at T = 1 (no
 // horizontal sums). Same float order as the GGUF GEMMs, hence the same results bit for bit.
+#include <cstdint>
 #include <type_traits>
 
 #include "quant/kernels.h"
@@ -113,7 +114,6 @@ FERRUM_AVX512 void dot_rows_r16(int64_t n, const void* w, size_t w_row_bytes, in
                                 float* out) {
   gemm_r16<F>(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
 }
-
 
 // ---- Q4_K and Q5_K ----
 //
@@ -319,7 +319,7 @@ FERRUM_AVX512 void gemm_block_q6k(int64_t nb, const char* const group[kGemmVecs]
   store_block<kActs>(acc, out, t0, ldo, rows);
 }
 
-// The k-quants' GEMM (F: K4R16<...> or Q6R16) and row kernel, tiles of two groups read in place.
+// What gemm_r16_kquant needs of Q6_K (K4R16 carries the same for Q4_K / Q5_K).
 struct Q6R16 {
   static constexpr int kSubBlocks = 16, kZeroPoint = 32;
   static constexpr bool kHasMin = false;
@@ -329,6 +329,8 @@ struct KTile {
   const char* group[kGemmVecs];
 };
 
+// The k-quants' GEMM (F: K4R16<...> or Q6R16), also their batched decode kernel from 2 rows;
+// tiles of two groups read in place.
 template <class F>
 FERRUM_AVX512 void gemm_r16_kquant(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                                    size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
