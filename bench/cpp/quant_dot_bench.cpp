@@ -144,7 +144,8 @@ void bench_stream() {
       }
       rate[hot] = macs / best / 1e9;
     }
-    std::printf("%4d   %8.1f   %8.1f      (%.1f GB/s streamed)\n", T, rate[0], rate[1], rate[0] / T * 20 / 32);
+    const double bytes_per_mac = double(dtype_bytes(t, 32)) / 32 / T;
+    std::printf("%4d   %8.1f   %8.1f      (%.1f GB/s streamed)\n", T, rate[0], rate[1], rate[0] * bytes_per_mac);
   }
 }
 

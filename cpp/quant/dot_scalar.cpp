@@ -5,6 +5,7 @@
 
 #include "quant/formats.h"
 #include "quant/kernels.h"
+#include "quant/repack.h"
 
 namespace ferrum::quant::detail {
 
@@ -180,12 +181,11 @@ DType dot_act_type(DType weight_type) {
     // Q4_1 / Q5_1 use Q8_0 too: the activation sum their min term needs is summed exactly from
     // the int8 quants instead of Q8_1's f16-rounded d * sum.
     case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0:
-    case DType::Q4_0_R16: case DType::Q4_1_R16: case DType::Q5_0_R16: case DType::Q5_1_R16: case DType::Q8_0_R16:
       return DType::Q8_0;
     case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
-    case DType::Q4_K_R16: case DType::Q5_K_R16: case DType::Q6_K_R16:
       return DType::Q8_K;
-    default: return weight_type;  // no kernel; callers check scalar_dot_rows first
+    default:  // an R16 layout: its file type's; else no kernel (callers check scalar_dot_rows first)
+      return is_r16(weight_type) ? dot_act_type(r16_source(weight_type)) : weight_type;
   }
 }
 

@@ -1,7 +1,7 @@
 // Internal: the legacy formats' (Q4_0 .. Q8_0) int8 kernels against Q8_0 activations that the
 // GGUF-layout kernels (dot_avx512.cpp) and the R16-layout ones (dot_r16_avx512.cpp) share: the
 // activation preparation, the one float order, and the GEMM over 32-row tiles (whose tile walk,
-// walk_tiles, Q4_K's R16 GEMM uses too).
+// walk_tiles, and masked store, store_block, the k-quants' R16 GEMMs use too).
 #pragma once
 #include <algorithm>
 #include <cstring>
@@ -107,9 +107,9 @@ struct Prefetch {
 // tiles of kGemmRows rows (the tile walk of the int8 GEMMs): pack(r0, tile_rows) returns the
 // source of rows r0 .. r0 + tile_rows (packed, or read in place), then block(acts_per_call,
 // source, t, r0, tile_rows, prefetch) runs activation rows t .. t + acts_per_call - 1 against it,
-// 4 (kGemmActs), then 2, then 1 at a time, in `steps` prefetch steps. Both layouts keep a tile's rows in
-// one contiguous range, which is prefetched two tiles ahead, spread over the block steps of the
-// tile before: issued all at once, most prefetches would be dropped (more than the outstanding
+// 4 (kGemmActs), then 2, then 1 at a time, in `steps` prefetch steps. Both layouts keep a tile's
+// rows in one contiguous range, which is prefetched two tiles ahead, spread over the block steps
+// of the tile before: issued all at once, most prefetches would be dropped (more than the outstanding
 // misses a core tracks), and DRAM-resident weights ran at 5-6 GB/s at T = 16.
 template <class PackFn, class BlockFn>
 FERRUM_AVX512 void walk_tiles(const void* w, size_t w_row_bytes, int64_t steps, int64_t n, int64_t rows, int64_t T,
@@ -204,9 +204,9 @@ template <bool kHasMin, class PackFn>
 FERRUM_AVX512 void gemm_tiles(const void* w, size_t w_row_bytes, int64_t nb, int64_t rows, const LegacyActs& acts,
                               int64_t T, float* out, int64_t ldo, PackFn pack) {
   walk_tiles(w, w_row_bytes, nb, nb * kQK, rows, T, pack,
-                        [&](auto acts_per_call, const auto& source, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
-                          gemm_block<kHasMin, decltype(acts_per_call)::value>(nb, source, acts, t, out + r0, ldo, tile_rows, pf);
-                        });
+             [&](auto acts_per_call, const auto& source, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
+               gemm_block<kHasMin, decltype(acts_per_call)::value>(nb, source, acts, t, out + r0, ldo, tile_rows, pf);
+             });
 }
 
 }  // namespace ferrum::quant::detail

@@ -22,18 +22,33 @@ struct BlockShape {
   int quant_at(int k) const { return (fields_last ? 0 : 2 * fields) + 4 * k; }
 };
 
+// Every file type with an R16 form: the two types and how the layout sees the block.
+struct R16Type {
+  DType file, r16;
+  BlockShape shape;
+};
+const R16Type kR16Types[] = {
+    {DType::Q4_0, DType::Q4_0_R16, {1, int(sizeof(BlockQ4_0)), 0}},
+    {DType::Q4_1, DType::Q4_1_R16, {2, int(sizeof(BlockQ4_1)), 0}},
+    {DType::Q5_0, DType::Q5_0_R16, {1, int(sizeof(BlockQ5_0)), 0}},  // qh, then qs, as quant bytes
+    {DType::Q5_1, DType::Q5_1_R16, {2, int(sizeof(BlockQ5_1)), 0}},
+    {DType::Q8_0, DType::Q8_0_R16, {1, int(sizeof(BlockQ8_0)), 0x80808080u}},
+    {DType::Q4_K, DType::Q4_K_R16, {2, int(sizeof(BlockQ4_K)), 0}},        // d, dmin; scales, qs
+    {DType::Q5_K, DType::Q5_K_R16, {2, int(sizeof(BlockQ5_K)), 0}},        // d, dmin; scales, qh, qs
+    {DType::Q6_K, DType::Q6_K_R16, {1, int(sizeof(BlockQ6_K)), 0, true}},  // ql, qh, scales; d
+};
+
+// The entry whose file or R16 type is t; nullptr if none.
+const R16Type* find_r16(DType t) {
+  for (const R16Type& e : kR16Types)
+    if (e.file == t || e.r16 == t) return &e;
+  return nullptr;
+}
+
 BlockShape block_shape(DType file_type) {
-  switch (file_type) {
-    case DType::Q4_0: return {1, int(sizeof(BlockQ4_0)), 0};
-    case DType::Q4_1: return {2, int(sizeof(BlockQ4_1)), 0};
-    case DType::Q5_0: return {1, int(sizeof(BlockQ5_0)), 0};  // qh, then qs, as quant bytes
-    case DType::Q5_1: return {2, int(sizeof(BlockQ5_1)), 0};
-    case DType::Q8_0: return {1, int(sizeof(BlockQ8_0)), 0x80808080u};
-    case DType::Q4_K: return {2, int(sizeof(BlockQ4_K)), 0};  // d, dmin; scales and qs as quant bytes
-    case DType::Q5_K: return {2, int(sizeof(BlockQ5_K)), 0};  // d, dmin; scales, qh and qs
-    case DType::Q6_K: return {1, int(sizeof(BlockQ6_K)), 0, true};  // ql, qh, scales; d
-    default: throw ValueError(std::string("no R16 layout for dtype ") + dtype_name(file_type));
-  }
+  const R16Type* e = find_r16(file_type);
+  if (!e || e->file != file_type) throw ValueError(std::string("no R16 layout for dtype ") + dtype_name(file_type));
+  return e->shape;
 }
 
 // Copies a block between its file layout and lane `lane` of an R16 chunk, piece by piece: each
@@ -53,33 +68,15 @@ void move_block(const BlockShape& s, int lane, const uint8_t* from, uint8_t* to,
 }  // namespace
 
 DType r16_type(DType t) {
-  switch (t) {
-    case DType::Q4_0: return DType::Q4_0_R16;
-    case DType::Q4_1: return DType::Q4_1_R16;
-    case DType::Q5_0: return DType::Q5_0_R16;
-    case DType::Q5_1: return DType::Q5_1_R16;
-    case DType::Q8_0: return DType::Q8_0_R16;
-    case DType::Q4_K: return DType::Q4_K_R16;
-    case DType::Q5_K: return DType::Q5_K_R16;
-    case DType::Q6_K: return DType::Q6_K_R16;
-    default: return t;
-  }
+  const R16Type* e = find_r16(t);
+  return e && e->file == t ? e->r16 : t;
 }
 
 bool is_r16(DType t) { return r16_source(t) != t; }
 
 DType r16_source(DType t) {
-  switch (t) {
-    case DType::Q4_0_R16: return DType::Q4_0;
-    case DType::Q4_1_R16: return DType::Q4_1;
-    case DType::Q5_0_R16: return DType::Q5_0;
-    case DType::Q5_1_R16: return DType::Q5_1;
-    case DType::Q8_0_R16: return DType::Q8_0;
-    case DType::Q4_K_R16: return DType::Q4_K;
-    case DType::Q5_K_R16: return DType::Q5_K;
-    case DType::Q6_K_R16: return DType::Q6_K;
-    default: return t;
-  }
+  const R16Type* e = find_r16(t);
+  return e && e->r16 == t ? e->file : t;
 }
 
 void repack_r16(DType t, const void* src, void* dst, int64_t rows, int64_t n) {
