@@ -2,7 +2,8 @@
 // type and ISA variant this CPU supports; then the batched kernels (a batch of decodes) in
 // multiply-adds per second; then the prefill GEMM against dequantize + sgemm. Not a test; build
 // with -DFERRUM_BENCH=ON.
-// usage: quant_dot_bench [batch|gemm|prefill|stream]   (only the batched kernels / the GEMM / ...)
+// usage: quant_dot_bench [batch|gemm|prefill|stream|rows TYPE]   (only the batched kernels / the GEMM /
+// ... / one type's row kernel)
 #include <cblas.h>
 
 #include <algorithm>
@@ -243,6 +244,7 @@ int main(int argc, char** argv) {
     mode == "batch" ? bench_batch() : bench_gemm();
     return 0;
   }
+  const std::string only = mode == "rows" && argc > 2 ? argv[2] : "";  // rows TYPE: that row kernel
   const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                          DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0_R16, DType::Q4_0_R16,
@@ -253,6 +255,7 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<float> u(-1, 1);
   std::printf("%-8s %-7s %12s %12s %12s\n", "type", "isa", "576x1536", "4096x4096", "64MBx4096");
   for (DType t : types) {
+    if (!only.empty() && only != dtype_name(t)) continue;
     std::vector<double> gbps[3];
     std::vector<const char*> isas = dot_kernel_isas(t);
     for (auto& shape : shapes) {
@@ -284,7 +287,9 @@ int main(int argc, char** argv) {
       std::printf("%-8s %-7s %9.1f GB/s %7.1f GB/s %7.1f GB/s\n", dtype_name(t), isas[k], gbps[k][0],
                   gbps[k][1], gbps[k][2]);
   }
-  bench_batch();
-  bench_gemm();
+  if (only.empty()) {
+    bench_batch();
+    bench_gemm();
+  }
   return 0;
 }
