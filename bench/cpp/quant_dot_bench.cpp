@@ -51,7 +51,7 @@ int whole_blocks(DType t, int n) {
 // Batched kernels at T activation rows: GMAC/s over the weight matrix (rows x n), best of 5.
 void bench_batch() {
   const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                         DType::Q8_0_R16, DType::Q4_0_R16, DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16, DType::Q6_K_R16};
+                         DType::Q8_0_R16, DType::Q4_0_R16, DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16, DType::Q6_K_R16, DType::Q2_K_R16, DType::Q3_K_R16};
   // rows x n: L2-resident, and the tied lm_head of SmolLM2 (L3-resident, 3 MB of outputs at T = 16)
   const int shapes[][2] = {{576, 1536}, {1536, 576}, {49152, 576}};
   const int batch_rows[] = {2, 4, 8, 16, 32, 64};
@@ -196,7 +196,8 @@ void bench_gemm() {
 // The int8 GEMM of a prefill chunk at SmolLM2-135M's shapes (one thread): what the model's
 // linear_dot commands run per thread, without the model around them.
 void bench_prefill() {
-  const DType types[] = {DType::Q4_1_R16, DType::Q8_0_R16, DType::Q4_1, DType::Q5_0_R16, DType::Q5_0, DType::Q4_K_R16, DType::Q4_K};
+  const DType types[] = {DType::Q4_1_R16, DType::Q8_0_R16, DType::Q4_1, DType::Q5_0_R16, DType::Q5_0, DType::Q4_K_R16, DType::Q4_K,
+                         DType::Q2_K_R16, DType::Q2_K, DType::Q3_K_R16, DType::Q3_K};
   const int shapes[][2] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};  // rows, n
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -248,7 +249,7 @@ int main(int argc, char** argv) {
   const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                          DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0_R16, DType::Q4_0_R16,
-                         DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16, DType::Q6_K_R16};
+                         DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16, DType::Q6_K_R16, DType::Q2_K_R16, DType::Q3_K_R16};
   // rows x n: L2-resident, L3-resident (up to 32 MB), and 64 MB worth of rows (DRAM)
   const int shapes[][2] = {{576, 1536}, {4096, 4096}, {0, 4096}};
   std::mt19937 rng(1);

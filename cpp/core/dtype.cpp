@@ -18,7 +18,7 @@ const DTypeInfo kInfo[] = {
     {"q4_0_r16", 32, 18, true}, {"q4_1_r16", 32, 20, true}, {"q5_0_r16", 32, 22, true},
     {"q5_1_r16", 32, 24, true},  {"q8_0_r16", 32, 34, true},
     {"q4_k_r16", 256, 144, true}, {"q5_k_r16", 256, 176, true},
-    {"q6_k_r16", 256, 210, true},
+    {"q6_k_r16", 256, 210, true}, {"q2_k_r16", 256, 84, true}, {"q3_k_r16", 256, 110, true},
 };
 }  // namespace
 

@@ -3,7 +3,9 @@
 // its tiles in place instead of packing them, and the row kernel is that GEMM at T = 1 (no
 // horizontal sums). Same float order as the GGUF GEMMs, hence the same results bit for bit.
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "quant/kernels.h"
 #include "quant/kquant_acts.h"
@@ -325,32 +327,207 @@ struct Q6R16 {
   static constexpr bool kHasMin = false;
 };
 
+// ---- Q2_K and Q3_K ----
+//
+// A super-block of 16 rows (16 * 84 or 110 bytes): the f16 fields (Q2_K: d, dmin; Q3_K: d), then
+// dwords k of the rows' other bytes, one per lane. Q2_K: its 16 scale bytes (k = 0..3, each a
+// 4-bit scale and a 4-bit min), then qs (k = 4..19). Q3_K: hmask (k = 0..7), qs (8..23), the 12
+// packed 6-bit scales (24..26). Group g = 32h + 8j + m (element 4g..4g+3, sub-block s = g / 4) is
+// bits 2j, 2j + 1 of the bytes of qs dword 8h + m; Q3_K's third bit is bit 4h + j of the bytes
+// of hmask dword m, and its zero point is 4 (scales stored + 32). Per super-block and output, as
+// the GGUF GEMM (gemm_kquant_avx512.cpp) computes it: isum = sum_s scale_s * (sum over s of
+// q * a + term_s), acc = fma(float(isum), d * d_a, acc), and for Q2_K
+// acc = fnmadd(float(sum_s min_s * bsum_s), dmin * d_a, acc).
+
+template <bool kThreeBit>
+struct K2R16 {
+  using Block = std::conditional_t<kThreeBit, BlockQ3_K, BlockQ2_K>;
+  static constexpr int kChunk = int(kR16Rows * sizeof(Block));
+  static constexpr int kHeader = kThreeBit ? 32 : 64;
+  static constexpr int kQs = kThreeBit ? 8 : 4;  // the dword where qs starts
+  static constexpr int kSubBlocks = 16, kZeroPoint = kThreeBit ? 4 : 0;
+  static constexpr bool kHasMin = !kThreeBit;
+  static constexpr int64_t kUnpackOnceFrom = kThreeBit ? 8 : INT64_MAX;
+
+  FERRUM_AVX512_INLINE static __m512i dword(const char* chunk, int k) { return _mm512_loadu_si512(chunk + kHeader + 64 * k); }
+  // v shifted right by `bits` (left where negative).
+  FERRUM_AVX512_INLINE static __m512i shift(__m512i v, int bits) {
+    return bits >= 0 ? _mm512_srli_epi32(v, unsigned(bits)) : _mm512_slli_epi32(v, unsigned(-bits));
+  }
+  // Group 32h + 8j + m of the 16 rows, unsigned.
+  FERRUM_AVX512_INLINE static __m512i quants(const char* chunk, int h, int j, int m) {
+    __m512i q = _mm512_and_si512(shift(dword(chunk, kQs + 8 * h + m), 2 * j), _mm512_set1_epi8(3));
+    if constexpr (kThreeBit)
+      q = _mm512_or_si512(q, _mm512_and_si512(shift(dword(chunk, m), 4 * h + j - 2), _mm512_set1_epi8(4)));
+    return q;
+  }
+  // Scale of sub-block s as int32 lanes (Q3_K: less 32).
+  FERRUM_AVX512_INLINE static __m512i scale(const char* chunk, int s) {
+    if constexpr (!kThreeBit)
+      return _mm512_and_si512(shift(dword(chunk, s / 4), 8 * (s % 4)), _mm512_set1_epi32(15));
+    const int low_byte = s % 8;  // low 4 bits: nibble s / 8 of byte s % 8; top 2: bits 2 (s / 4) of byte 8 + s % 4
+    const __m512i low = _mm512_and_si512(shift(dword(chunk, 24 + low_byte / 4), 8 * (low_byte % 4) + 4 * (s / 8)), _mm512_set1_epi32(15));
+    const __m512i high = _mm512_and_si512(shift(dword(chunk, 26), 8 * (s % 4) + 2 * (s / 4) - 4), _mm512_set1_epi32(0x30));
+    return _mm512_sub_epi32(_mm512_or_si512(low, high), _mm512_set1_epi32(32));
+  }
+  // Q2_K: mins 2k, 2k + 1 as the int16 halves of each lane (vpdpwssd against the paired bsums).
+  FERRUM_AVX512_INLINE static __m512i min_pair(const char* chunk, int k) {
+    const __m512i x = dword(chunk, k / 2);
+    const int b = 2 * k % 4;  // byte of min 2k; 2k + 1's is the next
+    return _mm512_or_si512(_mm512_and_si512(shift(x, 8 * b + 4), _mm512_set1_epi32(15)),
+                           _mm512_and_si512(shift(x, 8 * b - 4), _mm512_set1_epi32(0xF0000)));
+  }
+};
+
+// Where gemm_block_k2 reads a super-block's quants, scales, mins and d: the R16 chunks in place
+// (K2InPlace), or a tile unpacked once (K2Unpacked: what pays from kUnpackOnceFrom activation
+// rows on, as the unpacking is most of the work per use).
+template <class F>
+struct K2InPlace {
+  const char* group[kGemmVecs];
+  FERRUM_AVX512_INLINE const char* chunk(int64_t sb, int v) const { return group[v] + sb * F::kChunk; }
+  FERRUM_AVX512_INLINE __m512i q(int64_t sb, int g, int v) const { return F::quants(chunk(sb, v), g / 32, g % 32 / 8, g % 8); }
+  FERRUM_AVX512_INLINE __m512i scale(int64_t sb, int s, int v) const { return F::scale(chunk(sb, v), s); }
+  FERRUM_AVX512_INLINE __m512i min_pair(int64_t sb, int k, int v) const { return F::min_pair(chunk(sb, v), k); }
+  FERRUM_AVX512_INLINE __m512 d(int64_t sb, int v, int f) const {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk(sb, v) + 32 * f)));
+  }
+};
+
+struct K2Tile {
+  std::vector<__m512i> quants, scales, min_pairs;  // [nb][64 groups / 16 / 8][kGemmVecs]
+  std::vector<__m512> fields;                      // [nb][d, dmin][kGemmVecs]
+};
+
+struct K2Unpacked {
+  const K2Tile& tile;
+  FERRUM_AVX512_INLINE __m512i q(int64_t sb, int g, int v) const { return tile.quants[size_t((sb * 64 + g) * kGemmVecs + v)]; }
+  FERRUM_AVX512_INLINE __m512i scale(int64_t sb, int s, int v) const { return tile.scales[size_t((sb * 16 + s) * kGemmVecs + v)]; }
+  FERRUM_AVX512_INLINE __m512i min_pair(int64_t sb, int k, int v) const { return tile.min_pairs[size_t((sb * 8 + k) * kGemmVecs + v)]; }
+  FERRUM_AVX512_INLINE __m512 d(int64_t sb, int v, int f) const { return tile.fields[size_t((sb * 2 + f) * kGemmVecs + v)]; }
+};
+
+template <class F>
+FERRUM_AVX512 void unpack_k2_tile(const K2InPlace<F>& src, int64_t nb, K2Tile& tile) {
+  tile.quants.resize(size_t(nb * 64 * kGemmVecs));
+  tile.scales.resize(size_t(nb * 16 * kGemmVecs));
+  tile.min_pairs.resize(size_t(nb * 8 * kGemmVecs));
+  tile.fields.resize(size_t(nb * 2 * kGemmVecs));
+  for (int64_t sb = 0; sb < nb; ++sb)
+    for (int v = 0; v < kGemmVecs; ++v) {
+      for (int g = 0; g < 64; ++g) tile.quants[size_t((sb * 64 + g) * kGemmVecs + v)] = src.q(sb, g, v);
+      for (int s = 0; s < 16; ++s) tile.scales[size_t((sb * 16 + s) * kGemmVecs + v)] = src.scale(sb, s, v);
+      for (int f = 0; f < (F::kHasMin ? 2 : 1); ++f) tile.fields[size_t((sb * 2 + f) * kGemmVecs + v)] = src.d(sb, v, f);
+      if constexpr (F::kHasMin)
+        for (int k = 0; k < 8; ++k) tile.min_pairs[size_t((sb * 8 + k) * kGemmVecs + v)] = src.min_pair(sb, k, v);
+    }
+}
+
+// kActs activation rows from t0 against the tile in src.
+template <class F, int kActs, class Source>
+FERRUM_AVX512 void gemm_block_k2(int64_t nb, const Source& src, const KActs& acts, int64_t t0, float* out,
+                                  int64_t ldo, int64_t rows, const Prefetch& prefetch) {
+  __m512 acc[kActs][kGemmVecs];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nb; ++sb) {
+    const BlockQ8_K* y[kActs];
+    const int32_t* terms[kActs];
+    for (int j = 0; j < kActs; ++j) {
+      y[j] = acts.rows[size_t(t0 + j)] + sb;
+      terms[j] = &acts.terms[size_t(((t0 + j) * nb + sb) * 16)];
+    }
+    __m512i isum[kActs][kGemmVecs];
+#pragma GCC unroll 16  // constant group indices: the in-place unpacking's shifts and offsets
+    for (int s = 0; s < 16; ++s) {
+      prefetch.at(16 * sb + s);
+      __m512i sum[kActs][kGemmVecs];
+      for (int j = 0; j < kActs; ++j)
+        for (int v = 0; v < kGemmVecs; ++v)
+          sum[j][v] = F::kZeroPoint ? _mm512_set1_epi32(terms[j][s]) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        // group g of sub-block s: g = 32h + 8j + m with h = s / 8, j = s % 8 / 2, m = 4 (s % 2) + i
+        const int g = 32 * (s / 8) + 8 * (s % 8 / 2) + 4 * (s % 2) + i;
+        __m512i q[kGemmVecs];
+        for (int v = 0; v < kGemmVecs; ++v) q[v] = src.q(sb, g, v);
+        for (int j = 0; j < kActs; ++j) {
+          int32_t a4;
+          std::memcpy(&a4, y[j]->qs + 4 * g, 4);
+          const __m512i a = _mm512_set1_epi32(a4);
+          for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
+        }
+      }
+      for (int v = 0; v < kGemmVecs; ++v) {
+        const __m512i scale = src.scale(sb, s, v);
+        for (int j = 0; j < kActs; ++j) {
+          const __m512i scaled = _mm512_mullo_epi32(sum[j][v], scale);
+          isum[j][v] = s == 0 ? scaled : _mm512_add_epi32(isum[j][v], scaled);
+        }
+      }
+    }
+    for (int v = 0; v < kGemmVecs; ++v) {
+      const __m512 d = src.d(sb, v, 0);
+      for (int j = 0; j < kActs; ++j) {
+        const __m512 d_a = _mm512_set1_ps(y[j]->d);
+        acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(d, d_a), acc[j][v]);
+        if constexpr (F::kHasMin) {
+          __m512i min_sum = _mm512_setzero_si512();
+          for (int k = 0; k < 8; ++k)
+            min_sum = _mm512_dpwssd_epi32(min_sum, src.min_pair(sb, k, v), _mm512_set1_epi32(terms[j][k]));
+          acc[j][v] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum), _mm512_mul_ps(src.d(sb, v, 1), d_a), acc[j][v]);
+        }
+      }
+    }
+  }
+  store_block<kActs>(acc, out, t0, ldo, rows);
+}
+
 struct KTile {
   const char* group[kGemmVecs];
 };
 
-// The k-quants' GEMM (F: K4R16<...> or Q6R16), also their batched decode kernel from 2 rows;
-// tiles of two groups read in place.
+// The k-quants' GEMM (F: K2R16<...>, K4R16<...> or Q6R16), also their batched decode kernel from 2 rows;
+// tiles of two groups read in place (Q2_K / Q3_K from kUnpackOnceFrom rows: unpacked once).
 template <class F>
 FERRUM_AVX512 void gemm_r16_kquant(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                                    size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
   const int64_t nb = n / kQKK;
   thread_local KActs acts;
   prepare_kquant_acts<F::kSubBlocks, F::kHasMin, F::kZeroPoint>(nb, act, act_row_bytes, T, acts);
-  walk_tiles(
-      w, w_row_bytes, F::kSubBlocks * nb, n, rows, T,
-      [&](int64_t r0, int64_t tile_rows) {
-        KTile tile;
-        tile_groups(w, w_row_bytes, r0, tile_rows, tile.group);
-        return tile;
-      },
-      [&](auto acts_per_call, const KTile& tile, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
-        constexpr int kActs = decltype(acts_per_call)::value;
-        if constexpr (std::is_same_v<F, Q6R16>)
-          gemm_block_q6k<kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
-        else
-          gemm_block_k4<F, kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
-      });
+  const auto tile_at = [&](int64_t r0, int64_t tile_rows) {
+    KTile tile;
+    tile_groups(w, w_row_bytes, r0, tile_rows, tile.group);
+    return tile;
+  };
+  const auto walk = [&](auto pack, auto block) { walk_tiles(w, w_row_bytes, F::kSubBlocks * nb, n, rows, T, pack, block); };
+  if constexpr (std::is_same_v<F, K2R16<false>> || std::is_same_v<F, K2R16<true>>) {
+    const auto in_place = [&](int64_t r0, int64_t tile_rows) {
+      K2InPlace<F> src;
+      std::memcpy(src.group, tile_at(r0, tile_rows).group, sizeof src.group);
+      return src;
+    };
+    const auto block = [&](auto acts_per_call, const auto& src, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
+      gemm_block_k2<F, decltype(acts_per_call)::value>(nb, src, acts, t, out + r0, ldo, tile_rows, pf);
+    };
+    if (T < F::kUnpackOnceFrom) {
+      walk(in_place, block);
+    } else {
+      thread_local K2Tile tile;
+      walk([&](int64_t r0, int64_t tile_rows) {
+        unpack_k2_tile(in_place(r0, tile_rows), nb, tile);
+        return K2Unpacked{tile};
+      }, block);
+    }
+  } else {
+    walk(tile_at, [&](auto acts_per_call, const KTile& tile, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
+      constexpr int kActs = decltype(acts_per_call)::value;
+      if constexpr (std::is_same_v<F, Q6R16>)
+        gemm_block_q6k<kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
+      else
+        gemm_block_k4<F, kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
+    });
+  }
 }
 
 template <class F>
@@ -371,6 +548,8 @@ DotRowsFn avx512_r16_dot_rows(DType t) {
     case DType::Q4_K_R16: return dot_rows_r16_kquant<K4R16<false>>;
     case DType::Q5_K_R16: return dot_rows_r16_kquant<K4R16<true>>;
     case DType::Q6_K_R16: return dot_rows_r16_kquant<Q6R16>;
+    case DType::Q2_K_R16: return dot_rows_r16_kquant<K2R16<false>>;
+    case DType::Q3_K_R16: return dot_rows_r16_kquant<K2R16<true>>;
     default: return nullptr;
   }
 }
@@ -385,6 +564,8 @@ DotBatchFn avx512_r16_gemm(DType t) {
     case DType::Q4_K_R16: return gemm_r16_kquant<K4R16<false>>;
     case DType::Q5_K_R16: return gemm_r16_kquant<K4R16<true>>;
     case DType::Q6_K_R16: return gemm_r16_kquant<Q6R16>;
+    case DType::Q2_K_R16: return gemm_r16_kquant<K2R16<false>>;
+    case DType::Q3_K_R16: return gemm_r16_kquant<K2R16<true>>;
     default: return nullptr;
   }
 }

@@ -12,11 +12,11 @@ namespace ferrum::quant {
 namespace {
 
 // One file type's block as the R16 layout sees it: `fields` f16 fields and the quant bytes (the
-// rest), the fields first in the file but for Q6_K.
+// rest), the fields first in the file but for Q2_K, Q3_K and Q6_K.
 struct BlockShape {
   int fields, block_bytes;
   uint32_t quant_xor;        // Q8_0: + 128 in every byte
-  bool fields_last = false;  // Q6_K: d follows the quants
+  bool fields_last = false;  // Q2_K, Q3_K, Q6_K: d (and dmin) follow the quants
   int header() const { return 32 * fields; }
   int field_at(int k) const { return (fields_last ? block_bytes - 2 * fields : 0) + 2 * k; }
   int quant_at(int k) const { return (fields_last ? 0 : 2 * fields) + 4 * k; }
@@ -36,6 +36,8 @@ const R16Type kR16Types[] = {
     {DType::Q4_K, DType::Q4_K_R16, {2, int(sizeof(BlockQ4_K)), 0}},        // d, dmin; scales, qs
     {DType::Q5_K, DType::Q5_K_R16, {2, int(sizeof(BlockQ5_K)), 0}},        // d, dmin; scales, qh, qs
     {DType::Q6_K, DType::Q6_K_R16, {1, int(sizeof(BlockQ6_K)), 0, true}},  // ql, qh, scales; d
+    {DType::Q2_K, DType::Q2_K_R16, {2, int(sizeof(BlockQ2_K)), 0, true}},  // scales, qs; d, dmin
+    {DType::Q3_K, DType::Q3_K_R16, {1, int(sizeof(BlockQ3_K)), 0, true}},  // hmask, qs, scales; d
 };
 
 // The entry whose file or R16 type is t; nullptr if none.

@@ -1,5 +1,5 @@
 // The R16 layouts (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 /
-// Q4_K / Q5_K / Q6_K rows whose kernels give the GGUF kernels' results bit for bit (the k-quants: their
+// Q2_K .. Q6_K rows whose kernels give the GGUF kernels' results bit for bit (the k-quants: their
 // GGUF GEMM's).
 #include <gtest/gtest.h>
 
@@ -14,7 +14,8 @@
 namespace ferrum::quant {
 namespace {
 
-const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
+                            DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 int64_t block_elems(DType t) { return dtype_info(t).block_elems; }
 
@@ -61,8 +62,8 @@ TEST(Repack, RoundTripsEveryRowAndDequantizesAsTheFileType) {
   }
   std::vector<uint8_t> w(dtype_bytes(DType::Q4_0, 32) * 8), out(w.size());
   EXPECT_THROW(repack_r16(DType::Q4_0, w.data(), out.data(), 8, 32), ValueError);  // not 16 rows
-  EXPECT_THROW(repack_r16(DType::Q3_K, w.data(), out.data(), 16, 256), ValueError);
-  EXPECT_EQ(r16_type(DType::Q3_K), DType::Q3_K);
+  EXPECT_THROW(repack_r16(DType::Q8_K, w.data(), out.data(), 16, 256), ValueError);
+  EXPECT_EQ(r16_type(DType::Q8_K), DType::Q8_K);
 }
 
 // The R16 row kernel from any group start and the R16 GEMM / batched kernel at every T equal
