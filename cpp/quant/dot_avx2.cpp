@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "quant/formats.h"
 #include "quant/kernels.h"
@@ -197,6 +198,58 @@ FERRUM_AVX2 float dot_k4(int64_t n, const void* w, const void* act) {  // Q4_K a
   return hsum(_mm256_sub_ps(acc, acc_min));
 }
 
+// Q2_K / Q3_K: 32 bytes of qs hold four 32-element quarters j in 2-bit fields (element
+// 128h + 32j + l is field j of qs[32h + l]); every 16 elements have a scale. Q2_K: 4-bit scales and
+// mins (acc - dmin * sum_s min_s * bsum_s); Q3_K: bit 4h + j of hmask[l] is the third bit,
+// the zero point is 4 (removed with the block sums, as Q6_K's) and the scales are 6-bit, offset 32.
+template <bool kThreeBit>
+FERRUM_AVX2 float dot_k2(int64_t n, const void* w, const void* act) {
+  using Block = std::conditional_t<kThreeBit, BlockQ3_K, BlockQ2_K>;
+  const Block* x = static_cast<const Block*>(w);
+  const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
+  const __m256i low2 = _mm256_set1_epi8(3), ones8 = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps(), acc_min = acc;
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
+    __m128i scale_bytes;  // the 16 scales as int8
+    __m256i isum, hmask;
+    if constexpr (kThreeBit) {
+      uint32_t a[3], sc[4];
+      std::memcpy(a, x[i].scales, 12);
+      for (int k = 0; k < 4; ++k)  // scales 4k..4k+3: low nibbles (k = 0, 1) / high (2, 3) of a[k % 2]
+        sc[k] = ((a[k % 2] >> (4 * (k / 2))) & 0x0f0f0f0fu) | (((a[2] >> (2 * k)) & 0x03030303u) << 4);
+      scale_bytes = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)), _mm_set1_epi8(32));
+      // sum_s scale_s * (-4 * bsum_s)
+      isum = _mm256_slli_epi32(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(scale_bytes)), 2);
+      isum = _mm256_sub_epi32(_mm256_setzero_si256(), isum);
+      hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].hmask));
+    } else {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales));
+      scale_bytes = _mm_and_si128(packed, _mm_set1_epi8(15));
+      const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15)));
+      acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, mins)),
+                                _mm256_set1_ps(h2f(x[i].dmin) * y[i].d), acc_min);
+      isum = _mm256_setzero_si256();
+    }
+    alignas(16) int8_t scales[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(scales), scale_bytes);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * h));
+      for (int j = 0; j < 4; ++j) {
+        __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), low2);
+        if constexpr (kThreeBit)
+          q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hmask, 4 * h + j), ones8), 2));
+        const int s = 8 * h + 2 * j;  // elements l < 16 and l >= 16 of the quarter
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 128 * h + 32 * j));
+        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(scales[s + 1]), _mm_set1_epi16(scales[s]));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), scale));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(x[i].d) * y[i].d), acc);
+  }
+  return hsum(_mm256_sub_ps(acc, acc_min));
+}
+
 // Q6_K: unsigned quants 0..63 times a, scaled per 16 elements; the -32 zero point is removed
 // with the activation block sums: sum_s scale_s * 32 * bsum_s.
 FERRUM_AVX2 float dot_q6_k(int64_t n, const void* w, const void* act) {
@@ -254,6 +307,8 @@ DotRowsFn avx2_dot_rows(DType t) {
     case DType::Q5_0: return for_each_row<dot_legacy<BlockQ5_0, 5, 4, false>>;
     case DType::Q5_1: return for_each_row<dot_legacy<BlockQ5_1, 5, 0, true>>;
     case DType::Q8_0: return for_each_row<dot_q8_0>;
+    case DType::Q2_K: return for_each_row<dot_k2<false>>;
+    case DType::Q3_K: return for_each_row<dot_k2<true>>;
     case DType::Q4_K: return for_each_row<dot_k4<false, BlockQ4_K>>;
     case DType::Q5_K: return for_each_row<dot_k4<true, BlockQ5_K>>;
     case DType::Q6_K: return for_each_row<dot_q6_k>;
