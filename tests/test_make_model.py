@@ -448,3 +448,24 @@ def test_llamacpp_reads_q4_k_m(models):
     assert int(logits[0].argmax()) == gen[0]
     shortfall = logits.max(axis=1) - logits[np.arange(8), gen]
     assert shortfall.max() < 0.05 * logits.std(), shortfall
+
+
+@pytest.mark.parametrize("dtype", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"])
+def test_ferrum_generates_from_k_quant_files_as_transformers_reads_them(models, dtype):
+    """ferrum's generation path on every k-quant (prefill int8 GEMM, decode in the CPU's R16
+    layouts: 256-wide rows, whole groups of 16) against transformers on the weights gguf-py
+    dequantizes. ferrum's activations are 8-bit in every matmul, so its greedy path may leave
+    transformers' after a few tokens; at every step its choice must be transformers' best token
+    up to that rounding (a misread block or a wrong kernel lands far from the top)."""
+    import ferrum
+    path = models("qwen3", "gguf", dtype, tokenizer=TOKENIZER_OF["mistral"], hidden_size=256,
+                  intermediate_size=512, num_layers=4)
+    assert {t.tensor_type.name for t in gguf.GGUFReader(path).tensors if t.name.endswith("ffn_up.weight")} == {dtype.upper()}
+    llm = ferrum.LLM(str(path), num_threads=2)
+    prompt = llm.tokenizer.encode("Once upon a time there was")
+    out = llm.generate(prompt_token_ids=[prompt], sampling_params=ferrum.SamplingParams(
+        max_tokens=8, temperature=0, ignore_eos=True))[0].outputs[0].token_ids
+    logits = _logits(_load_gguf(path, head_dim=64), prompt + out)[len(prompt) - 1:-1]
+    assert int(logits[0].argmax()) == out[0]
+    shortfall = logits.max(axis=1) - logits[np.arange(8), out]
+    assert shortfall.max() < 0.05 * logits.std(), shortfall
