@@ -1,6 +1,8 @@
 #include "io/gguf.h"
 
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -92,6 +94,19 @@ int64_t GgufValue::integer() const {
   throw ValueError("GGUF value is not an integer");
 }
 
+namespace {
+// The name of a ggml type ferrum does not read, for the error (the number where unknown).
+std::string ggml_type_name(uint32_t type) {
+  static const std::pair<uint32_t, const char*> kNames[] = {
+      {16, "IQ2_XXS"}, {17, "IQ2_XS"}, {18, "IQ3_XXS"}, {19, "IQ1_S"}, {20, "IQ4_NL"}, {21, "IQ3_S"},
+      {22, "IQ2_S"},   {23, "IQ4_XS"}, {25, "I16"},     {27, "I64"},   {28, "F64"},    {29, "IQ1_M"},
+      {34, "TQ1_0"},   {35, "TQ2_0"},  {39, "MXFP4"}};
+  for (const auto& [id, name] : kNames)
+    if (id == type) return std::string(name) + " (" + std::to_string(type) + ")";
+  return std::to_string(type);
+}
+}  // namespace
+
 DType dtype_from_ggml(uint32_t type, const std::string& path, const std::string& tensor) {
   switch (type) {
     case 0: return DType::F32;
@@ -112,8 +127,9 @@ DType dtype_from_ggml(uint32_t type, const std::string& path, const std::string&
     case 26: return DType::I32;
     case 30: return DType::BF16;
     default:
-      throw FormatError(path + ": tensor '" + tensor + "' has ggml type " + std::to_string(type) +
-                        ", which ferrum does not read");
+      throw FormatError(path + ": tensor '" + tensor + "' has ggml type " + ggml_type_name(type) +
+                        ", which ferrum does not read (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, "
+                        "Q5_1, Q8_0 and Q2_K .. Q6_K)");
   }
 }
 
