@@ -156,16 +156,16 @@ def test_gguf_bad_version(tmp_path):
 
 
 def test_gguf_tensor_type_ferrum_does_not_read(tmp_path):
-    """An i-quant (IQ4_XS, common in published GGUFs) is named in the error, not just numbered."""
+    """A ggml type ferrum does not read (here IQ2_XXS) is named in the error, not just numbered."""
     import gguf
-    p = tmp_path / "iq4_xs.gguf"
+    p = tmp_path / "iq2_xxs.gguf"
     w = gguf.GGUFWriter(str(p), "llama")
-    w.add_tensor("token_embd.weight", np.zeros((16, 136), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ4_XS)
+    w.add_tensor("token_embd.weight", np.zeros((16, 66), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match="token_embd.weight' has ggml type IQ4_XS \\(23\\), which ferrum does not read"):
+    with pytest.raises(ValueError, match="token_embd.weight' has ggml type IQ2_XXS \\(16\\), which ferrum does not read"):
         _core.ModelRunner(str(p))
 
 

@@ -31,11 +31,13 @@ PROMPTS = [[1, 500, 2000, 33, 7, 900, 1200, 45, 46, 47, 3000, 12, 13, 14, 15, 16
            [17, 17, 17, 17, 17, 17, 17, 17], [29000, 2, 310, 8, 9000, 4, 77, 31000, 5]]
 # f16 scale fields of each block type, for layout checks on random bytes
 F16_FIELDS = {"q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0],
-              "q2_k": [80, 82], "q3_k": [108], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208]}
+              "q2_k": [80, 82], "q3_k": [108], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208],
+              "iq4_nl": [0], "iq4_xs": [0]}
 # relative RMS error of quantize -> dequantize on Gaussian data (this round-to-nearest
 # quantizer; llama-quantize's scale search does a little better on k-quants)
 RMSE_BOUND = {"q8_0": 0.007, "q4_0": 0.1, "q4_1": 0.09, "q5_0": 0.05, "q5_1": 0.045,
-              "q2_k": 0.36, "q3_k": 0.18, "q4_k": 0.09, "q5_k": 0.045, "q6_k": 0.022}
+              "q2_k": 0.36, "q3_k": 0.18, "q4_k": 0.09, "q5_k": 0.045, "q6_k": 0.022,
+              "iq4_nl": 0.09, "iq4_xs": 0.095}
 
 
 def _ggml(t):
@@ -434,12 +436,14 @@ def test_llamacpp_llama3_rope_scaling(models):
     assert _greedy(hf, res["prompt_ids"], 8) == res["generated_ids"]
 
 
-def test_llamacpp_reads_q4_k_m(models):
-    """llama.cpp decodes our k-quant blocks as transformers (through gguf-py) does. llama.cpp
-    multiplies with 8-bit quantized activations, so its greedy path may leave transformers'
-    after a few tokens; at every step of its path its choice must still be transformers'
-    best token up to that rounding (a misread block would give a token far from the top)."""
-    path = models("qwen3", "gguf", "q4_k_m", tokenizer=TOKENIZER_OF["mistral"], hidden_size=256,
+@pytest.mark.parametrize("dtype", ["q4_k_m", "iq4_xs", "iq4_nl"])
+def test_llamacpp_reads_our_k_and_iq4_quants(models, dtype):
+    """llama.cpp decodes our k-quant and IQ4 blocks as transformers (through gguf-py) does.
+    llama.cpp multiplies with 8-bit quantized activations, so its greedy path may leave
+    transformers' after a few tokens; at every step of its path its choice must still be
+    transformers' best token up to that rounding (a misread block would give a token far from
+    the top)."""
+    path = models("qwen3", "gguf", dtype, tokenizer=TOKENIZER_OF["mistral"], hidden_size=256,
                   intermediate_size=512, num_layers=4)
     res = _llamacpp(path)
     prompt, gen = res["prompt_ids"], res["generated_ids"]
@@ -450,11 +454,11 @@ def test_llamacpp_reads_q4_k_m(models):
     assert shortfall.max() < 0.05 * logits.std(), shortfall
 
 
-@pytest.mark.parametrize("dtype", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("dtype", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"])
 def test_ferrum_generates_from_k_quant_files_as_transformers_reads_them(models, dtype):
     """ferrum's generation path on every k-quant (prefill int8 GEMM, decode in the CPU's R16
-    layouts: 256-wide rows, whole groups of 16) against transformers on the weights gguf-py
-    dequantizes. ferrum's activations are 8-bit in every matmul, so its greedy path may leave
+    layouts: 256-wide rows, whole groups of 16) and IQ4 type (their row kernels, dequantized
+    tiles for prefill) against transformers on the weights gguf-py dequantizes. ferrum's activations are 8-bit in every matmul, so its greedy path may leave
     transformers' after a few tokens; at every step its choice must be transformers' best token
     up to that rounding (a misread block or a wrong kernel lands far from the top)."""
     import ferrum

@@ -249,7 +249,8 @@ int main(int argc, char** argv) {
   const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                          DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0_R16, DType::Q4_0_R16,
-                         DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16, DType::Q6_K_R16, DType::Q2_K_R16, DType::Q3_K_R16};
+                         DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16, DType::Q6_K_R16, DType::Q2_K_R16, DType::Q3_K_R16,
+                         DType::IQ4_NL, DType::IQ4_XS};
   // rows x n: L2-resident, L3-resident (up to 32 MB), and 64 MB worth of rows (DRAM)
   const int shapes[][2] = {{576, 1536}, {4096, 4096}, {0, 4096}};
   std::mt19937 rng(1);

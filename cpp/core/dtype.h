@@ -12,9 +12,10 @@ enum class DType : uint8_t {
   F32, F16, BF16, I32, I8,
   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1,
   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
+  IQ4_NL, IQ4_XS,
   Q4_0_R16, Q4_1_R16, Q5_0_R16, Q5_1_R16, Q8_0_R16, Q4_K_R16, Q5_K_R16, Q6_K_R16, Q2_K_R16, Q3_K_R16,
 };
-constexpr DType kLastFileType = DType::Q8_K;  // the types weight files and tests may name
+constexpr DType kLastFileType = DType::IQ4_XS;  // the types weight files and tests may name
 constexpr DType kLastType = DType::Q3_K_R16;
 
 struct DTypeInfo {

@@ -98,9 +98,9 @@ namespace {
 // The name of a ggml type ferrum does not read, for the error (the number where unknown).
 std::string ggml_type_name(uint32_t type) {
   static const std::pair<uint32_t, const char*> kNames[] = {
-      {16, "IQ2_XXS"}, {17, "IQ2_XS"}, {18, "IQ3_XXS"}, {19, "IQ1_S"}, {20, "IQ4_NL"}, {21, "IQ3_S"},
-      {22, "IQ2_S"},   {23, "IQ4_XS"}, {25, "I16"},     {27, "I64"},   {28, "F64"},    {29, "IQ1_M"},
-      {34, "TQ1_0"},   {35, "TQ2_0"},  {39, "MXFP4"}};
+      {16, "IQ2_XXS"}, {17, "IQ2_XS"}, {18, "IQ3_XXS"}, {19, "IQ1_S"}, {21, "IQ3_S"}, {22, "IQ2_S"},
+      {25, "I16"},     {27, "I64"},    {28, "F64"},     {29, "IQ1_M"}, {34, "TQ1_0"}, {35, "TQ2_0"},
+      {39, "MXFP4"}};
   for (const auto& [id, name] : kNames)
     if (id == type) return std::string(name) + " (" + std::to_string(type) + ")";
   return std::to_string(type);
@@ -123,13 +123,15 @@ DType dtype_from_ggml(uint32_t type, const std::string& path, const std::string&
     case 13: return DType::Q5_K;
     case 14: return DType::Q6_K;
     case 15: return DType::Q8_K;
+    case 20: return DType::IQ4_NL;
+    case 23: return DType::IQ4_XS;
     case 24: return DType::I8;
     case 26: return DType::I32;
     case 30: return DType::BF16;
     default:
       throw FormatError(path + ": tensor '" + tensor + "' has ggml type " + ggml_type_name(type) +
                         ", which ferrum does not read (it reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, "
-                        "Q5_1, Q8_0 and Q2_K .. Q6_K)");
+                        "Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL and IQ4_XS)");
   }
 }
 

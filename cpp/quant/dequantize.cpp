@@ -75,6 +75,27 @@ void dequant_q8(const Block* b, float* y, int64_t nb) {  // Q8_0 and Q8_1
   }
 }
 
+void dequant_iq4_nl(const BlockIQ4_NL* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQK) {
+    const float d = h2f(b[i].d);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[j] = d * float(kIq4Values[b[i].qs[j] & 15]);
+      y[j + kQK / 2] = d * float(kIq4Values[b[i].qs[j] >> 4]);
+    }
+  }
+}
+
+void dequant_iq4_xs(const BlockIQ4_XS* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i)
+    for (int s = 0; s < 8; ++s, y += 32) {
+      const float dl = h2f(b[i].d) * float(iq4xs_scale(b[i], s));
+      for (int j = 0; j < 16; ++j) {
+        y[j] = dl * float(kIq4Values[b[i].qs[16 * s + j] & 15]);
+        y[j + 16] = dl * float(kIq4Values[b[i].qs[16 * s + j] >> 4]);
+      }
+    }
+}
+
 void dequant_q2_k(const BlockQ2_K* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
@@ -215,6 +236,8 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
     case DType::Q5_K: dequant_q5_k(static_cast<const BlockQ5_K*>(src), dst, nb); return;
     case DType::Q6_K: dequant_q6_k(static_cast<const BlockQ6_K*>(src), dst, nb); return;
     case DType::Q8_K: dequant_q8_k(static_cast<const BlockQ8_K*>(src), dst, nb); return;
+    case DType::IQ4_NL: dequant_iq4_nl(static_cast<const BlockIQ4_NL*>(src), dst, nb); return;
+    case DType::IQ4_XS: dequant_iq4_xs(static_cast<const BlockIQ4_XS*>(src), dst, nb); return;
     default: break;
   }
   throw ValueError(std::string("dequantize: unsupported dtype ") + dtype_name(t));

@@ -250,6 +250,50 @@ FERRUM_AVX2 float dot_k2(int64_t n, const void* w, const void* act) {
   return hsum(_mm256_sub_ps(acc, acc_min));
 }
 
+// IQ4_NL / IQ4_XS: vpshufb maps the nibbles to the 16 non-linear levels; the signed levels meet
+// the signed activations as maddubs(|w|, a * sign(w)) (pair sums up to 2 * 127 * 127: no
+// saturation).
+
+// 16 bytes of nibbles -> the 32 levels: low nibbles (elements 0..15), then high ones (16..31).
+FERRUM_AVX2 inline __m256i iq4_levels(const uint8_t* qs) {
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values));
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)), low4 = _mm_set1_epi8(15);
+  return _mm256_set_m128i(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), low4)),
+                          _mm_shuffle_epi8(table, _mm_and_si128(q, low4)));
+}
+
+// 16 int16 sums of adjacent w * a products (both signed).
+FERRUM_AVX2 inline __m256i signed_pairs(__m256i w, const int8_t* a) {
+  const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w));
+}
+
+FERRUM_AVX2 float dot_iq4_nl(int64_t n, const void* w, const void* act) {
+  const BlockIQ4_NL* x = static_cast<const BlockIQ4_NL*>(w);
+  const BlockQ8_0* y = static_cast<const BlockQ8_0*>(act);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    const __m256i isum = _mm256_madd_epi16(signed_pairs(iq4_levels(x[i].qs), y[i].qs), _mm256_set1_epi16(1));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), acc);
+  }
+  return hsum(acc);
+}
+
+FERRUM_AVX2 float dot_iq4_xs(int64_t n, const void* w, const void* act) {
+  const BlockIQ4_XS* x = static_cast<const BlockIQ4_XS*>(w);
+  const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      const __m256i pairs = signed_pairs(iq4_levels(x[i].qs + 16 * s), y[i].qs + 32 * s);
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(int16_t(iq4xs_scale(x[i], s)))));
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(x[i].d) * y[i].d), acc);
+  }
+  return hsum(acc);
+}
+
 // Q6_K: unsigned quants 0..63 times a, scaled per 16 elements; the -32 zero point is removed
 // with the activation block sums: sum_s scale_s * 32 * bsum_s.
 FERRUM_AVX2 float dot_q6_k(int64_t n, const void* w, const void* act) {
@@ -309,6 +353,8 @@ DotRowsFn avx2_dot_rows(DType t) {
     case DType::Q8_0: return for_each_row<dot_q8_0>;
     case DType::Q2_K: return for_each_row<dot_k2<false>>;
     case DType::Q3_K: return for_each_row<dot_k2<true>>;
+    case DType::IQ4_NL: return for_each_row<dot_iq4_nl>;
+    case DType::IQ4_XS: return for_each_row<dot_iq4_xs>;
     case DType::Q4_K: return for_each_row<dot_k4<false, BlockQ4_K>>;
     case DType::Q5_K: return for_each_row<dot_k4<true, BlockQ5_K>>;
     case DType::Q6_K: return for_each_row<dot_q6_k>;

@@ -82,6 +82,37 @@ float dot_q8_0(int64_t n, const void* w, const void* a) {
   return sum;
 }
 
+float dot_iq4_nl(int64_t n, const void* w, const void* a) {
+  const BlockIQ4_NL* x = static_cast<const BlockIQ4_NL*>(w);
+  const BlockQ8_0* y = static_cast<const BlockQ8_0*>(a);
+  float sum = 0;
+  for (int64_t i = 0; i < n / kQK; ++i) {
+    int s = 0;
+    for (int j = 0; j < kQK / 2; ++j)
+      s += kIq4Values[x[i].qs[j] & 15] * y[i].qs[j] + kIq4Values[x[i].qs[j] >> 4] * y[i].qs[j + kQK / 2];
+    sum += h2f(x[i].d) * h2f(y[i].d) * float(s);
+  }
+  return sum;
+}
+
+float dot_iq4_xs(int64_t n, const void* w, const void* a) {
+  const BlockIQ4_XS* x = static_cast<const BlockIQ4_XS*>(w);
+  const BlockQ8_K* y = static_cast<const BlockQ8_K*>(a);
+  float sum = 0;
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    int sum_scaled = 0;
+    for (int s = 0; s < 8; ++s) {
+      int sq = 0;
+      for (int j = 0; j < 16; ++j)
+        sq += kIq4Values[x[i].qs[16 * s + j] & 15] * y[i].qs[32 * s + j] +
+              kIq4Values[x[i].qs[16 * s + j] >> 4] * y[i].qs[32 * s + j + 16];
+      sum_scaled += iq4xs_scale(x[i], s) * sq;
+    }
+    sum += y[i].d * h2f(x[i].d) * float(sum_scaled);
+  }
+  return sum;
+}
+
 // Sum of Q8_K activations over 32-element sub-block j (two bsums).
 int bsum32(const BlockQ8_K& y, int j) { return y.bsums[2 * j] + y.bsums[2 * j + 1]; }
 
@@ -181,8 +212,10 @@ DType dot_act_type(DType weight_type) {
     // Q4_1 / Q5_1 use Q8_0 too: the activation sum their min term needs is summed exactly from
     // the int8 quants instead of Q8_1's f16-rounded d * sum.
     case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0:
+    case DType::IQ4_NL:
       return DType::Q8_0;
     case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+    case DType::IQ4_XS:
       return DType::Q8_K;
     default:  // an R16 layout: its file type's; else no kernel (callers check scalar_dot_rows first)
       return is_r16(weight_type) ? dot_act_type(r16_source(weight_type)) : weight_type;
@@ -199,6 +232,8 @@ DotRowsFn scalar_dot_rows(DType t) {
     case DType::Q5_0: return for_each_row<dot_legacy<BlockQ5_0, 5, 16, false>>;
     case DType::Q5_1: return for_each_row<dot_legacy<BlockQ5_1, 5, 0, true>>;
     case DType::Q8_0: return for_each_row<dot_q8_0>;
+    case DType::IQ4_NL: return for_each_row<dot_iq4_nl>;
+    case DType::IQ4_XS: return for_each_row<dot_iq4_xs>;
     case DType::Q2_K: return for_each_row<dot_q2_k>;
     case DType::Q3_K: return for_each_row<dot_q3_k>;
     case DType::Q4_K: return for_each_row<dot_k4<false, BlockQ4_K>>;

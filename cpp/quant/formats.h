@@ -77,6 +77,26 @@ struct BlockQ6_K {
   int8_t scales[kQKK / 16];
   uint16_t d;
 };
+// The i-quants' non-linear 4-bit levels.
+inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+// x = d * kIq4Values[q], q in 0..15; nibble layout as Q4_0.
+struct BlockIQ4_NL {
+  uint16_t d;
+  uint8_t qs[kQK / 2];
+};
+// 8 sub-blocks of 32: x = d * (scale - 32) * kIq4Values[q]; the 6-bit scale j keeps its low 4
+// bits in nibble j % 2 of scales_l[j / 2] and its top 2 in bits 2j, 2j + 1 of scales_h; sub-block
+// j's quants are qs[16j..16j + 15] in IQ4_NL's nibble layout.
+struct BlockIQ4_XS {
+  uint16_t d, scales_h;
+  uint8_t scales_l[kQKK / 64];
+  uint8_t qs[kQKK / 2];
+};
+// Scale j of an IQ4_XS super-block, less 32.
+inline int iq4xs_scale(const BlockIQ4_XS& b, int j) {
+  return (((b.scales_l[j / 2] >> (4 * (j % 2))) & 15) | (((b.scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+
 // Activation format of the k-quant dot products: x = d * q; bsums[i] = sum of qs[16i..16i+15].
 struct BlockQ8_K {
   float d;
@@ -90,6 +110,7 @@ static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36, "format size")
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110, "format size");
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176, "format size");
 static_assert(sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292, "format size");
+static_assert(sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136, "format size");
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block: j < 4 live in the
 // low 6 bits of bytes j and j + 4; j >= 4 keep 4 bits in byte j + 4 and their top 2 bits in the

@@ -3,7 +3,8 @@
 // are the simple form of llama.cpp's: each sub-block gets its own (scale, min) from its range,
 // those are rounded to the format's 4/6/8-bit codes against one f16 super-block scale, and the
 // values are then rounded against the decoded (code * f16 scale) step, without llama.cpp's
-// iterative error search.
+// iterative error search. IQ4_NL / IQ4_XS: nearest levels of a block scale set by the largest
+// magnitude (the same steps as the writer's in python/ferrum/tools/quantize.py).
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -305,6 +306,49 @@ void quant_q6_k(const float* x, BlockQ6_K* y, int64_t nb) {
   }
 }
 
+// IQ4: the level nearest v (v already divided by the block's scale).
+int iq4_nearest(float v) {
+  int best = 0;
+  for (int k = 1; k < 16; ++k)
+    if (std::fabs(v - kIq4Values[k]) < std::fabs(v - kIq4Values[best])) best = k;
+  return best;
+}
+
+// IQ4_NL: the largest magnitude maps to the level -127 (d in f16), every value to its nearest
+// level (without llama.cpp's scale search).
+void quant_iq4_nl(const float* x, BlockIQ4_NL* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    y[i].d = f2h(signed_absmax(x, kQK) / -127.0f);
+    const float d = h2f(y[i].d), id = d != 0 ? 1.0f / d : 0.0f;
+    for (int j = 0; j < kQK / 2; ++j)
+      y[i].qs[j] = uint8_t(iq4_nearest(x[j] * id) | (iq4_nearest(x[j + kQK / 2] * id) << 4));
+  }
+}
+
+// IQ4_XS: each 32-element sub-block's scale maps its largest magnitude to -127; the scales are
+// rounded to 6-bit codes against one f16 d (the largest at -32), then every value to its nearest
+// level of the decoded sub-block scale.
+void quant_iq4_xs(const float* x, BlockIQ4_XS* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQKK) {
+    float scale[8];
+    for (int s = 0; s < 8; ++s) scale[s] = signed_absmax(x + 32 * s, 32) / -127.0f;
+    const uint16_t dh = f2h(signed_absmax(scale, 8) / -32.0f);
+    const float d = h2f(dh);
+    y[i].d = dh;
+    y[i].scales_h = 0;
+    std::memset(y[i].scales_l, 0, sizeof y[i].scales_l);
+    for (int s = 0; s < 8; ++s) {
+      const int ls = d != 0 ? clamp_int(nearest_int(scale[s] / d), -32, 31) : 0;
+      const int code = ls + 32;
+      y[i].scales_l[s / 2] |= uint8_t((code & 15) << (4 * (s % 2)));
+      y[i].scales_h |= uint16_t((code >> 4) << (2 * s));
+      const float eff = d * float(ls), ie = eff != 0 ? 1.0f / eff : 0.0f;
+      for (int j = 0; j < 16; ++j)
+        y[i].qs[16 * s + j] = uint8_t(iq4_nearest(x[32 * s + j] * ie) | (iq4_nearest(x[32 * s + j + 16] * ie) << 4));
+    }
+  }
+}
+
 }  // namespace
 
 void quantize_row(DType t, const float* src, void* dst, int64_t n) {
@@ -346,6 +390,8 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
       if (avx512_quantizer()) detail::avx512_quantize_q8_k(src, dst, nb);
       else quant_q8_k(src, static_cast<BlockQ8_K*>(dst), nb);
       return;
+    case DType::IQ4_NL: quant_iq4_nl(src, static_cast<BlockIQ4_NL*>(dst), nb); return;
+    case DType::IQ4_XS: quant_iq4_xs(src, static_cast<BlockIQ4_XS*>(dst), nb); return;
     default: break;
   }
   throw ValueError(std::string("quantize: unsupported dtype ") + dtype_name(t));

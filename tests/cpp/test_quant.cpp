@@ -252,13 +252,19 @@ double roundtrip_bound(DType t) {
     case DType::Q5_K: return 1.0 / 31 + 1.0 / 63 + 1.0 / 126 + f16;
     // one clamped step A/32 plus 32 levels * (A/32) / 256 from the 8-bit scale codes.
     case DType::Q6_K: return 1.0 / 32 + 1.0 / 256 + f16;
+    // A at the level -127: the widest half gap is 113..127 (values past 113 d), 14 d = 14A/127.
+    case DType::IQ4_NL: return 14.0 / 127 + f16;
+    // the same per sub-block scale s (<= A/127), whose 6-bit code is off by up to one step
+    // (A/127/32; a full step where +32 clamps to 31): 14 (s + step) + 127 step.
+    case DType::IQ4_XS: return 14.0 / 127 * (1 + 1.0 / 32) + 1.0 / 32 + f16;
     default: return 0;
   }
 }
 
-const DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1,
-                           DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q8_1, DType::Q2_K,
-                           DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_K};
+const DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0,   DType::Q4_1,
+                           DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q8_1,   DType::Q2_K,
+                           DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K,   DType::Q8_K,
+                           DType::IQ4_NL, DType::IQ4_XS};
 
 // Random rows whose blocks have different magnitudes and offsets, with an occasional outlier.
 std::vector<float> random_row(std::mt19937& rng, int64_t n) {

@@ -34,19 +34,19 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "qwen3_moe": "qwen3moe"}
 
 DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
-          "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m")
+          "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m", "iq4_nl", "iq4_xs")
 
 # --dtype -> general.file_type (llama.cpp's llama_ftype); a pure k-quant is reported as the
 # smallest mix of that type.
 FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9,
              "q2_k": 10, "q3_k": 11, "q4_k": 14, "q4_k_m": 15, "q5_k": 16, "q6_k": 18,
-             "bf16": 32}
+             "iq4_nl": 25, "iq4_xs": 30, "bf16": 32}
 
-# A k-quant tensor whose rows are not a multiple of 256 is stored as llama.cpp's quantizer
-# stores it (llama_tensor_get_type's fallback), except Q2_K/Q3_K -> Q4_0 where llama.cpp
-# uses IQ4_NL (not implemented here). A row that is not a multiple of 32 either -> F16.
+# A k-quant (or IQ4_XS) tensor whose rows are not a multiple of 256 is stored as llama.cpp's
+# quantizer stores it (llama_tensor_get_type's fallback), except Q2_K/Q3_K -> Q4_0 where
+# llama.cpp uses IQ4_NL. A row that is not a multiple of 32 either -> F16.
 K_QUANT_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1",
-                    "q6_k": "q8_0"}
+                    "q6_k": "q8_0", "iq4_xs": "iq4_nl"}
 
 _HF_TO_GGUF = [
     (r"model\.embed_tokens\.weight", "token_embd.weight"),

@@ -18,13 +18,20 @@ Layouts (ggml's, little-endian; "d" is an f16 scale):
                                                     x = d*sc*q - dmin*m  q in 0..15, 8 sub-blocks of 32
   Q5_K 256 el,176 B: d, dmin, scales[12], qh[32], qs[128]   as Q4_K with q in 0..31
   Q6_K 256 el,210 B: ql[128], qh[64], scales[16] (int8), d  x = d*sc*(q-32)  q in 0..63, 16 x 16
+  IQ4_NL 32 el, 18 B: d, qs[16]                     x = d * V[q]         q in 0..15, V the 16
+                                                    non-linear levels IQ4_VALUES
+  IQ4_XS 256 el,136 B: d, scales_h (u16), scales_l[4], qs[128]
+                                                    x = d*(sc-32)*V[q]   8 sub-blocks of 32, 6-bit
+                                                    sc: low 4 bits in scales_l, top 2 in scales_h
 Low-bit packing: legacy types put element j in the low nibble and j+16 in the high nibble of
 byte j; k-quants pack 32 consecutive elements per bit-plane (see the _pack/_unpack helpers).
 
 The k-quant quantizers use the plain reference algorithm (per sub-block min/max or absmax,
 then 6- or 4-bit quantized sub-block scales, then re-rounding with the stored scales), not
 llama.cpp's iterative scale search: the files are valid and decode the same everywhere, they
-are only slightly less accurate than llama-quantize's.
+are only slightly less accurate than llama-quantize's. The IQ4 quantizers map each block's
+(sub-block's) largest magnitude to the level -127 and pick the nearest levels (llama.cpp also
+searches the scale).
 """
 from __future__ import annotations
 
@@ -34,8 +41,10 @@ import numpy as np
 BLOCK_SIZES = {
     "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34),
     "q2_k": (256, 84), "q3_k": (256, 110), "q4_k": (256, 144), "q5_k": (256, 176),
-    "q6_k": (256, 210),
+    "q6_k": (256, 210), "iq4_nl": (32, 18), "iq4_xs": (256, 136),
 }
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      dtype=np.float32)
 QUANT_TYPES = tuple(BLOCK_SIZES)
 
 
@@ -330,10 +339,54 @@ def _dq6_k(b):
     return np.repeat(_f16_from(b[:, 208:210]) * sc, 16, axis=1) * q
 
 
+def _iq4_nearest(v):
+    """Index of the level nearest each value (v already divided by the scale)."""
+    return np.abs(v[..., None] - IQ4_VALUES).argmin(axis=-1).astype(np.uint8)
+
+
+def _iq4_nl(x):
+    d = (_signed_absmax(x) / np.float32(-127)).astype(np.float16).astype(np.float32)
+    idx = _iq4_nearest(x * _safe_inverse(d)[:, None])
+    return np.concatenate([_f16_bytes(d), _pack_nibbles_split16(idx)], axis=1)
+
+
+def _diq4_nl(b):
+    return _f16_from(b[:, :2]) * IQ4_VALUES[_unpack_nibbles_split16(b[:, 2:])]
+
+
+def _iq4_xs(x):
+    nb = x.shape[0]
+    sub = x.reshape(nb, 8, 32)
+    scale = _signed_absmax(sub) / np.float32(-127)  # per sub-block
+    d = (_signed_absmax(scale) / np.float32(-32)).astype(np.float16).astype(np.float32)
+    ls = np.clip(round_half_away(scale * _safe_inverse(d)[:, None]), -32, 31).astype(np.int16)
+    eff = d[:, None] * ls
+    idx = _iq4_nearest(sub * _safe_inverse(eff)[:, :, None])  # (nb, 8, 32)
+    u = (ls + 32).astype(np.uint16)
+    scales_h = ((u >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(axis=1).astype(np.uint16)
+    scales_l = ((u[:, 0::2] & 15) | ((u[:, 1::2] & 15) << 4)).astype(np.uint8)
+    qs = _pack_nibbles_split16(idx.reshape(nb * 8, 32)).reshape(nb, 128)
+    return np.concatenate([_f16_bytes(d), scales_h.reshape(-1, 1).view(np.uint8), scales_l, qs], axis=1)
+
+
+def _diq4_xs(b):
+    nb = b.shape[0]
+    d = _f16_from(b[:, :2])[:, 0]
+    scales_h = np.ascontiguousarray(b[:, 2:4]).view(np.uint16)[:, 0]
+    scales_l = b[:, 4:8]
+    j = np.arange(8)
+    ls = ((scales_l[:, j // 2] >> (4 * (j % 2))) & 15) | (((scales_h[:, None] >> (2 * j)) & 3) << 4)
+    dl = d[:, None] * (ls.astype(np.float32) - 32)
+    q = IQ4_VALUES[_unpack_nibbles_split16(b[:, 8:].reshape(nb * 8, 16))].reshape(nb, 8, 32)
+    return (dl[:, :, None] * q).reshape(nb, 256)
+
+
 _QUANTIZERS = {"q4_0": _q4_0, "q4_1": _q4_1, "q5_0": _q5_0, "q5_1": _q5_1, "q8_0": _q8_0,
-               "q2_k": _q2_k, "q3_k": _q3_k, "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}
+               "q2_k": _q2_k, "q3_k": _q3_k, "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k,
+               "iq4_nl": _iq4_nl, "iq4_xs": _iq4_xs}
 _DEQUANTIZERS = {"q4_0": _dq4_0, "q4_1": _dq4_1, "q5_0": _dq5_0, "q5_1": _dq5_1, "q8_0": _dq8_0,
-                 "q2_k": _dq2_k, "q3_k": _dq3_k, "q4_k": _dq4_k, "q5_k": _dq5_k, "q6_k": _dq6_k}
+                 "q2_k": _dq2_k, "q3_k": _dq3_k, "q4_k": _dq4_k, "q5_k": _dq5_k, "q6_k": _dq6_k,
+                 "iq4_nl": _diq4_nl, "iq4_xs": _diq4_xs}
 
 # Rows processed per numpy call: bounds the temporaries when quantizing a 1B-parameter model.
 _CHUNK_ELEMENTS = 1 << 22
