@@ -197,7 +197,7 @@ void bench_gemm() {
 // linear_dot commands run per thread, without the model around them.
 void bench_prefill() {
   const DType types[] = {DType::Q4_1_R16, DType::Q8_0_R16, DType::Q4_1, DType::Q5_0_R16, DType::Q5_0, DType::Q4_K_R16, DType::Q4_K,
-                         DType::Q2_K_R16, DType::Q2_K, DType::Q3_K_R16, DType::Q3_K};
+                         DType::Q2_K_R16, DType::Q2_K, DType::Q3_K_R16, DType::Q3_K, DType::IQ4_NL_R16, DType::IQ4_XS_R16};
   const int shapes[][2] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};  // rows, n
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                          DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0_R16, DType::Q4_0_R16,
                          DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16, DType::Q6_K_R16, DType::Q2_K_R16, DType::Q3_K_R16,
-                         DType::IQ4_NL, DType::IQ4_XS};
+                         DType::IQ4_NL, DType::IQ4_XS, DType::IQ4_NL_R16, DType::IQ4_XS_R16};
   // rows x n: L2-resident, L3-resident (up to 32 MB), and 64 MB worth of rows (DRAM)
   const int shapes[][2] = {{576, 1536}, {4096, 4096}, {0, 4096}};
   std::mt19937 rng(1);

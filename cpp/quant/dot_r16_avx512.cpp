@@ -16,8 +16,16 @@ namespace ferrum::quant::detail {
 
 namespace {
 
-// What a kernel needs to know of one R16 type.
-template <class Block, int kBits, int kOffsetShift, bool kHasMin>
+// The IQ4 levels + 128 (unsigned, as vpdpbusd takes them; the 128 leaves with the zero point),
+// in every 128-bit lane for vpshufb.
+FERRUM_AVX512_INLINE __m512i iq4_unsigned_levels() {
+  return _mm512_broadcast_i32x4(_mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)),
+                                              _mm_set1_epi8(char(0x80))));
+}
+
+// What a kernel needs to know of one R16 type (kLevels: IQ4_NL, whose nibbles index the
+// non-linear levels).
+template <class Block, int kBits, int kOffsetShift, bool kHasMin, bool kLevels = false>
 struct R16 {
   static constexpr int kChunk = int(kR16Rows * sizeof(Block));  // block b of a group's 16 rows
   static constexpr int kHeader = kHasMin ? 64 : 32;               // the f16 fields
@@ -41,6 +49,7 @@ struct R16 {
     constexpr int kQs = kHeader + (kBits == 5 ? 64 : 0);
     const __m512i v = _mm512_loadu_si512(chunk + kQs + 64 * (g % 4));
     const __m512i low = _mm512_and_si512(g < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(15));
+    if constexpr (kLevels) return _mm512_shuffle_epi8(iq4_unsigned_levels(), low);
     if constexpr (kBits == 4) return low;
     // Byte g / 2 of each lane's qh copied to its 4 bytes; byte i then tests bit 4 (g % 2) + i.
     const __m512i qh = _mm512_loadu_si512(chunk + kHeader);
@@ -56,6 +65,7 @@ using R16Q4_1 = R16<BlockQ4_1, 4, 0, true>;
 using R16Q5_0 = R16<BlockQ5_0, 5, 4, false>;
 using R16Q5_1 = R16<BlockQ5_1, 5, 0, true>;
 using R16Q8_0 = R16<BlockQ8_0, 8, 7, false>;
+using R16IQ4_NL = R16<BlockIQ4_NL, 4, 7, false, true>;
 
 // The kGemmVecs 16-row groups of the tile at row r0; a tile of one group repeats it (those
 // lanes are never stored).
@@ -483,11 +493,87 @@ FERRUM_AVX512 void gemm_block_k2(int64_t nb, const Source& src, const KActs& act
   store_block<kActs>(acc, out, t0, ldo, rows);
 }
 
+// ---- IQ4_XS ----
+//
+// A super-block of 16 rows (16 * 136 bytes): d (f16) and scales_h (u16) of the 16 rows, then
+// dwords k of the rows' other bytes, one per lane: scales_l (k = 0), then qs (k = 1..32).
+// Sub-block s (32 elements) is qs dwords 4s..4s + 3: group 8s + i is the low (i < 4) or high
+// nibbles of dword 4s + i % 4, each an index into the IQ4 levels, looked up as level + 128
+// (the 128 leaves through the activation terms). Per super-block and output:
+// isum = sum_s (scale_s - 32) * (sum over s of (level + 128) * a - 128 * bsum_s),
+// acc = fma(float(isum), d * d_a, acc).
+struct XsR16 {
+  static constexpr int kChunk = int(kR16Rows * sizeof(BlockIQ4_XS));
+  static constexpr int kSubBlocks = 8, kZeroPoint = 128;
+  static constexpr bool kHasMin = false;
+};
+
+template <int kActs>
+FERRUM_AVX512 void gemm_block_xs(int64_t nb, const char* const group[kGemmVecs], const KActs& acts, int64_t t0,
+                                 float* out, int64_t ldo, int64_t rows, const Prefetch& prefetch) {
+  const __m512i levels = iq4_unsigned_levels(), low4 = _mm512_set1_epi8(15);
+  __m512 acc[kActs][kGemmVecs];
+  for (auto& a : acc)
+    for (auto& v : a) v = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < nb; ++sb) {
+    const char* chunk[kGemmVecs];
+    __m512i scales_h[kGemmVecs], scales_l[kGemmVecs];
+    for (int v = 0; v < kGemmVecs; ++v) {
+      chunk[v] = group[v] + sb * XsR16::kChunk;
+      scales_h[v] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v] + 32)));
+      scales_l[v] = _mm512_loadu_si512(chunk[v] + 64);
+    }
+    const BlockQ8_K* y[kActs];
+    const int32_t* terms[kActs];
+    for (int j = 0; j < kActs; ++j) {
+      y[j] = acts.rows[size_t(t0 + j)] + sb;
+      terms[j] = &acts.terms[size_t(((t0 + j) * nb + sb) * 16)];
+    }
+    __m512i isum[kActs][kGemmVecs];
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      prefetch.at(8 * sb + s);
+      __m512i sum[kActs][kGemmVecs];
+      for (int j = 0; j < kActs; ++j)
+        for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(terms[j][2 * s] + terms[j][2 * s + 1]);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        __m512i q[kGemmVecs];
+        for (int v = 0; v < kGemmVecs; ++v) {
+          const __m512i packed = _mm512_loadu_si512(chunk[v] + 64 * (2 + 4 * s + i % 4));
+          q[v] = _mm512_shuffle_epi8(levels, _mm512_and_si512(i < 4 ? packed : _mm512_srli_epi16(packed, 4), low4));
+        }
+        for (int j = 0; j < kActs; ++j) {
+          int32_t a4;
+          std::memcpy(&a4, y[j]->qs + 4 * (8 * s + i), 4);
+          const __m512i a = _mm512_set1_epi32(a4);
+          for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
+        }
+      }
+      for (int v = 0; v < kGemmVecs; ++v) {
+        const __m512i low = _mm512_and_si512(_mm512_srli_epi32(scales_l[v], 8 * (s / 2) + 4 * (s % 2)), _mm512_set1_epi32(15));
+        const __m512i high = _mm512_and_si512(_mm512_slli_epi32(_mm512_srli_epi32(scales_h[v], 2 * s), 4), _mm512_set1_epi32(0x30));
+        const __m512i scale = _mm512_sub_epi32(_mm512_or_si512(low, high), _mm512_set1_epi32(32));
+        for (int j = 0; j < kActs; ++j) {
+          const __m512i scaled = _mm512_mullo_epi32(sum[j][v], scale);
+          isum[j][v] = s == 0 ? scaled : _mm512_add_epi32(isum[j][v], scaled);
+        }
+      }
+    }
+    for (int v = 0; v < kGemmVecs; ++v) {
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v])));
+      for (int j = 0; j < kActs; ++j)
+        acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(d, _mm512_set1_ps(y[j]->d)), acc[j][v]);
+    }
+  }
+  store_block<kActs>(acc, out, t0, ldo, rows);
+}
+
 struct KTile {
   const char* group[kGemmVecs];
 };
 
-// The k-quants' GEMM (F: K2R16<...>, K4R16<...> or Q6R16), also their batched decode kernel from 2 rows;
+// The k-quants' and IQ4_XS's GEMM (F: K2R16<...>, K4R16<...>, Q6R16 or XsR16), also their batched decode kernel from 2 rows;
 // tiles of two groups read in place (Q2_K / Q3_K from kUnpackOnceFrom rows: unpacked once).
 template <class F>
 FERRUM_AVX512 void gemm_r16_kquant(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
@@ -524,6 +610,8 @@ FERRUM_AVX512 void gemm_r16_kquant(int64_t n, const void* w, size_t w_row_bytes,
       constexpr int kActs = decltype(acts_per_call)::value;
       if constexpr (std::is_same_v<F, Q6R16>)
         gemm_block_q6k<kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
+      else if constexpr (std::is_same_v<F, XsR16>)
+        gemm_block_xs<kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
       else
         gemm_block_k4<F, kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
     });
@@ -545,11 +633,13 @@ DotRowsFn avx512_r16_dot_rows(DType t) {
     case DType::Q5_0_R16: return dot_rows_r16<R16Q5_0>;
     case DType::Q5_1_R16: return dot_rows_r16<R16Q5_1>;
     case DType::Q8_0_R16: return dot_rows_r16<R16Q8_0>;
+    case DType::IQ4_NL_R16: return dot_rows_r16<R16IQ4_NL>;
     case DType::Q4_K_R16: return dot_rows_r16_kquant<K4R16<false>>;
     case DType::Q5_K_R16: return dot_rows_r16_kquant<K4R16<true>>;
     case DType::Q6_K_R16: return dot_rows_r16_kquant<Q6R16>;
     case DType::Q2_K_R16: return dot_rows_r16_kquant<K2R16<false>>;
     case DType::Q3_K_R16: return dot_rows_r16_kquant<K2R16<true>>;
+    case DType::IQ4_XS_R16: return dot_rows_r16_kquant<XsR16>;
     default: return nullptr;
   }
 }
@@ -561,11 +651,13 @@ DotBatchFn avx512_r16_gemm(DType t) {
     case DType::Q5_0_R16: return gemm_r16<R16Q5_0>;
     case DType::Q5_1_R16: return gemm_r16<R16Q5_1>;
     case DType::Q8_0_R16: return gemm_r16<R16Q8_0>;
+    case DType::IQ4_NL_R16: return gemm_r16<R16IQ4_NL>;
     case DType::Q4_K_R16: return gemm_r16_kquant<K4R16<false>>;
     case DType::Q5_K_R16: return gemm_r16_kquant<K4R16<true>>;
     case DType::Q6_K_R16: return gemm_r16_kquant<Q6R16>;
     case DType::Q2_K_R16: return gemm_r16_kquant<K2R16<false>>;
     case DType::Q3_K_R16: return gemm_r16_kquant<K2R16<true>>;
+    case DType::IQ4_XS_R16: return gemm_r16_kquant<XsR16>;
     default: return nullptr;
   }
 }

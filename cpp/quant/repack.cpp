@@ -11,8 +11,8 @@ namespace ferrum::quant {
 
 namespace {
 
-// One file type's block as the R16 layout sees it: `fields` f16 fields and the quant bytes (the
-// rest), the fields first in the file but for Q2_K, Q3_K and Q6_K.
+// One file type's block as the R16 layout sees it: `fields` 16-bit fields (f16 scales; IQ4_XS's
+// scales_h) and the quant bytes (the rest), the fields first in the file but for Q2_K, Q3_K and Q6_K.
 struct BlockShape {
   int fields, block_bytes;
   uint32_t quant_xor;        // Q8_0: + 128 in every byte
@@ -38,6 +38,8 @@ const R16Type kR16Types[] = {
     {DType::Q6_K, DType::Q6_K_R16, {1, int(sizeof(BlockQ6_K)), 0, true}},  // ql, qh, scales; d
     {DType::Q2_K, DType::Q2_K_R16, {2, int(sizeof(BlockQ2_K)), 0, true}},  // scales, qs; d, dmin
     {DType::Q3_K, DType::Q3_K_R16, {1, int(sizeof(BlockQ3_K)), 0, true}},  // hmask, qs, scales; d
+    {DType::IQ4_NL, DType::IQ4_NL_R16, {1, int(sizeof(BlockIQ4_NL)), 0}},  // d; qs
+    {DType::IQ4_XS, DType::IQ4_XS_R16, {2, int(sizeof(BlockIQ4_XS)), 0}},  // d, scales_h; scales_l, qs
 };
 
 // The entry whose file or R16 type is t; nullptr if none.

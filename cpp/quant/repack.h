@@ -1,5 +1,5 @@
-// The CPU backend's row-interleaved layouts (DType *_R16) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and of
-// every k-quant (Q2_K .. Q6_K) weight.
+// The CPU backend's row-interleaved layouts (DType *_R16) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
+// IQ4_XS and of every k-quant (Q2_K .. Q6_K) weight.
 //
 // Batched decode and prefill dot 16 weight rows at once, one per 32-bit lane, so they need each
 // block's quants as "bytes 4k..4k+3 of 16 rows" registers and its scales as 16-lane vectors.
@@ -8,16 +8,19 @@
 //
 //   rows in groups of 16; group g starts at row 16g (row stride as in the file format), and
 //   holds block b of its 16 rows together, for b = 0 .. nb - 1, in 16 * block_bytes bytes:
-//     the f16 fields: d of rows 0..15 (32 bytes), then m (Q4_1, Q5_1) / dmin (Q2_K, Q4_K, Q5_K);
+//     the 16-bit fields: d of rows 0..15 (32 bytes), then m (Q4_1, Q5_1) / dmin (Q2_K, Q4_K,
+//     Q5_K) / scales_h (IQ4_XS);
 //     the other bytes: for k = 0, 1, ..., bytes 4k..4k+3 of the 16 rows' rest of the block
 //     (64 bytes each), in file order: Q5's qh, then qs; Q4_K / Q5_K's 12 packed scale bytes
 //     (k = 0..2), Q5_K's qh, then qs; Q6_K's ql, qh, scales; Q2_K's scales, qs; Q3_K's hmask, qs,
-//     scales (the last three's d / dmin, last in the file, are the fields).
+//     scales (the last three's d / dmin, last in the file, are the fields); IQ4_NL's qs; IQ4_XS's
+//     scales_l, then qs.
 //   Q8_0's quants are stored + 128 (unsigned, as vpdpbusd takes them).
 //
 // Every byte of a block keeps its meaning, so sizes and row strides (at group starts) are those
 // of the file format. The legacy types' R16 kernels give their GGUF row kernels' results bit for
-// bit; the k-quants' give their GGUF GEMMs' (whose float order their row kernels do not share).
+// bit; the k-quants' give their GGUF GEMMs' (whose float order their row kernels do not share);
+// the IQ4 types have AVX-512 kernels only in R16.
 #pragma once
 #include <cstdint>
 
@@ -27,8 +30,8 @@ namespace ferrum::quant {
 
 constexpr int64_t kR16Rows = 16;
 
-// The R16 form of a file type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K), or t itself when it
-// has none.
+// The R16 form of a file type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS), or t
+// itself when it has none.
 DType r16_type(DType t);
 bool is_r16(DType t);
 // The file type an R16 type interleaves; t itself for the others.

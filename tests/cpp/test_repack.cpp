@@ -1,8 +1,11 @@
 // The R16 layouts (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 /
-// Q2_K .. Q6_K rows whose kernels give the GGUF kernels' results bit for bit (the k-quants: their
-// GGUF GEMM's).
+// Q2_K .. Q6_K / IQ4_NL / IQ4_XS rows whose kernels give the GGUF kernels' results bit for bit
+// (the k-quants: their GGUF GEMM's; the IQ4 types, which have none: the dequantized reference's
+// within rounding, and one float order at every T).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -14,8 +17,11 @@
 namespace ferrum::quant {
 namespace {
 
-const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0,
-                            DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K,
+                            DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
+// Types with no AVX-512 kernel in the file layout: their R16 kernels are checked against the
+// dequantized reference (within rounding), then against their own row kernel bit for bit.
+bool has_file_layout_kernel(DType t) { return t != DType::IQ4_NL && t != DType::IQ4_XS; }
 
 int64_t block_elems(DType t) { return dtype_info(t).block_elems; }
 
@@ -94,10 +100,28 @@ TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
       const DType r16 = r16_type(t);
       EXPECT_EQ(dot_kernel(r16).act_type, act_type);
       std::vector<float> want(size_t(T * rows));
-      if (block_elems(t) == 256)
+      if (!has_file_layout_kernel(t)) {
+        std::vector<float> wf(static_cast<size_t>(n)), af(static_cast<size_t>(n));
+        for (int64_t i = 0; i < T; ++i) {
+          dot_kernel(r16).dot_rows(n, packed.data(), row_bytes, rows, act.data() + i * act_bytes, want.data() + i * rows);
+          dequantize_row(act_type, act.data() + i * act_bytes, af.data(), n);
+          double sum_abs_a = 0;
+          for (float v : af) sum_abs_a += std::fabs(v);
+          for (int64_t r = 0; r < rows; ++r) {
+            dequantize_row(t, w.data() + r * row_bytes, wf.data(), n);
+            double ref = 0, wmax = 0;
+            for (int64_t k = 0; k < n; ++k) {
+              ref += double(wf[size_t(k)]) * af[size_t(k)];
+              wmax = std::max(wmax, double(std::fabs(wf[size_t(k)])));
+            }
+            EXPECT_NEAR(want[size_t(i * rows + r)], ref, 2e-5 * wmax * sum_abs_a) << "t " << i << " r " << r;
+          }
+        }
+      } else if (block_elems(t) == 256) {
         gemm_kernel(t)(n, w.data(), row_bytes, rows, act.data(), act_bytes, T, want.data(), rows);
-      else
+      } else {
         for (int64_t i = 0; i < T; ++i) dot_kernel(t).dot_rows(n, w.data(), row_bytes, rows, act.data() + i * act_bytes, want.data() + i * rows);
+      }
       for (int64_t i = 0; i < T; ++i) {
         std::vector<float> got(size_t(rows), -7.0f);
         dot_kernel(r16).dot_rows(n, packed.data(), row_bytes, rows, act.data() + i * act_bytes, got.data());
