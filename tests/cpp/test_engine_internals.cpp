@@ -81,7 +81,9 @@ TEST(WeightArena, PacksAlignedBlocksInOrderAndUnmapsWithTheLastOne) {
       const uintptr_t p = reinterpret_cast<uintptr_t>(blocks[i].data);
       EXPECT_EQ(p % 64, 0u);
       EXPECT_EQ(blocks[i].region, blocks[0].region);  // one region, filled in order
-      if (i > 0) EXPECT_GE(p, reinterpret_cast<uintptr_t>(blocks[i - 1].data) + sizes[i - 1] + 64);
+      if (i > 0) {
+        EXPECT_GE(p, reinterpret_cast<uintptr_t>(blocks[i - 1].data) + sizes[i - 1] + 64);
+      }
     }
     // Larger than a region: a region of its own, while the current one goes on filling.
     WeightArena::Block big = arena.allocate(size_t(300) << 20);
