@@ -127,6 +127,30 @@ FERRUM_AVX512 void dot_rows_r16(int64_t n, const void* w, size_t w_row_bytes, in
   gemm_r16<F>(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
 }
 
+// The k-quant block kernels' shared steps, per super-block of a tile (two 16-row vectors v) and
+// kActs activation rows j:
+// sum[j][v] += the 16 rows' quants of group g (elements 4g..4g+3) times row j's activations there.
+template <int kActs>
+FERRUM_AVX512_INLINE void dot_group(__m512i (&sum)[kActs][kGemmVecs], const __m512i (&q)[kGemmVecs],
+                                    const BlockQ8_K* const (&y)[kActs], int g) {
+  for (int j = 0; j < kActs; ++j) {
+    int32_t a4;
+    std::memcpy(&a4, y[j]->qs + 4 * g, 4);
+    const __m512i a = _mm512_set1_epi32(a4);
+    for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
+  }
+}
+
+// isum[j][v] (+)= sum[j][v] * scale, the scale of sub-block s (the first one starts isum).
+template <int kActs>
+FERRUM_AVX512_INLINE void add_scaled(__m512i (&isum)[kActs][kGemmVecs], const __m512i (&sum)[kActs][kGemmVecs], int v,
+                                     __m512i scale, int s) {
+  for (int j = 0; j < kActs; ++j) {
+    const __m512i scaled = _mm512_mullo_epi32(sum[j][v], scale);
+    isum[j][v] = s == 0 ? scaled : _mm512_add_epi32(isum[j][v], scaled);
+  }
+}
+
 // ---- Q4_K and Q5_K ----
 //
 // A super-block of 16 rows (16 * 144 or 176 bytes): d and dmin as f16 vectors, then dwords
@@ -220,18 +244,9 @@ FERRUM_AVX512 void gemm_block_k4(int64_t nb, const char* const group[kGemmVecs],
             q[v] = _mm512_or_si512(q[v], _mm512_and_si512(bit, _mm512_set1_epi8(16)));
           }
         }
-        for (int j = 0; j < kActs; ++j) {
-          int32_t a4;
-          std::memcpy(&a4, y[j]->qs + 4 * (8 * s + m), 4);
-          const __m512i a = _mm512_set1_epi32(a4);
-          for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
-        }
+        dot_group<kActs>(sum, q, y, 8 * s + m);
       }
-      for (int j = 0; j < kActs; ++j)
-        for (int v = 0; v < kGemmVecs; ++v) {
-          const __m512i scaled = _mm512_mullo_epi32(sum[j][v], sc[v].scale[s]);
-          isum[j][v] = s == 0 ? scaled : _mm512_add_epi32(isum[j][v], scaled);
-        }
+      for (int v = 0; v < kGemmVecs; ++v) add_scaled<kActs>(isum, sum, v, sc[v].scale[s], s);
     }
     for (int v = 0; v < kGemmVecs; ++v) {
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v])));
@@ -307,20 +322,9 @@ FERRUM_AVX512 void gemm_block_q6k(int64_t nb, const char* const group[kGemmVecs]
       for (int m = m0; m < m0 + 4; ++m) {
         __m512i w[kGemmVecs];
         for (int v = 0; v < kGemmVecs; ++v) w[v] = q6k_group(chunk[v], h, q, m);
-        for (int j = 0; j < kActs; ++j) {
-          int32_t a4;
-          std::memcpy(&a4, y[j]->qs + 4 * (32 * h + 8 * q + m), 4);
-          const __m512i a = _mm512_set1_epi32(a4);
-          for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], w[v], a);
-        }
+        dot_group<kActs>(sum, w, y, 32 * h + 8 * q + m);
       }
-      for (int v = 0; v < kGemmVecs; ++v) {
-        const __m512i scale = q6k_scale(chunk[v], s);
-        for (int j = 0; j < kActs; ++j) {
-          const __m512i scaled = _mm512_mullo_epi32(sum[j][v], scale);
-          isum[j][v] = s == 0 ? scaled : _mm512_add_epi32(isum[j][v], scaled);
-        }
-      }
+      for (int v = 0; v < kGemmVecs; ++v) add_scaled<kActs>(isum, sum, v, q6k_scale(chunk[v], s), s);
     }
     for (int v = 0; v < kGemmVecs; ++v) {
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v])));
@@ -461,20 +465,9 @@ FERRUM_AVX512 void gemm_block_k2(int64_t nb, const Source& src, const KActs& act
         const int g = 32 * (s / 8) + 8 * (s % 8 / 2) + 4 * (s % 2) + i;
         __m512i q[kGemmVecs];
         for (int v = 0; v < kGemmVecs; ++v) q[v] = src.q(sb, g, v);
-        for (int j = 0; j < kActs; ++j) {
-          int32_t a4;
-          std::memcpy(&a4, y[j]->qs + 4 * g, 4);
-          const __m512i a = _mm512_set1_epi32(a4);
-          for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
-        }
+        dot_group<kActs>(sum, q, y, g);
       }
-      for (int v = 0; v < kGemmVecs; ++v) {
-        const __m512i scale = src.scale(sb, s, v);
-        for (int j = 0; j < kActs; ++j) {
-          const __m512i scaled = _mm512_mullo_epi32(sum[j][v], scale);
-          isum[j][v] = s == 0 ? scaled : _mm512_add_epi32(isum[j][v], scaled);
-        }
-      }
+      for (int v = 0; v < kGemmVecs; ++v) add_scaled<kActs>(isum, sum, v, src.scale(sb, s, v), s);
     }
     for (int v = 0; v < kGemmVecs; ++v) {
       const __m512 d = src.d(sb, v, 0);
@@ -543,21 +536,12 @@ FERRUM_AVX512 void gemm_block_xs(int64_t nb, const char* const group[kGemmVecs],
           const __m512i packed = _mm512_loadu_si512(chunk[v] + 64 * (2 + 4 * s + i % 4));
           q[v] = _mm512_shuffle_epi8(levels, _mm512_and_si512(i < 4 ? packed : _mm512_srli_epi16(packed, 4), low4));
         }
-        for (int j = 0; j < kActs; ++j) {
-          int32_t a4;
-          std::memcpy(&a4, y[j]->qs + 4 * (8 * s + i), 4);
-          const __m512i a = _mm512_set1_epi32(a4);
-          for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
-        }
+        dot_group<kActs>(sum, q, y, 8 * s + i);
       }
       for (int v = 0; v < kGemmVecs; ++v) {
         const __m512i low = _mm512_and_si512(_mm512_srli_epi32(scales_l[v], 8 * (s / 2) + 4 * (s % 2)), _mm512_set1_epi32(15));
         const __m512i high = _mm512_and_si512(_mm512_slli_epi32(_mm512_srli_epi32(scales_h[v], 2 * s), 4), _mm512_set1_epi32(0x30));
-        const __m512i scale = _mm512_sub_epi32(_mm512_or_si512(low, high), _mm512_set1_epi32(32));
-        for (int j = 0; j < kActs; ++j) {
-          const __m512i scaled = _mm512_mullo_epi32(sum[j][v], scale);
-          isum[j][v] = s == 0 ? scaled : _mm512_add_epi32(isum[j][v], scaled);
-        }
+        add_scaled<kActs>(isum, sum, v, _mm512_sub_epi32(_mm512_or_si512(low, high), _mm512_set1_epi32(32)), s);
       }
     }
     for (int v = 0; v < kGemmVecs; ++v) {
