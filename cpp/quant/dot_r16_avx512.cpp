@@ -141,6 +141,16 @@ FERRUM_AVX512_INLINE void dot_group(__m512i (&sum)[kActs][kGemmVecs], const __m5
   }
 }
 
+// Activation rows t0.. of super-block sb: their Q8_K blocks and activation terms.
+template <int kActs>
+FERRUM_AVX512_INLINE void super_block_acts(const KActs& acts, int64_t nb, int64_t sb, int64_t t0,
+                                           const BlockQ8_K* (&y)[kActs], const int32_t* (&terms)[kActs]) {
+  for (int j = 0; j < kActs; ++j) {
+    y[j] = acts.rows[size_t(t0 + j)] + sb;
+    terms[j] = &acts.terms[size_t(((t0 + j) * nb + sb) * 16)];
+  }
+}
+
 // isum[j][v] (+)= sum[j][v] * scale, the scale of sub-block s (the first one starts isum).
 template <int kActs>
 FERRUM_AVX512_INLINE void add_scaled(__m512i (&isum)[kActs][kGemmVecs], const __m512i (&sum)[kActs][kGemmVecs], int v,
@@ -307,10 +317,7 @@ FERRUM_AVX512 void gemm_block_q6k(int64_t nb, const char* const group[kGemmVecs]
     for (int v = 0; v < kGemmVecs; ++v) chunk[v] = group[v] + sb * kQ6Chunk;
     const BlockQ8_K* y[kActs];
     const int32_t* terms[kActs];
-    for (int j = 0; j < kActs; ++j) {
-      y[j] = acts.rows[size_t(t0 + j)] + sb;
-      terms[j] = &acts.terms[size_t(((t0 + j) * nb + sb) * 16)];
-    }
+    super_block_acts<kActs>(acts, nb, sb, t0, y, terms);
     __m512i isum[kActs][kGemmVecs];
     for (int s = 0; s < 16; ++s) {
       prefetch.at(16 * sb + s);
@@ -447,10 +454,7 @@ FERRUM_AVX512 void gemm_block_k2(int64_t nb, const Source& src, const KActs& act
   for (int64_t sb = 0; sb < nb; ++sb) {
     const BlockQ8_K* y[kActs];
     const int32_t* terms[kActs];
-    for (int j = 0; j < kActs; ++j) {
-      y[j] = acts.rows[size_t(t0 + j)] + sb;
-      terms[j] = &acts.terms[size_t(((t0 + j) * nb + sb) * 16)];
-    }
+    super_block_acts<kActs>(acts, nb, sb, t0, y, terms);
     __m512i isum[kActs][kGemmVecs];
 #pragma GCC unroll 16  // constant group indices: the in-place unpacking's shifts and offsets
     for (int s = 0; s < 16; ++s) {
@@ -518,10 +522,7 @@ FERRUM_AVX512 void gemm_block_xs(int64_t nb, const char* const group[kGemmVecs],
     }
     const BlockQ8_K* y[kActs];
     const int32_t* terms[kActs];
-    for (int j = 0; j < kActs; ++j) {
-      y[j] = acts.rows[size_t(t0 + j)] + sb;
-      terms[j] = &acts.terms[size_t(((t0 + j) * nb + sb) * 16)];
-    }
+    super_block_acts<kActs>(acts, nb, sb, t0, y, terms);
     __m512i isum[kActs][kGemmVecs];
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
