@@ -75,25 +75,21 @@ void dequant_q8(const Block* b, float* y, int64_t nb) {  // Q8_0 and Q8_1
   }
 }
 
-void dequant_iq4_nl(const BlockIQ4_NL* b, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, y += kQK) {
-    const float d = h2f(b[i].d);
-    for (int j = 0; j < kQK / 2; ++j) {
-      y[j] = d * float(kIq4Values[b[i].qs[j] & 15]);
-      y[j + kQK / 2] = d * float(kIq4Values[b[i].qs[j] >> 4]);
-    }
+// 32 IQ4 levels (16 bytes of nibbles: low ones, then high ones) times d.
+void dequant_iq4_32(const uint8_t* qs, float d, float* y) {
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float(kIq4Values[qs[j] & 15]);
+    y[j + 16] = d * float(kIq4Values[qs[j] >> 4]);
   }
+}
+
+void dequant_iq4_nl(const BlockIQ4_NL* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQK) dequant_iq4_32(b[i].qs, h2f(b[i].d), y);
 }
 
 void dequant_iq4_xs(const BlockIQ4_XS* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i)
-    for (int s = 0; s < 8; ++s, y += 32) {
-      const float dl = h2f(b[i].d) * float(iq4xs_scale(b[i], s));
-      for (int j = 0; j < 16; ++j) {
-        y[j] = dl * float(kIq4Values[b[i].qs[16 * s + j] & 15]);
-        y[j + 16] = dl * float(kIq4Values[b[i].qs[16 * s + j] >> 4]);
-      }
-    }
+    for (int s = 0; s < 8; ++s, y += 32) dequant_iq4_32(b[i].qs + 16 * s, h2f(b[i].d) * float(iq4xs_scale(b[i], s)), y);
 }
 
 void dequant_q2_k(const BlockQ2_K* b, float* y, int64_t nb) {

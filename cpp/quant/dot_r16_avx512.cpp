@@ -161,6 +161,15 @@ FERRUM_AVX512_INLINE void add_scaled(__m512i (&isum)[kActs][kGemmVecs], const __
   }
 }
 
+// acc[j][v] += float(isum[j][v]) * (d * d_a): a super-block's float step for the 16 rows of
+// vector v (d: their f16 scales, converted).
+template <int kActs>
+FERRUM_AVX512_INLINE void add_super_block(__m512 (&acc)[kActs][kGemmVecs], const __m512i (&isum)[kActs][kGemmVecs], int v,
+                                          __m512 d, const BlockQ8_K* const (&y)[kActs]) {
+  for (int j = 0; j < kActs; ++j)
+    acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(d, _mm512_set1_ps(y[j]->d)), acc[j][v]);
+}
+
 // ---- Q4_K and Q5_K ----
 //
 // A super-block of 16 rows (16 * 144 or 176 bytes): d and dmin as f16 vectors, then dwords
@@ -261,10 +270,10 @@ FERRUM_AVX512 void gemm_block_k4(int64_t nb, const char* const group[kGemmVecs],
     for (int v = 0; v < kGemmVecs; ++v) {
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v])));
       const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v] + 32)));
+      add_super_block<kActs>(acc, isum, v, d, y);
       for (int j = 0; j < kActs; ++j) {
         const int32_t* terms = &acts.terms[size_t(((t0 + j) * nb + sb) * 16)];
         const __m512 d_a = _mm512_set1_ps(y[j]->d);
-        acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(d, d_a), acc[j][v]);
         __m512i min_sum = _mm512_setzero_si512();
         for (int k = 0; k < 4; ++k) min_sum = _mm512_dpwssd_epi32(min_sum, sc[v].min_pair[k], _mm512_set1_epi32(terms[k]));
         acc[j][v] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum), _mm512_mul_ps(dmin, d_a), acc[j][v]);
@@ -333,11 +342,8 @@ FERRUM_AVX512 void gemm_block_q6k(int64_t nb, const char* const group[kGemmVecs]
       }
       for (int v = 0; v < kGemmVecs; ++v) add_scaled<kActs>(isum, sum, v, q6k_scale(chunk[v], s), s);
     }
-    for (int v = 0; v < kGemmVecs; ++v) {
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v])));
-      for (int j = 0; j < kActs; ++j)
-        acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(d, _mm512_set1_ps(y[j]->d)), acc[j][v]);
-    }
+    for (int v = 0; v < kGemmVecs; ++v)
+      add_super_block<kActs>(acc, isum, v, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v]))), y);
   }
   store_block<kActs>(acc, out, t0, ldo, rows);
 }
@@ -474,17 +480,14 @@ FERRUM_AVX512 void gemm_block_k2(int64_t nb, const Source& src, const KActs& act
       for (int v = 0; v < kGemmVecs; ++v) add_scaled<kActs>(isum, sum, v, src.scale(sb, s, v), s);
     }
     for (int v = 0; v < kGemmVecs; ++v) {
-      const __m512 d = src.d(sb, v, 0);
-      for (int j = 0; j < kActs; ++j) {
-        const __m512 d_a = _mm512_set1_ps(y[j]->d);
-        acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(d, d_a), acc[j][v]);
-        if constexpr (F::kHasMin) {
+      add_super_block<kActs>(acc, isum, v, src.d(sb, v, 0), y);
+      if constexpr (F::kHasMin)
+        for (int j = 0; j < kActs; ++j) {
           __m512i min_sum = _mm512_setzero_si512();
           for (int k = 0; k < 8; ++k)
             min_sum = _mm512_dpwssd_epi32(min_sum, src.min_pair(sb, k, v), _mm512_set1_epi32(terms[j][k]));
-          acc[j][v] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum), _mm512_mul_ps(src.d(sb, v, 1), d_a), acc[j][v]);
+          acc[j][v] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_sum), _mm512_mul_ps(src.d(sb, v, 1), _mm512_set1_ps(y[j]->d)), acc[j][v]);
         }
-      }
     }
   }
   store_block<kActs>(acc, out, t0, ldo, rows);
@@ -545,11 +548,8 @@ FERRUM_AVX512 void gemm_block_xs(int64_t nb, const char* const group[kGemmVecs],
         add_scaled<kActs>(isum, sum, v, _mm512_sub_epi32(_mm512_or_si512(low, high), _mm512_set1_epi32(32)), s);
       }
     }
-    for (int v = 0; v < kGemmVecs; ++v) {
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v])));
-      for (int j = 0; j < kActs; ++j)
-        acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(d, _mm512_set1_ps(y[j]->d)), acc[j][v]);
-    }
+    for (int v = 0; v < kGemmVecs; ++v)
+      add_super_block<kActs>(acc, isum, v, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v]))), y);
   }
   store_block<kActs>(acc, out, t0, ldo, rows);
 }

@@ -82,16 +82,18 @@ float dot_q8_0(int64_t n, const void* w, const void* a) {
   return sum;
 }
 
+// 32 IQ4 levels (16 bytes of nibbles: low ones, then high ones) times 32 activations.
+int iq4_dot32(const uint8_t* qs, const int8_t* a) {
+  int s = 0;
+  for (int j = 0; j < 16; ++j) s += kIq4Values[qs[j] & 15] * a[j] + kIq4Values[qs[j] >> 4] * a[j + 16];
+  return s;
+}
+
 float dot_iq4_nl(int64_t n, const void* w, const void* a) {
   const BlockIQ4_NL* x = static_cast<const BlockIQ4_NL*>(w);
   const BlockQ8_0* y = static_cast<const BlockQ8_0*>(a);
   float sum = 0;
-  for (int64_t i = 0; i < n / kQK; ++i) {
-    int s = 0;
-    for (int j = 0; j < kQK / 2; ++j)
-      s += kIq4Values[x[i].qs[j] & 15] * y[i].qs[j] + kIq4Values[x[i].qs[j] >> 4] * y[i].qs[j + kQK / 2];
-    sum += h2f(x[i].d) * h2f(y[i].d) * float(s);
-  }
+  for (int64_t i = 0; i < n / kQK; ++i) sum += h2f(x[i].d) * h2f(y[i].d) * float(iq4_dot32(x[i].qs, y[i].qs));
   return sum;
 }
 
@@ -101,13 +103,7 @@ float dot_iq4_xs(int64_t n, const void* w, const void* a) {
   float sum = 0;
   for (int64_t i = 0; i < n / kQKK; ++i) {
     int sum_scaled = 0;
-    for (int s = 0; s < 8; ++s) {
-      int sq = 0;
-      for (int j = 0; j < 16; ++j)
-        sq += kIq4Values[x[i].qs[16 * s + j] & 15] * y[i].qs[32 * s + j] +
-              kIq4Values[x[i].qs[16 * s + j] >> 4] * y[i].qs[32 * s + j + 16];
-      sum_scaled += iq4xs_scale(x[i], s) * sq;
-    }
+    for (int s = 0; s < 8; ++s) sum_scaled += iq4xs_scale(x[i], s) * iq4_dot32(x[i].qs + 16 * s, y[i].qs + 32 * s);
     sum += y[i].d * h2f(x[i].d) * float(sum_scaled);
   }
   return sum;
