@@ -473,3 +473,26 @@ def test_ferrum_generates_from_k_quant_files_as_transformers_reads_them(models, 
     assert int(logits[0].argmax()) == out[0]
     shortfall = logits.max(axis=1) - logits[np.arange(8), out]
     assert shortfall.max() < 0.05 * logits.std(), shortfall
+
+
+@pytest.mark.parametrize("fmt,dtype", [("hf", "f16"), ("gguf", "bf16")])
+def test_ferrum_generates_from_16_bit_weights_as_transformers_reads_them(models, fmt, dtype):
+    """16-bit float weights in the CPU's R16 layout (decode: its row kernel, once per sequence of
+    a batch; prefill: the float GEMM over it) against transformers on the same weights, three
+    prompts decoded together. Activations stay f32 but in the BF16 prefill GEMM (rounded to
+    bf16 there), so an F16 step must pick transformers' best token up to f32 rounding and a BF16
+    step up to that rounding (a misread block or row lands far from the top)."""
+    import ferrum
+    path = models("qwen3", fmt, dtype, tokenizer=TOKENIZER_OF["mistral"], hidden_size=256,
+                  intermediate_size=512, num_layers=4)
+    llm = ferrum.LLM(str(path), num_threads=2)
+    prompts = [llm.tokenizer.encode(t) for t in
+               ("Once upon a time there was", "The capital of France is", "1 2 3 4 5 6 7 8 9 10 11 12")]
+    outs = llm.generate(prompt_token_ids=prompts, sampling_params=ferrum.SamplingParams(
+        max_tokens=8, temperature=0, ignore_eos=True))
+    ref = _load_hf(path) if fmt == "hf" else _load_gguf(path, head_dim=64)
+    for prompt, o in zip(prompts, outs):
+        out = o.outputs[0].token_ids
+        logits = _logits(ref, prompt + out)[len(prompt) - 1:-1]
+        shortfall = logits.max(axis=1) - logits[np.arange(8), out]
+        assert shortfall.max() < (1e-4 if dtype == "f16" else 0.05) * logits.std(), shortfall

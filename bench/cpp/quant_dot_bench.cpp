@@ -2,13 +2,15 @@
 // type and ISA variant this CPU supports; then the batched kernels (a batch of decodes) in
 // multiply-adds per second; then the prefill GEMM against dequantize + sgemm. Not a test; build
 // with -DFERRUM_BENCH=ON.
-// usage: quant_dot_bench [batch|gemm|prefill|stream|rows TYPE]   (only the batched kernels / the GEMM /
-// ... / one type's row kernel)
+// usage: quant_dot_bench [batch|gemm|prefill|stream|rows TYPE|read TYPE [N [hot]]]   (only the batched kernels / the GEMM /
+// ... / one type's row kernel / one thread's decode stream against a plain read)
 #include <cblas.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <random>
@@ -230,6 +232,60 @@ void bench_prefill() {
     }
 }
 
+// The bytes of [p, p + bytes) summed as 64-bit integers: what a plain read of the weights costs.
+__attribute__((target("avx2"))) uint64_t plain_read(const uint8_t* p, size_t bytes) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t o = 0; o + 128 <= bytes; o += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + o)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + o + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + o + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + o + 96)));
+  }
+  alignas(32) uint64_t v[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(v), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  return v[0] + v[1] + v[2] + v[3];
+}
+
+// One thread's decode stream: 256 MB of TYPE weights (rows x n) on the engine's 2 MiB pages, read
+// by the row kernel in calls of 1536 rows (a SmolLM2 MLP matrix's), and by a plain read of the
+// same bytes; the two alternate (this VM's bandwidth drifts), medians of 9. hot: 256 rows read
+// 2000 times instead (in L2: the kernel's compute rate).
+void bench_read(DType t, int n, bool hot) {
+  const size_t row_bytes = dtype_bytes(t, n);
+  const int rows = hot ? 256 : int((256u << 20) / row_bytes) & ~15, call_rows = 1536, passes = hot ? 2000 : 1;
+  std::mt19937 rng(3);
+  const std::vector<uint8_t> one = random_weights(t, std::min(rows, call_rows), n, rng);
+  WeightArena arena;
+  WeightArena::Block block = arena.allocate(row_bytes * rows);
+  uint8_t* w = static_cast<uint8_t*>(block.data);
+  for (int r = 0; r < rows; r += call_rows)
+    std::memcpy(w + r * row_bytes, one.data(), std::min<size_t>(one.size(), (rows - r) * row_bytes));
+  const DotKernel& kern = dot_kernel(t);
+  std::vector<float> x(n), out(call_rows);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& v : x) v = u(rng);
+  WeightArena::Block act = arena.allocate(dtype_bytes(kern.act_type, n));  // 64-byte aligned
+  quantize_row(kern.act_type, x.data(), act.data, n);
+  std::vector<double> kernel_gbs, read_gbs;
+  uint64_t sink = 0;
+  const double bytes = double(row_bytes) * rows * passes;
+  for (int rep = 0; rep < 9; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int p = 0; p < passes; ++p)
+      for (int r = 0; r < rows; r += call_rows)
+        kern.dot_rows(n, w + r * row_bytes, row_bytes, std::min(call_rows, rows - r), act.data, out.data());
+    const auto t1 = std::chrono::steady_clock::now();
+    for (int p = 0; p < passes; ++p) sink += plain_read(w, row_bytes * rows);
+    const auto t2 = std::chrono::steady_clock::now();
+    kernel_gbs.push_back(bytes / std::chrono::duration<double>(t1 - t0).count() / 1e9);
+    read_gbs.push_back(bytes / std::chrono::duration<double>(t2 - t1).count() / 1e9);
+  }
+  std::sort(kernel_gbs.begin(), kernel_gbs.end());
+  std::sort(read_gbs.begin(), read_gbs.end());
+  std::printf("%s %dx%d%s, one thread: row kernel %.1f GB/s, plain read %.1f GB/s (%.0f%%)%s\n", dtype_name(t), rows, n,
+              hot ? " (hot)" : "", kernel_gbs[4], read_gbs[4], 100 * kernel_gbs[4] / read_gbs[4], sink == 1 ? " " : "");
+}
+
 int main(int argc, char** argv) {
   std::printf("cpu: %s\n", cpu_features().str().c_str());
   const std::string mode = argc > 1 ? argv[1] : "";
@@ -241,6 +297,12 @@ int main(int argc, char** argv) {
     bench_stream();
     return 0;
   }
+  if (mode == "read" && argc > 2) {
+    for (int i = 0; i <= int(kLastType); ++i)
+      if (argv[2] == std::string(dtype_name(DType(i))))
+        bench_read(DType(i), argc > 3 ? std::atoi(argv[3]) : 576, argc > 4 && std::string(argv[4]) == "hot");
+    return 0;
+  }
   if (mode == "batch" || mode == "gemm") {
     mode == "batch" ? bench_batch() : bench_gemm();
     return 0;
@@ -250,7 +312,7 @@ int main(int argc, char** argv) {
                          DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
                          DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0_R16, DType::Q4_0_R16,
                          DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16, DType::Q6_K_R16, DType::Q2_K_R16, DType::Q3_K_R16,
-                         DType::IQ4_NL, DType::IQ4_XS, DType::IQ4_NL_R16, DType::IQ4_XS_R16};
+                         DType::IQ4_NL, DType::IQ4_XS, DType::IQ4_NL_R16, DType::IQ4_XS_R16, DType::F16_R16, DType::BF16_R16};
   // rows x n: L2-resident, L3-resident (up to 32 MB), and 64 MB worth of rows (DRAM)
   const int shapes[][2] = {{576, 1536}, {4096, 4096}, {0, 4096}};
   std::mt19937 rng(1);

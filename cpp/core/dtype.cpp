@@ -21,6 +21,7 @@ const DTypeInfo kInfo[] = {
     {"q4_k_r16", 256, 144, true}, {"q5_k_r16", 256, 176, true},
     {"q6_k_r16", 256, 210, true}, {"q2_k_r16", 256, 84, true}, {"q3_k_r16", 256, 110, true},
     {"iq4_nl_r16", 32, 18, true}, {"iq4_xs_r16", 256, 136, true},
+    {"f16_r16", 32, 64, false}, {"bf16_r16", 32, 64, false},  // 16-bit floats in 64-byte blocks
 };
 }  // namespace
 

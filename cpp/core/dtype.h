@@ -14,10 +14,10 @@ enum class DType : uint8_t {
   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
   IQ4_NL, IQ4_XS,
   Q4_0_R16, Q4_1_R16, Q5_0_R16, Q5_1_R16, Q8_0_R16, Q4_K_R16, Q5_K_R16, Q6_K_R16, Q2_K_R16, Q3_K_R16,
-  IQ4_NL_R16, IQ4_XS_R16,
+  IQ4_NL_R16, IQ4_XS_R16, F16_R16, BF16_R16,
 };
 constexpr DType kLastFileType = DType::IQ4_XS;  // the types weight files and tests may name
-constexpr DType kLastType = DType::IQ4_XS_R16;
+constexpr DType kLastType = DType::BF16_R16;
 
 struct DTypeInfo {
   const char* name;

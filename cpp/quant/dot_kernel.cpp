@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "quant/kernels.h"
 #include "quant/quant.h"
+#include "quant/repack.h"
 
 namespace ferrum::quant {
 
@@ -97,7 +98,8 @@ bool float_gemm_supported() {
 
 DotBatchFn gemm_kernel(DType weight_type) {
   type_index(weight_type);
-  if (weight_type == DType::BF16 || weight_type == DType::F16 || weight_type == DType::F32) {
+  const DType file_type = r16_source(weight_type);
+  if (file_type == DType::BF16 || file_type == DType::F16 || file_type == DType::F32) {
     static const bool supported = float_gemm_supported();
     return supported ? detail::avx512_float_gemm(weight_type) : nullptr;
   }
@@ -107,7 +109,7 @@ DotBatchFn gemm_kernel(DType weight_type) {
 
 DType gemm_act_type(DType weight_type) {
   // bf16 weights' dot kernel takes f32 activations; their GEMM takes bf16 ones.
-  return weight_type == DType::BF16 ? DType::BF16 : detail::dot_act_type(weight_type);
+  return r16_source(weight_type) == DType::BF16 ? DType::BF16 : detail::dot_act_type(weight_type);
 }
 
 const DotKernel& dot_kernel_scalar(DType weight_type) {

@@ -625,7 +625,7 @@ DotRowsFn avx512_r16_dot_rows(DType t) {
     case DType::Q2_K_R16: return dot_rows_r16_kquant<K2R16<false>>;
     case DType::Q3_K_R16: return dot_rows_r16_kquant<K2R16<true>>;
     case DType::IQ4_XS_R16: return dot_rows_r16_kquant<XsR16>;
-    default: return nullptr;
+    default: return avx512_float_r16_dot_rows(t);
   }
 }
 

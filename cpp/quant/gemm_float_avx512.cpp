@@ -41,7 +41,7 @@ constexpr int kActs = 8;           // activation rows per register block
 // as 32-bit words; step gives step s of a row alone (the tail); fma accumulates one step. The
 // activations come in the same steps (bf16 pairs, or f32).
 struct Bf16 {  // a step is an element pair; an odd n's last pair is padded with a zero
-  static constexpr int kElems = 2;
+  static constexpr int kElems = 2, kChunkBytes = 64;
   FERRUM_AVX512_BF16 static __m512i load16(const char* row, int64_t c) { return _mm512_loadu_si512(row + 64 * c); }
   static uint32_t step(const char* row, int64_t s, int64_t n) {
     uint16_t e[2] = {0, 0};
@@ -54,7 +54,7 @@ struct Bf16 {  // a step is an element pair; an odd n's last pair is padded with
 };
 
 struct F16 {  // a step is one element, converted to f32
-  static constexpr int kElems = 1;
+  static constexpr int kElems = 1, kChunkBytes = 32;
   FERRUM_AVX512_BF16 static __m512i load16(const char* row, int64_t c) {
     return _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c))));
   }
@@ -72,7 +72,7 @@ struct F16 {  // a step is one element, converted to f32
 };
 
 struct F32 {  // a step is one element
-  static constexpr int kElems = 1;
+  static constexpr int kElems = 1, kChunkBytes = 64;
   FERRUM_AVX512_BF16 static __m512i load16(const char* row, int64_t c) { return _mm512_loadu_si512(row + 64 * c); }
   static uint32_t step(const char* row, int64_t s, int64_t) {
     uint32_t u;
@@ -82,9 +82,18 @@ struct F32 {  // a step is one element
   FERRUM_AVX512_BF16 static __m512 fma(__m512 acc, __m512i x, __m512i w) { return F16::fma(acc, x, w); }
 };
 
+// Where chunk c (steps 16c .. 16c + 15) of row r0 + i starts (r0: a group start in the R16
+// layouts, whose 64-byte blocks hold 1 or 2 chunks of a row, 16 rows' blocks together).
+template <class W, bool kR16>
+FERRUM_AVX512_BF16 const char* chunk_at(const char* w, size_t w_row_bytes, int64_t r0, int i, int64_t c) {
+  if constexpr (!kR16) return w + (r0 + i) * w_row_bytes + c * W::kChunkBytes;
+  const int64_t at = c * W::kChunkBytes;
+  return w + r0 * w_row_bytes + (at / 64) * 16 * 64 + i * 64 + at % 64;
+}
+
 // Packs `rows` (<= kRows) weight rows: packed[s * kVecs + v], lane i = step s of row 16v + i.
-// Rows past the end are zero.
-template <class W>
+// Rows past the end are zero. (In the R16 layouts n is whole blocks, so there is no tail.)
+template <class W, bool kR16>
 FERRUM_AVX512_BF16 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t n, std::vector<__m512i>& packed) {
   const int64_t steps = (n + W::kElems - 1) / W::kElems, full = n / (16 * W::kElems);  // full: whole chunks
   packed.resize(size_t(steps * kVecs));
@@ -93,7 +102,7 @@ FERRUM_AVX512_BF16 void pack_tile(const char* w, size_t w_row_bytes, int64_t row
     __m512i r[16];
     for (int64_t c = 0; c < full; ++c) {
       for (int i = 0; i < 16; ++i)
-        r[i] = i < nr ? W::load16(w + (r0 + i) * w_row_bytes, c) : _mm512_setzero_si512();
+        r[i] = i < nr ? W::load16(chunk_at<W, kR16>(w, w_row_bytes, r0, i, c), 0) : _mm512_setzero_si512();
       transpose16x16(r);
       for (int j = 0; j < 16; ++j) packed[size_t((16 * c + j) * kVecs + v)] = r[j];
     }
@@ -152,7 +161,7 @@ FERRUM_AVX512_BF16 void gemm_tail(int64_t left, int64_t n, const __m512i* packed
   }
 }
 
-template <class W>
+template <class W, bool kR16>
 FERRUM_AVX512_BF16 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                         size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
   thread_local std::vector<__m512i> packed;
@@ -161,7 +170,7 @@ FERRUM_AVX512_BF16 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const int64_t tile_rows = std::min<int64_t>(kRows, rows - r0);
     const char* tile = static_cast<const char*>(w) + r0 * w_row_bytes;
-    pack_tile<W>(tile, w_row_bytes, tile_rows, n, packed);
+    pack_tile<W, kR16>(tile, w_row_bytes, tile_rows, n, packed);
     // The weights come from memory once per call: the next tile's rows (one contiguous span)
     // are prefetched into L2 a share per activation block, so packing them does not stall.
     const char* next = tile + tile_rows * w_row_bytes;
@@ -182,9 +191,11 @@ FERRUM_AVX512_BF16 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64
 
 DotBatchFn avx512_float_gemm(DType weight_type) {
   switch (weight_type) {
-    case DType::BF16: return gemm<Bf16>;
-    case DType::F16: return gemm<F16>;
-    case DType::F32: return gemm<F32>;
+    case DType::BF16: return gemm<Bf16, false>;
+    case DType::F16: return gemm<F16, false>;
+    case DType::F32: return gemm<F32, false>;
+    case DType::BF16_R16: return gemm<Bf16, true>;
+    case DType::F16_R16: return gemm<F16, true>;
     default: return nullptr;
   }
 }

@@ -25,8 +25,12 @@ DotBatchFn avx512_gemm_kquant(DType weight_type);  // Q2_K .. Q6_K; avx512_gemm 
 // return them. Their GEMM is also their batched decode kernel, from 2 rows.
 DotRowsFn avx512_r16_dot_rows(DType weight_type);
 DotBatchFn avx512_r16_gemm(DType weight_type);
-// The float-weight GEMMs (gemm_float_avx512.cpp), nullptr for other types: BF16 weights take
-// bf16 activations, F16 / F32 weights f32 ones. AVX-512 F/BW/VL + F16C + BF16 only.
+// The float R16 layouts' row kernels (float_r16_avx512.cpp; avx512_r16_dot_rows returns them).
+// Their GEMM is avx512_float_gemm's; batched decode has no kernel of its own.
+DotRowsFn avx512_float_r16_dot_rows(DType weight_type);
+// The float-weight GEMMs (gemm_float_avx512.cpp), over the file and the R16 layouts, nullptr for
+// other types: BF16 weights take bf16 activations, F16 / F32 weights f32 ones. AVX-512 F/BW/VL +
+// F16C + BF16 only.
 DotBatchFn avx512_float_gemm(DType weight_type);
 
 // f16 -> f32 and f32 -> bf16, bit-identical to the scalar reference (signaling NaNs aside, see

@@ -17,6 +17,7 @@ struct BlockShape {
   int fields, block_bytes;
   uint32_t quant_xor;        // Q8_0: + 128 in every byte
   bool fields_last = false;  // Q2_K, Q3_K, Q6_K: d (and dmin) follow the quants
+  bool whole = false;        // F16 / BF16: a row's 64-byte block stays whole, at lane * 64
   int header() const { return 32 * fields; }
   int field_at(int k) const { return (fields_last ? block_bytes - 2 * fields : 0) + 2 * k; }
   int quant_at(int k) const { return (fields_last ? 0 : 2 * fields) + 4 * k; }
@@ -40,6 +41,8 @@ const R16Type kR16Types[] = {
     {DType::Q3_K, DType::Q3_K_R16, {1, int(sizeof(BlockQ3_K)), 0, true}},  // hmask, qs, scales; d
     {DType::IQ4_NL, DType::IQ4_NL_R16, {1, int(sizeof(BlockIQ4_NL)), 0}},  // d; qs
     {DType::IQ4_XS, DType::IQ4_XS_R16, {2, int(sizeof(BlockIQ4_XS)), 0}},  // d, scales_h; scales_l, qs
+    {DType::F16, DType::F16_R16, {0, 64, 0, false, true}},
+    {DType::BF16, DType::BF16_R16, {0, 64, 0, false, true}},
 };
 
 // The entry whose file or R16 type is t; nullptr if none.
@@ -58,6 +61,10 @@ BlockShape block_shape(DType file_type) {
 // Copies a block between its file layout and lane `lane` of an R16 chunk, piece by piece: each
 // f16 field, then each 4 quant bytes.
 void move_block(const BlockShape& s, int lane, const uint8_t* from, uint8_t* to, bool to_chunk) {
+  if (s.whole) {
+    std::memcpy(to + (to_chunk ? lane * s.block_bytes : 0), from + (to_chunk ? 0 : lane * s.block_bytes), size_t(s.block_bytes));
+    return;
+  }
   auto piece = [&](int file_at, int chunk_at, size_t bytes, uint32_t x) {
     uint32_t v = 0;
     std::memcpy(&v, from + (to_chunk ? file_at : chunk_at), bytes);
@@ -85,7 +92,7 @@ DType r16_source(DType t) {
 
 void repack_r16(DType t, const void* src, void* dst, int64_t rows, int64_t n) {
   const BlockShape s = block_shape(t);
-  const int64_t block_elems = dtype_info(t).block_elems;
+  const int64_t block_elems = dtype_info(r16_type(t)).block_elems;
   FERRUM_CHECK(rows % kR16Rows == 0 && n % block_elems == 0, "repack_r16: rows must be a multiple of 16");
   const int64_t nb = n / block_elems, row_bytes = nb * s.block_bytes;
   for (int64_t r = 0; r < rows; ++r) {

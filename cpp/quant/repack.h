@@ -1,5 +1,5 @@
 // The CPU backend's row-interleaved layouts (DType *_R16) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
-// IQ4_XS and of every k-quant (Q2_K .. Q6_K) weight.
+// IQ4_XS, every k-quant (Q2_K .. Q6_K), F16 and BF16 weight.
 //
 // Batched decode and prefill dot 16 weight rows at once, one per 32-bit lane, so they need each
 // block's quants as "bytes 4k..4k+3 of 16 rows" registers and its scales as 16-lane vectors.
@@ -16,6 +16,12 @@
 //     scales (the last three's d / dmin, last in the file, are the fields); IQ4_NL's qs; IQ4_XS's
 //     scales_l, then qs.
 //   Q8_0's quants are stored + 128 (unsigned, as vpdpbusd takes them).
+//   F16 / BF16 (blocks of 32 elements, 64 bytes): row r's block whole, at 64 * (r % 16). A
+//   decode's row kernel then loads a block's activations once for 16 rows while it reads the
+//   weights in address order; in the file layout, the activations loaded again for every
+//   576-element row held one thread's stream to 70-75% of a plain read's rate (BF16 60-70%),
+//   against 96-101% here (quant_dot_bench read). (F32 rows, at 86% in their file layout, stay
+//   there: this layout's 256-bit kernel read them at 73-80%.)
 //
 // Every byte of a block keeps its meaning, so sizes and row strides (at group starts) are those
 // of the file format. The legacy types' R16 kernels give their GGUF row kernels' results bit for
@@ -30,8 +36,8 @@ namespace ferrum::quant {
 
 constexpr int64_t kR16Rows = 16;
 
-// The R16 form of a file type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS), or t
-// itself when it has none.
+// The R16 form of a file type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, F16,
+// BF16), or t itself when it has none.
 DType r16_type(DType t);
 bool is_r16(DType t);
 // The file type an R16 type interleaves; t itself for the others.

@@ -1,7 +1,8 @@
 // The R16 layouts (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 /
-// Q2_K .. Q6_K / IQ4_NL / IQ4_XS rows whose kernels give the GGUF kernels' results bit for bit
-// (the k-quants: their GGUF GEMM's; the IQ4 types, which have none: the dequantized reference's
-// within rounding, and one float order at every T).
+// Q2_K .. Q6_K / IQ4_NL / IQ4_XS / F16 / BF16 rows whose kernels give the GGUF kernels' results
+// bit for bit (the k-quants: their GGUF GEMM's; the IQ4 types, which have none: the dequantized
+// reference's within rounding, and one float order at every T; F16 / BF16: their GEMM's, and a
+// row kernel of its own float order, within its rounding of the exact dot).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@ namespace {
 
 const DType kFileTypes[] = {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q2_K,
                             DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS};
+const DType kFloatTypes[] = {DType::F16, DType::BF16};
 // Types with no AVX-512 kernel in the file layout: their R16 kernels are checked against the
 // dequantized reference (within rounding), then against their own row kernel bit for bit.
 bool has_file_layout_kernel(DType t) { return t != DType::IQ4_NL && t != DType::IQ4_XS; }
@@ -39,8 +41,10 @@ std::vector<uint8_t> random_weights(DType t, int64_t rows, int64_t n, std::mt199
 
 TEST(Repack, RoundTripsEveryRowAndDequantizesAsTheFileType) {
   std::mt19937 rng(5);
-  for (DType t : kFileTypes) {
-    const int64_t rows = 48, n = 3 * block_elems(t);
+  std::vector<DType> types(std::begin(kFileTypes), std::end(kFileTypes));
+  types.insert(types.end(), std::begin(kFloatTypes), std::end(kFloatTypes));
+  for (DType t : types) {
+    const int64_t rows = 48, n = 3 * block_elems(r16_type(t));
     const size_t row_bytes = dtype_bytes(t, n);
     const DType r16 = r16_type(t);
     ASSERT_NE(r16, t);
@@ -145,6 +149,65 @@ TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
               for (int64_t r = count; r < ldo; ++r) EXPECT_EQ(got[size_t(i * ldo + r)], -7.0f);
             }
           }
+        }
+      }
+    }
+  }
+}
+
+// F16 / BF16: the R16 row kernel (its own float order) follows the exact dot within its
+// accumulation rounding and gives the same bits from any group start; the R16 GEMM gives the
+// file layout's GEMM results bit for bit.
+TEST(Repack, FloatKernelsFollowTheReferenceAndTheFileLayoutsGemm) {
+  const CpuFeatures& f = cpu_features();
+  const bool bf16 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni && f.avx512_bf16;
+  ASSERT_EQ(gemm_kernel(DType::F16_R16) != nullptr, bf16);
+  if (!bf16) return;  // without the kernels the CPU backend never repacks
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-2, 2);
+  for (DType t : kFloatTypes) {
+    for (int64_t n : {32, 96, 576}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n));
+      const DType r16 = r16_type(t), gemm_act = gemm_act_type(r16);
+      EXPECT_EQ(dot_kernel(r16).act_type, DType::F32);
+      EXPECT_EQ(gemm_act, gemm_act_type(t));
+      EXPECT_EQ(dot_batch_kernel(r16), nullptr);  // batched decode: the row kernel per activation row
+      const int64_t rows = 48, T = 37;
+      const size_t row_bytes = dtype_bytes(t, n), act_bytes = size_t(n) * 4, gemm_act_bytes = dtype_bytes(gemm_act, n);
+      const std::vector<uint8_t> w = random_weights(t, rows, n, rng);
+      std::vector<uint8_t> packed(w.size()), gemm_acts(gemm_act_bytes * T);
+      repack_r16(t, w.data(), packed.data(), rows, n);
+      std::vector<float> acts(static_cast<size_t>(n * T)), wf(static_cast<size_t>(n));
+      for (int64_t i = 0; i < T; ++i) {
+        for (int64_t k = 0; k < n; ++k) acts[size_t(i * n + k)] = u(rng);
+        quantize_row(gemm_act, &acts[size_t(i * n)], gemm_acts.data() + i * gemm_act_bytes, n);
+      }
+      for (int64_t i = 0; i < T; ++i) {
+        const float* a = &acts[size_t(i * n)];
+        std::vector<float> got(static_cast<size_t>(rows));
+        dot_kernel(r16).dot_rows(n, packed.data(), row_bytes, rows, a, got.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          dequantize_row(t, w.data() + r * row_bytes, wf.data(), n);
+          double ref = 0, sum_abs = 0;
+          for (int64_t k = 0; k < n; ++k) {
+            ref += double(wf[size_t(k)]) * a[k];
+            sum_abs += std::fabs(double(wf[size_t(k)]) * a[k]);
+          }
+          // 8 lanes of n / 8 multiply-adds each, then a 3-level tree: at most n / 8 + 3 roundings.
+          EXPECT_NEAR(got[size_t(r)], ref, double(n / 8 + 4) * std::ldexp(1.0, -24) * sum_abs) << "t " << i << " r " << r;
+        }
+        std::vector<float> part(26, -7.0f);  // from the second group, 24 rows (a partial last group)
+        dot_kernel(r16).dot_rows(n, packed.data() + 16 * row_bytes, row_bytes, 24, a, part.data());
+        for (int64_t r = 0; r < 24; ++r) EXPECT_EQ(part[size_t(r)], got[size_t(16 + r)]) << "t " << i << " r " << r;
+        EXPECT_EQ(part[24], -7.0f);
+      }
+      for (int64_t T1 : {1, 5, 37}) {
+        for (int64_t r0 : {int64_t(0), int64_t(16)}) {
+          const int64_t count = rows - r0 - (r0 ? 8 : 0), ldo = rows + 2;
+          std::vector<float> want(size_t(T1 * ldo), -7.0f), got(size_t(T1 * ldo), -7.0f);
+          gemm_kernel(t)(n, w.data() + r0 * row_bytes, row_bytes, count, gemm_acts.data(), gemm_act_bytes, T1, want.data(), ldo);
+          gemm_kernel(r16)(n, packed.data() + r0 * row_bytes, row_bytes, count, gemm_acts.data(), gemm_act_bytes, T1, got.data(), ldo);
+          EXPECT_EQ(got, want) << "T " << T1 << " r0 " << r0;
         }
       }
     }

@@ -107,6 +107,7 @@ bool CpuBackend::supports(Op op, DType w) const {
     case Op::Embedding:
     case Op::Linear:
     case Op::MoeExperts:
+      w = quant::r16_source(w);
       return w == DType::F32 || w == DType::F16 || w == DType::BF16 || is_quantized(w);
     default:
       return true;
@@ -168,7 +169,9 @@ Tensor CpuBackend::pack_weight(const Tensor& w, const Consumed& consumed) {
   check_host(w);
   if (w.shape.size() != 2) return w;
   DType dtype = quant::r16_type(w.dtype);
-  if (dtype != w.dtype && (w.dim(0) % quant::kR16Rows != 0 || !quant::gemm_kernel(dtype))) dtype = w.dtype;
+  if (dtype != w.dtype && (w.dim(0) % quant::kR16Rows != 0 || w.cols() % dtype_info(dtype).block_elems != 0 ||
+                           !quant::gemm_kernel(dtype)))
+    dtype = w.dtype;
   Tensor t;
   t.dtype = dtype;
   t.shape = w.shape;

@@ -122,7 +122,8 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const quant::DotBatchFn batch = gemm ? gemm : act && T > 1 ? quant::dot_batch_kernel(w.dtype) : nullptr;
   // One activation row: a single call over the thread's rows (the kernel prepares the
   // activation once per call).
-  const int64_t tile_rows = T == 1 ? N : std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes));
+  const int64_t unit = quant::is_r16(w.dtype) ? quant::kR16Rows : 1;  // R16: whole groups
+  const int64_t tile_rows = T == 1 ? N : std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes) / unit) * unit;
   cs.record("linear_dot", [=](int ith, int nth) {
     int64_t r0, r1;
     split_rows(w, ith, nth, &r0, &r1);
