@@ -76,9 +76,9 @@ inline void tile_groups(const void* w, size_t w_row_bytes, int64_t r0, int64_t t
 
 // Two groups read in place as a GEMM tile (gemm_block's source, see TileSource): the layout is
 // the packed form but for the 4- and 5-bit formats' unpacking, done as the quants are used.
-template <class F>
+template <class F, int kVecs = kGemmVecs>
 struct R16Source {
-  const char* group[kGemmVecs];
+  const char* group[kVecs];
   FERRUM_AVX512_INLINE __m512i q(int64_t b, int g, int v) const { return F::quant_group(group[v] + b * F::kChunk, g); }
   FERRUM_AVX512_INLINE __m512 d(int64_t b, int v) const { return F::scales(group[v] + b * F::kChunk, 0); }
   FERRUM_AVX512_INLINE __m512 m(int64_t b, int v) const { return F::scales(group[v] + b * F::kChunk, 1); }
@@ -121,23 +121,36 @@ FERRUM_AVX512 void gemm_r16(int64_t n, const void* w, size_t w_row_bytes, int64_
 }
 
 // One activation row: the GEMM at T = 1.
+// One activation row: its 16-row groups one after another (kVecs = 1), with the GEMM's operations
+// per lane, so the GEMM's bits. The GEMM's 32-row tiles read two groups' blocks in turn, two
+// streams 16 rows apart, which held one thread to ~70% of a plain read of the same bytes from
+// DRAM; one group at a time is one stream, which the hardware prefetchers follow at 94-98%
+// (quant_dot_bench read; software prefetches two groups ahead cost 20-30% of that).
 template <class F>
 FERRUM_AVX512 void dot_rows_r16(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                                 float* out) {
-  gemm_r16<F>(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
+  const int64_t nb = n / kQK;
+  thread_local LegacyActs acts;
+  prepare_legacy_acts<F::kOffset, F::kMin>(nb, act, 0, 1, acts);
+  const char* group = static_cast<const char*>(w);
+  for (int64_t r0 = 0; r0 < rows; r0 += kR16Rows, group += kR16Rows * w_row_bytes) {
+    const R16Source<F, 1> src{{group}};
+    gemm_block<F::kMin, 1, R16Source<F, 1>, 1>(nb, src, acts, 0, out + r0, 0, std::min<int64_t>(kR16Rows, rows - r0),
+                                               kNoPrefetch);
+  }
 }
 
 // The k-quant block kernels' shared steps, per super-block of a tile (two 16-row vectors v) and
 // kActs activation rows j:
 // sum[j][v] += the 16 rows' quants of group g (elements 4g..4g+3) times row j's activations there.
-template <int kActs>
-FERRUM_AVX512_INLINE void dot_group(__m512i (&sum)[kActs][kGemmVecs], const __m512i (&q)[kGemmVecs],
+template <int kActs, int kVecs>
+FERRUM_AVX512_INLINE void dot_group(__m512i (&sum)[kActs][kVecs], const __m512i (&q)[kVecs],
                                     const BlockQ8_K* const (&y)[kActs], int g) {
   for (int j = 0; j < kActs; ++j) {
     int32_t a4;
     std::memcpy(&a4, y[j]->qs + 4 * g, 4);
     const __m512i a = _mm512_set1_epi32(a4);
-    for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
+    for (int v = 0; v < kVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
   }
 }
 
@@ -152,8 +165,8 @@ FERRUM_AVX512_INLINE void super_block_acts(const KActs& acts, int64_t nb, int64_
 }
 
 // isum[j][v] (+)= sum[j][v] * scale, the scale of sub-block s (the first one starts isum).
-template <int kActs>
-FERRUM_AVX512_INLINE void add_scaled(__m512i (&isum)[kActs][kGemmVecs], const __m512i (&sum)[kActs][kGemmVecs], int v,
+template <int kActs, int kVecs>
+FERRUM_AVX512_INLINE void add_scaled(__m512i (&isum)[kActs][kVecs], const __m512i (&sum)[kActs][kVecs], int v,
                                      __m512i scale, int s) {
   for (int j = 0; j < kActs; ++j) {
     const __m512i scaled = _mm512_mullo_epi32(sum[j][v], scale);
@@ -163,8 +176,8 @@ FERRUM_AVX512_INLINE void add_scaled(__m512i (&isum)[kActs][kGemmVecs], const __
 
 // acc[j][v] += float(isum[j][v]) * (d * d_a): a super-block's float step for the 16 rows of
 // vector v (d: their f16 scales, converted).
-template <int kActs>
-FERRUM_AVX512_INLINE void add_super_block(__m512 (&acc)[kActs][kGemmVecs], const __m512i (&isum)[kActs][kGemmVecs], int v,
+template <int kActs, int kVecs>
+FERRUM_AVX512_INLINE void add_super_block(__m512 (&acc)[kActs][kVecs], const __m512i (&isum)[kActs][kVecs], int v,
                                           __m512 d, const BlockQ8_K* const (&y)[kActs]) {
   for (int j = 0; j < kActs; ++j)
     acc[j][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[j][v]), _mm512_mul_ps(d, _mm512_set1_ps(y[j]->d)), acc[j][v]);
@@ -191,6 +204,7 @@ struct K4R16 {
   static constexpr bool kFive = kFiveBit;
   static constexpr int kSubBlocks = 8, kZeroPoint = 0;
   static constexpr bool kHasMin = true;
+  static constexpr bool kRowByGroup = true;  // dot_rows_r16_kquant
 };
 
 // One super-block's 6-bit scales and mins for the 16 rows of a group, unpacked lane-wise as
@@ -229,32 +243,32 @@ FERRUM_AVX512_INLINE K4Scales k4_scales(const char* chunk) {
 }
 
 // kActs activation rows from t0 against the tile's two groups.
-template <class F, int kActs>
-FERRUM_AVX512 void gemm_block_k4(int64_t nb, const char* const group[kGemmVecs], const KActs& acts, int64_t t0,
+template <class F, int kActs, int kVecs = kGemmVecs>
+FERRUM_AVX512 void gemm_block_k4(int64_t nb, const char* const group[kVecs], const KActs& acts, int64_t t0,
                                   float* out, int64_t ldo, int64_t rows, const Prefetch& prefetch) {
   const __m512i low4 = _mm512_set1_epi8(15);
-  __m512 acc[kActs][kGemmVecs];
+  __m512 acc[kActs][kVecs];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nb; ++sb) {
-    const char* chunk[kGemmVecs];
-    K4Scales sc[kGemmVecs];
-    for (int v = 0; v < kGemmVecs; ++v) {
+    const char* chunk[kVecs];
+    K4Scales sc[kVecs];
+    for (int v = 0; v < kVecs; ++v) {
       chunk[v] = group[v] + sb * F::kChunk;
       sc[v] = k4_scales(chunk[v]);
     }
     const BlockQ8_K* y[kActs];
     for (int j = 0; j < kActs; ++j) y[j] = acts.rows[size_t(t0 + j)] + sb;
-    __m512i isum[kActs][kGemmVecs];
+    __m512i isum[kActs][kVecs];
     for (int s = 0; s < 8; ++s) {
       prefetch.at(8 * sb + s);
-      __m512i sum[kActs][kGemmVecs];
+      __m512i sum[kActs][kVecs];
       for (auto& a : sum)
         for (auto& v : a) v = _mm512_setzero_si512();
 #pragma GCC unroll 8
       for (int m = 0; m < 8; ++m) {
-        __m512i q[kGemmVecs];
-        for (int v = 0; v < kGemmVecs; ++v) {
+        __m512i q[kVecs];
+        for (int v = 0; v < kVecs; ++v) {
           const __m512i packed = _mm512_loadu_si512(chunk[v] + 64 * (1 + F::kQs + 8 * (s / 2) + m));
           q[v] = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(packed, 4) : packed, low4);
           if constexpr (F::kFive) {
@@ -265,9 +279,9 @@ FERRUM_AVX512 void gemm_block_k4(int64_t nb, const char* const group[kGemmVecs],
         }
         dot_group<kActs>(sum, q, y, 8 * s + m);
       }
-      for (int v = 0; v < kGemmVecs; ++v) add_scaled<kActs>(isum, sum, v, sc[v].scale[s], s);
+      for (int v = 0; v < kVecs; ++v) add_scaled<kActs>(isum, sum, v, sc[v].scale[s], s);
     }
-    for (int v = 0; v < kGemmVecs; ++v) {
+    for (int v = 0; v < kVecs; ++v) {
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v])));
       const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v] + 32)));
       add_super_block<kActs>(acc, isum, v, d, y);
@@ -280,7 +294,7 @@ FERRUM_AVX512 void gemm_block_k4(int64_t nb, const char* const group[kGemmVecs],
       }
     }
   }
-  store_block<kActs>(acc, out, t0, ldo, rows);
+  store_block<kActs, kVecs>(acc, out, t0, ldo, rows);
 }
 
 // ---- Q6_K ----
@@ -315,43 +329,44 @@ FERRUM_AVX512_INLINE __m512i q6k_scale(const char* chunk, int s) {
   return _mm512_srai_epi32(_mm512_shuffle_epi8(dwords, index), 24);
 }
 
-template <int kActs>
-FERRUM_AVX512 void gemm_block_q6k(int64_t nb, const char* const group[kGemmVecs], const KActs& acts, int64_t t0,
+template <int kActs, int kVecs = kGemmVecs>
+FERRUM_AVX512 void gemm_block_q6k(int64_t nb, const char* const group[kVecs], const KActs& acts, int64_t t0,
                                   float* out, int64_t ldo, int64_t rows, const Prefetch& prefetch) {
-  __m512 acc[kActs][kGemmVecs];
+  __m512 acc[kActs][kVecs];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nb; ++sb) {
-    const char* chunk[kGemmVecs];
-    for (int v = 0; v < kGemmVecs; ++v) chunk[v] = group[v] + sb * kQ6Chunk;
+    const char* chunk[kVecs];
+    for (int v = 0; v < kVecs; ++v) chunk[v] = group[v] + sb * kQ6Chunk;
     const BlockQ8_K* y[kActs];
     const int32_t* terms[kActs];
     super_block_acts<kActs>(acts, nb, sb, t0, y, terms);
-    __m512i isum[kActs][kGemmVecs];
+    __m512i isum[kActs][kVecs];
     for (int s = 0; s < 16; ++s) {
       prefetch.at(16 * sb + s);
       const int h = s / 8, q = s % 8 / 2, m0 = 4 * (s % 2);
-      __m512i sum[kActs][kGemmVecs];
+      __m512i sum[kActs][kVecs];
       for (int j = 0; j < kActs; ++j)
-        for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(terms[j][s]);
+        for (int v = 0; v < kVecs; ++v) sum[j][v] = _mm512_set1_epi32(terms[j][s]);
 #pragma GCC unroll 4
       for (int m = m0; m < m0 + 4; ++m) {
-        __m512i w[kGemmVecs];
-        for (int v = 0; v < kGemmVecs; ++v) w[v] = q6k_group(chunk[v], h, q, m);
+        __m512i w[kVecs];
+        for (int v = 0; v < kVecs; ++v) w[v] = q6k_group(chunk[v], h, q, m);
         dot_group<kActs>(sum, w, y, 32 * h + 8 * q + m);
       }
-      for (int v = 0; v < kGemmVecs; ++v) add_scaled<kActs>(isum, sum, v, q6k_scale(chunk[v], s), s);
+      for (int v = 0; v < kVecs; ++v) add_scaled<kActs>(isum, sum, v, q6k_scale(chunk[v], s), s);
     }
-    for (int v = 0; v < kGemmVecs; ++v)
+    for (int v = 0; v < kVecs; ++v)
       add_super_block<kActs>(acc, isum, v, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v]))), y);
   }
-  store_block<kActs>(acc, out, t0, ldo, rows);
+  store_block<kActs, kVecs>(acc, out, t0, ldo, rows);
 }
 
 // What gemm_r16_kquant needs of Q6_K (K4R16 carries the same for Q4_K / Q5_K).
 struct Q6R16 {
   static constexpr int kSubBlocks = 16, kZeroPoint = 32;
   static constexpr bool kHasMin = false;
+  static constexpr bool kRowByGroup = false;
 };
 
 // ---- Q2_K and Q3_K ----
@@ -374,6 +389,7 @@ struct K2R16 {
   static constexpr int kQs = kThreeBit ? 8 : 4;  // the dword where qs starts
   static constexpr int kSubBlocks = 16, kZeroPoint = kThreeBit ? 4 : 0;
   static constexpr bool kHasMin = !kThreeBit;
+  static constexpr bool kRowByGroup = false;
   static constexpr int64_t kUnpackOnceFrom = kThreeBit ? 8 : INT64_MAX;
 
   FERRUM_AVX512_INLINE static __m512i dword(const char* chunk, int k) { return _mm512_loadu_si512(chunk + kHeader + 64 * k); }
@@ -409,9 +425,9 @@ struct K2R16 {
 // Where gemm_block_k2 reads a super-block's quants, scales, mins and d: the R16 chunks in place
 // (K2InPlace), or a tile unpacked once (K2Unpacked: what pays from kUnpackOnceFrom activation
 // rows on, as the unpacking is most of the work per use).
-template <class F>
+template <class F, int kVecs = kGemmVecs>
 struct K2InPlace {
-  const char* group[kGemmVecs];
+  const char* group[kVecs];
   FERRUM_AVX512_INLINE const char* chunk(int64_t sb, int v) const { return group[v] + sb * F::kChunk; }
   FERRUM_AVX512_INLINE __m512i q(int64_t sb, int g, int v) const { return F::quants(chunk(sb, v), g / 32, g % 32 / 8, g % 8); }
   FERRUM_AVX512_INLINE __m512i scale(int64_t sb, int s, int v) const { return F::scale(chunk(sb, v), s); }
@@ -451,35 +467,35 @@ FERRUM_AVX512 void unpack_k2_tile(const K2InPlace<F>& src, int64_t nb, K2Tile& t
 }
 
 // kActs activation rows from t0 against the tile in src.
-template <class F, int kActs, class Source>
+template <class F, int kActs, class Source, int kVecs = kGemmVecs>
 FERRUM_AVX512 void gemm_block_k2(int64_t nb, const Source& src, const KActs& acts, int64_t t0, float* out,
                                   int64_t ldo, int64_t rows, const Prefetch& prefetch) {
-  __m512 acc[kActs][kGemmVecs];
+  __m512 acc[kActs][kVecs];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nb; ++sb) {
     const BlockQ8_K* y[kActs];
     const int32_t* terms[kActs];
     super_block_acts<kActs>(acts, nb, sb, t0, y, terms);
-    __m512i isum[kActs][kGemmVecs];
+    __m512i isum[kActs][kVecs];
 #pragma GCC unroll 16  // constant group indices: the in-place unpacking's shifts and offsets
     for (int s = 0; s < 16; ++s) {
       prefetch.at(16 * sb + s);
-      __m512i sum[kActs][kGemmVecs];
+      __m512i sum[kActs][kVecs];
       for (int j = 0; j < kActs; ++j)
-        for (int v = 0; v < kGemmVecs; ++v)
+        for (int v = 0; v < kVecs; ++v)
           sum[j][v] = F::kZeroPoint ? _mm512_set1_epi32(terms[j][s]) : _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
         // group g of sub-block s: g = 32h + 8j + m with h = s / 8, j = s % 8 / 2, m = 4 (s % 2) + i
         const int g = 32 * (s / 8) + 8 * (s % 8 / 2) + 4 * (s % 2) + i;
-        __m512i q[kGemmVecs];
-        for (int v = 0; v < kGemmVecs; ++v) q[v] = src.q(sb, g, v);
+        __m512i q[kVecs];
+        for (int v = 0; v < kVecs; ++v) q[v] = src.q(sb, g, v);
         dot_group<kActs>(sum, q, y, g);
       }
-      for (int v = 0; v < kGemmVecs; ++v) add_scaled<kActs>(isum, sum, v, src.scale(sb, s, v), s);
+      for (int v = 0; v < kVecs; ++v) add_scaled<kActs>(isum, sum, v, src.scale(sb, s, v), s);
     }
-    for (int v = 0; v < kGemmVecs; ++v) {
+    for (int v = 0; v < kVecs; ++v) {
       add_super_block<kActs>(acc, isum, v, src.d(sb, v, 0), y);
       if constexpr (F::kHasMin)
         for (int j = 0; j < kActs; ++j) {
@@ -490,7 +506,7 @@ FERRUM_AVX512 void gemm_block_k2(int64_t nb, const Source& src, const KActs& act
         }
     }
   }
-  store_block<kActs>(acc, out, t0, ldo, rows);
+  store_block<kActs, kVecs>(acc, out, t0, ldo, rows);
 }
 
 // ---- IQ4_XS ----
@@ -506,19 +522,20 @@ struct XsR16 {
   static constexpr int kChunk = int(kR16Rows * sizeof(BlockIQ4_XS));
   static constexpr int kSubBlocks = 8, kZeroPoint = 128;
   static constexpr bool kHasMin = false;
+  static constexpr bool kRowByGroup = true;
 };
 
-template <int kActs>
-FERRUM_AVX512 void gemm_block_xs(int64_t nb, const char* const group[kGemmVecs], const KActs& acts, int64_t t0,
+template <int kActs, int kVecs = kGemmVecs>
+FERRUM_AVX512 void gemm_block_xs(int64_t nb, const char* const group[kVecs], const KActs& acts, int64_t t0,
                                  float* out, int64_t ldo, int64_t rows, const Prefetch& prefetch) {
   const __m512i levels = iq4_unsigned_levels(), low4 = _mm512_set1_epi8(15);
-  __m512 acc[kActs][kGemmVecs];
+  __m512 acc[kActs][kVecs];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < nb; ++sb) {
-    const char* chunk[kGemmVecs];
-    __m512i scales_h[kGemmVecs], scales_l[kGemmVecs];
-    for (int v = 0; v < kGemmVecs; ++v) {
+    const char* chunk[kVecs];
+    __m512i scales_h[kVecs], scales_l[kVecs];
+    for (int v = 0; v < kVecs; ++v) {
       chunk[v] = group[v] + sb * XsR16::kChunk;
       scales_h[v] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v] + 32)));
       scales_l[v] = _mm512_loadu_si512(chunk[v] + 64);
@@ -526,32 +543,49 @@ FERRUM_AVX512 void gemm_block_xs(int64_t nb, const char* const group[kGemmVecs],
     const BlockQ8_K* y[kActs];
     const int32_t* terms[kActs];
     super_block_acts<kActs>(acts, nb, sb, t0, y, terms);
-    __m512i isum[kActs][kGemmVecs];
+    __m512i isum[kActs][kVecs];
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
       prefetch.at(8 * sb + s);
-      __m512i sum[kActs][kGemmVecs];
+      __m512i sum[kActs][kVecs];
       for (int j = 0; j < kActs; ++j)
-        for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(terms[j][2 * s] + terms[j][2 * s + 1]);
+        for (int v = 0; v < kVecs; ++v) sum[j][v] = _mm512_set1_epi32(terms[j][2 * s] + terms[j][2 * s + 1]);
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) {
-        __m512i q[kGemmVecs];
-        for (int v = 0; v < kGemmVecs; ++v) {
+        __m512i q[kVecs];
+        for (int v = 0; v < kVecs; ++v) {
           const __m512i packed = _mm512_loadu_si512(chunk[v] + 64 * (2 + 4 * s + i % 4));
           q[v] = _mm512_shuffle_epi8(levels, _mm512_and_si512(i < 4 ? packed : _mm512_srli_epi16(packed, 4), low4));
         }
         dot_group<kActs>(sum, q, y, 8 * s + i);
       }
-      for (int v = 0; v < kGemmVecs; ++v) {
+      for (int v = 0; v < kVecs; ++v) {
         const __m512i low = _mm512_and_si512(_mm512_srli_epi32(scales_l[v], 8 * (s / 2) + 4 * (s % 2)), _mm512_set1_epi32(15));
         const __m512i high = _mm512_and_si512(_mm512_slli_epi32(_mm512_srli_epi32(scales_h[v], 2 * s), 4), _mm512_set1_epi32(0x30));
         add_scaled<kActs>(isum, sum, v, _mm512_sub_epi32(_mm512_or_si512(low, high), _mm512_set1_epi32(32)), s);
       }
     }
-    for (int v = 0; v < kGemmVecs; ++v)
+    for (int v = 0; v < kVecs; ++v)
       add_super_block<kActs>(acc, isum, v, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk[v]))), y);
   }
-  store_block<kActs>(acc, out, t0, ldo, rows);
+  store_block<kActs, kVecs>(acc, out, t0, ldo, rows);
+}
+
+// F's block kernel for kActs activation rows against kVecs 16-row groups read in place.
+template <class F, int kActs, int kVecs>
+FERRUM_AVX512_INLINE void kquant_block(int64_t nb, const char* const (&group)[kVecs], const KActs& acts, int64_t t0,
+                                       float* out, int64_t ldo, int64_t rows, const Prefetch& pf) {
+  if constexpr (std::is_same_v<F, K2R16<false>> || std::is_same_v<F, K2R16<true>>) {
+    K2InPlace<F, kVecs> src;
+    std::copy(group, group + kVecs, src.group);
+    gemm_block_k2<F, kActs, K2InPlace<F, kVecs>, kVecs>(nb, src, acts, t0, out, ldo, rows, pf);
+  } else if constexpr (std::is_same_v<F, Q6R16>) {
+    gemm_block_q6k<kActs, kVecs>(nb, group, acts, t0, out, ldo, rows, pf);
+  } else if constexpr (std::is_same_v<F, XsR16>) {
+    gemm_block_xs<kActs, kVecs>(nb, group, acts, t0, out, ldo, rows, pf);
+  } else {
+    gemm_block_k4<F, kActs, kVecs>(nb, group, acts, t0, out, ldo, rows, pf);
+  }
 }
 
 struct KTile {
@@ -573,40 +607,43 @@ FERRUM_AVX512 void gemm_r16_kquant(int64_t n, const void* w, size_t w_row_bytes,
   };
   const auto walk = [&](auto pack, auto block) { walk_tiles(w, w_row_bytes, F::kSubBlocks * nb, n, rows, T, pack, block); };
   if constexpr (std::is_same_v<F, K2R16<false>> || std::is_same_v<F, K2R16<true>>) {
-    const auto in_place = [&](int64_t r0, int64_t tile_rows) {
-      K2InPlace<F> src;
-      std::memcpy(src.group, tile_at(r0, tile_rows).group, sizeof src.group);
-      return src;
-    };
-    const auto block = [&](auto acts_per_call, const auto& src, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
-      gemm_block_k2<F, decltype(acts_per_call)::value>(nb, src, acts, t, out + r0, ldo, tile_rows, pf);
-    };
-    if (T < F::kUnpackOnceFrom) {
-      walk(in_place, block);
-    } else {
+    if (T >= F::kUnpackOnceFrom) {
       thread_local K2Tile tile;
       walk([&](int64_t r0, int64_t tile_rows) {
-        unpack_k2_tile(in_place(r0, tile_rows), nb, tile);
+        K2InPlace<F> src;
+        std::memcpy(src.group, tile_at(r0, tile_rows).group, sizeof src.group);
+        unpack_k2_tile(src, nb, tile);
         return K2Unpacked{tile};
-      }, block);
+      }, [&](auto acts_per_call, const K2Unpacked& src, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
+        gemm_block_k2<F, decltype(acts_per_call)::value>(nb, src, acts, t, out + r0, ldo, tile_rows, pf);
+      });
+      return;
     }
-  } else {
-    walk(tile_at, [&](auto acts_per_call, const KTile& tile, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
-      constexpr int kActs = decltype(acts_per_call)::value;
-      if constexpr (std::is_same_v<F, Q6R16>)
-        gemm_block_q6k<kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
-      else if constexpr (std::is_same_v<F, XsR16>)
-        gemm_block_xs<kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
-      else
-        gemm_block_k4<F, kActs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
-    });
   }
+  walk(tile_at, [&](auto acts_per_call, const KTile& tile, int64_t t, int64_t r0, int64_t tile_rows, const Prefetch& pf) {
+    kquant_block<F, decltype(acts_per_call)::value, kGemmVecs>(nb, tile.group, acts, t, out + r0, ldo, tile_rows, pf);
+  });
 }
 
+// One activation row. Q4_K, Q5_K, IQ4_XS (kRowByGroup): groups one after another, as
+// dot_rows_r16 (one thread from DRAM, 2048-wide rows: Q4_K 68% -> 90-95% of a plain read, Q5_K
+// 65 -> 71-76%, IQ4_XS 68 -> 86-93%). Q6_K, Q2_K, Q3_K keep the GEMM's two-group tiles and its
+// prefetches: one group at a time halved Q6_K's compute rate and left Q2_K / Q3_K no faster
+// (with or without prefetching a group ahead).
 template <class F>
 FERRUM_AVX512 void dot_rows_r16_kquant(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                                        float* out) {
-  gemm_r16_kquant<F>(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
+  if constexpr (!F::kRowByGroup) {
+    gemm_r16_kquant<F>(n, w, w_row_bytes, rows, act, 0, 1, out, rows);
+  } else {
+    const int64_t nb = n / kQKK;
+    thread_local KActs acts;
+    prepare_kquant_acts<F::kSubBlocks, F::kHasMin, F::kZeroPoint>(nb, act, 0, 1, acts);
+    for (int64_t r0 = 0; r0 < rows; r0 += kR16Rows) {
+      const char* const group[1] = {static_cast<const char*>(w) + r0 * int64_t(w_row_bytes)};
+      kquant_block<F, 1, 1>(nb, group, acts, 0, out + r0, 0, std::min<int64_t>(kR16Rows, rows - r0), kNoPrefetch);
+    }
+  }
 }
 
 }  // namespace

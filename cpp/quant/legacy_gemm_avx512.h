@@ -102,6 +102,7 @@ struct Prefetch {
   int64_t bytes, share, shares;
   FERRUM_AVX512_INLINE void at(int64_t b) const { prefetch_share(ahead, bytes, share + b, shares); }
 };
+inline constexpr Prefetch kNoPrefetch{nullptr, 0, 0, 1};
 
 // out[t * ldo + r] for T activation rows against `rows` weight rows of n elements at w, in
 // tiles of kGemmRows rows (the tile walk of the int8 GEMMs): pack(r0, tile_rows) returns the
@@ -137,11 +138,11 @@ FERRUM_AVX512 void walk_tiles(const void* w, size_t w_row_bytes, int64_t steps, 
 }
 
 // A block call's outputs: acc[j][v] to row t0 + j of out, columns 16v.., the first `rows` only.
-template <int kActs>
-FERRUM_AVX512_INLINE void store_block(const __m512 (&acc)[kActs][kGemmVecs], float* out, int64_t t0, int64_t ldo,
+template <int kActs, int kVecs = kGemmVecs>
+FERRUM_AVX512_INLINE void store_block(const __m512 (&acc)[kActs][kVecs], float* out, int64_t t0, int64_t ldo,
                                       int64_t rows) {
   for (int j = 0; j < kActs; ++j)
-    for (int v = 0; v < kGemmVecs; ++v) {
+    for (int v = 0; v < kVecs; ++v) {
       const int64_t left = rows - 16 * v;
       if (left <= 0) break;
       const __mmask16 m = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
@@ -164,30 +165,30 @@ struct TileSource {
   FERRUM_AVX512_INLINE __m512 m(int64_t b, int v) const { return _mm512_loadu_ps(&tile.mins[size_t(b * kGemmRows + 16 * v)]); }
 };
 
-// kActs activation rows from t0 against the kGemmRows weight rows of src (a TileSource or the
+// kActs activation rows from t0 against the 16 * kVecs weight rows of src (a TileSource or the
 // like: q(), d(), and m() for the min formats).
-template <bool kHasMin, int kActs, class Source>
+template <bool kHasMin, int kActs, class Source, int kVecs = kGemmVecs>
 FERRUM_AVX512 void gemm_block(int64_t nb, const Source& src, const LegacyActs& acts, int64_t t0,
                               float* out, int64_t ldo, int64_t rows, const Prefetch& prefetch) {
-  __m512 acc[kActs][kGemmVecs];
+  __m512 acc[kActs][kVecs];
   for (auto& a : acc)
     for (auto& v : a) v = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     prefetch.at(b);
-    __m512i sum[kActs][kGemmVecs];
+    __m512i sum[kActs][kVecs];
     for (int j = 0; j < kActs; ++j)
-      for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_set1_epi32(acts.offsets[size_t((t0 + j) * nb + b)]);
+      for (int v = 0; v < kVecs; ++v) sum[j][v] = _mm512_set1_epi32(acts.offsets[size_t((t0 + j) * nb + b)]);
     for (int g = 0; g < 8; ++g) {
-      __m512i q[kGemmVecs];
-      for (int v = 0; v < kGemmVecs; ++v) q[v] = src.q(b, g, v);
+      __m512i q[kVecs];
+      for (int v = 0; v < kVecs; ++v) q[v] = src.q(b, g, v);
       for (int j = 0; j < kActs; ++j) {
         int32_t a4;
         std::memcpy(&a4, acts.rows[size_t(t0 + j)][b].qs + 4 * g, 4);
         const __m512i a = _mm512_set1_epi32(a4);
-        for (int v = 0; v < kGemmVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
+        for (int v = 0; v < kVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
       }
     }
-    for (int v = 0; v < kGemmVecs; ++v) {
+    for (int v = 0; v < kVecs; ++v) {
       const __m512 d_w = src.d(b, v), m_w = kHasMin ? src.m(b, v) : d_w;
       for (int j = 0; j < kActs; ++j) {
         const size_t k = size_t((t0 + j) * nb + b);
@@ -195,7 +196,7 @@ FERRUM_AVX512 void gemm_block(int64_t nb, const Source& src, const LegacyActs& a
       }
     }
   }
-  store_block<kActs>(acc, out, t0, ldo, rows);
+  store_block<kActs, kVecs>(acc, out, t0, ldo, rows);
 }
 
 // The legacy formats' GEMM over T activation rows (walk_tiles with gemm_block); pack(r0,
