@@ -2,7 +2,7 @@
 // type and ISA variant this CPU supports; then the batched kernels (a batch of decodes) in
 // multiply-adds per second; then the prefill GEMM against dequantize + sgemm. Not a test; build
 // with -DFERRUM_BENCH=ON.
-// usage: quant_dot_bench [batch|gemm|prefill|stream|rows TYPE|read TYPE [N [hot]]]   (only the batched kernels / the GEMM /
+// usage: quant_dot_bench [batch|gemm|prefill|stream|rows TYPE|read TYPE [N [hot|2]]]   (only the batched kernels / the GEMM /
 // ... / one type's row kernel / one thread's decode stream against a plain read)
 #include <cblas.h>
 #include <immintrin.h>
@@ -15,6 +15,7 @@
 #include <ctime>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/weight_arena.h"
@@ -246,13 +247,15 @@ __attribute__((target("avx2"))) uint64_t plain_read(const uint8_t* p, size_t byt
   return v[0] + v[1] + v[2] + v[3];
 }
 
-// One thread's decode stream: 256 MB of TYPE weights (rows x n) on the engine's 2 MiB pages, read
-// by the row kernel in calls of 1536 rows (a SmolLM2 MLP matrix's), and by a plain read of the
-// same bytes; the two alternate (this VM's bandwidth drifts), medians of 9. hot: 256 rows read
-// 2000 times instead (in L2: the kernel's compute rate).
-void bench_read(DType t, int n, bool hot) {
+// A decode's stream: 256 MB of TYPE weights (rows x n; 512 MB for two threads) on the engine's
+// 2 MiB pages, read by the row kernel in calls of 1536 rows (a SmolLM2 MLP matrix's), each thread
+// its half of the rows as the engine splits a matmul, and by a plain read of the same bytes; the
+// two alternate, 9 times (this VM's bandwidth drifts, in phases of seconds to minutes, so each
+// pair is printed: the medians of the pairs would mix phases). hot: 256 rows read 2000 times
+// instead (in L2: the kernel's compute rate).
+void bench_read(DType t, int n, bool hot, int threads) {
   const size_t row_bytes = dtype_bytes(t, n);
-  const int rows = hot ? 256 : int((256u << 20) / row_bytes) & ~15, call_rows = 1536, passes = hot ? 2000 : 1;
+  const int rows = hot ? 256 : int((size_t(threads) << 28) / row_bytes) & ~15, call_rows = 1536, passes = hot ? 2000 : 1;
   std::mt19937 rng(3);
   const std::vector<uint8_t> one = random_weights(t, std::min(rows, call_rows), n, rng);
   WeightArena arena;
@@ -261,29 +264,44 @@ void bench_read(DType t, int n, bool hot) {
   for (int r = 0; r < rows; r += call_rows)
     std::memcpy(w + r * row_bytes, one.data(), std::min<size_t>(one.size(), (rows - r) * row_bytes));
   const DotKernel& kern = dot_kernel(t);
-  std::vector<float> x(n), out(call_rows);
+  std::vector<float> x(n);
   std::uniform_real_distribution<float> u(-1, 1);
   for (float& v : x) v = u(rng);
   WeightArena::Block act = arena.allocate(dtype_bytes(kern.act_type, n));  // 64-byte aligned
   quantize_row(kern.act_type, x.data(), act.data, n);
-  std::vector<double> kernel_gbs, read_gbs;
-  uint64_t sink = 0;
+  const int share = rows / threads / 16 * 16;  // each thread's rows: whole 16-row groups
+  std::vector<uint64_t> sinks(static_cast<size_t>(threads));
+  const auto on_threads = [&](auto body) {  // body(first row, row count, thread)
+    std::vector<std::thread> pool;
+    for (int i = 0; i < threads; ++i) pool.emplace_back(body, i * share, i + 1 < threads ? share : rows - i * share, i);
+    for (std::thread& th : pool) th.join();
+  };
+  const auto kernel_pass = [&](int r0, int count, int) {
+    std::vector<float> out(call_rows);
+    for (int p = 0; p < passes; ++p)
+      for (int r = r0; r < r0 + count; r += call_rows)
+        kern.dot_rows(n, w + r * row_bytes, row_bytes, std::min(call_rows, r0 + count - r), act.data, out.data());
+  };
+  const auto read_pass = [&](int r0, int count, int i) {
+    for (int p = 0; p < passes; ++p) sinks[size_t(i)] += plain_read(w + r0 * row_bytes, size_t(count) * row_bytes);
+  };
   const double bytes = double(row_bytes) * rows * passes;
+  std::printf("%s %dx%d%s, %d thread%s: row kernel / plain read GB/s\n ", dtype_name(t), rows, n, hot ? " (hot)" : "",
+              threads, threads > 1 ? "s" : "");
+  std::vector<double> shares;
   for (int rep = 0; rep < 9; ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int p = 0; p < passes; ++p)
-      for (int r = 0; r < rows; r += call_rows)
-        kern.dot_rows(n, w + r * row_bytes, row_bytes, std::min(call_rows, rows - r), act.data, out.data());
+    on_threads(kernel_pass);
     const auto t1 = std::chrono::steady_clock::now();
-    for (int p = 0; p < passes; ++p) sink += plain_read(w, row_bytes * rows);
+    on_threads(read_pass);
     const auto t2 = std::chrono::steady_clock::now();
-    kernel_gbs.push_back(bytes / std::chrono::duration<double>(t1 - t0).count() / 1e9);
-    read_gbs.push_back(bytes / std::chrono::duration<double>(t2 - t1).count() / 1e9);
+    const double k = bytes / std::chrono::duration<double>(t1 - t0).count() / 1e9;
+    const double r = bytes / std::chrono::duration<double>(t2 - t1).count() / 1e9;
+    shares.push_back(k / r);
+    std::printf(" %.1f/%.1f", k, r);
   }
-  std::sort(kernel_gbs.begin(), kernel_gbs.end());
-  std::sort(read_gbs.begin(), read_gbs.end());
-  std::printf("%s %dx%d%s, one thread: row kernel %.1f GB/s, plain read %.1f GB/s (%.0f%%)%s\n", dtype_name(t), rows, n,
-              hot ? " (hot)" : "", kernel_gbs[4], read_gbs[4], 100 * kernel_gbs[4] / read_gbs[4], sink == 1 ? " " : "");
+  std::sort(shares.begin(), shares.end());
+  std::printf("\n  median share %.0f%%%s\n", 100 * shares[4], sinks[0] == 1 ? " " : "");
 }
 
 int main(int argc, char** argv) {
@@ -299,8 +317,10 @@ int main(int argc, char** argv) {
   }
   if (mode == "read" && argc > 2) {
     for (int i = 0; i <= int(kLastType); ++i)
-      if (argv[2] == std::string(dtype_name(DType(i))))
-        bench_read(DType(i), argc > 3 ? std::atoi(argv[3]) : 576, argc > 4 && std::string(argv[4]) == "hot");
+      if (argv[2] == std::string(dtype_name(DType(i)))) {
+        const std::string opt = argc > 4 ? argv[4] : "";
+        bench_read(DType(i), argc > 3 ? std::atoi(argv[3]) : 576, opt == "hot", opt == "2" ? 2 : 1);
+      }
     return 0;
   }
   if (mode == "batch" || mode == "gemm") {
