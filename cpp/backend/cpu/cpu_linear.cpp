@@ -124,9 +124,10 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   // activation once per call).
   const int64_t unit = quant::is_r16(w.dtype) ? quant::kR16Rows : 1;  // R16: whole groups
   const int64_t tile_rows = T == 1 ? N : std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes) / unit) * unit;
+  const bool reverse = cs.reverse_threads(host_ptr<char>(w), w.nbytes());
   cs.record("linear_dot", [=](int ith, int nth) {
     int64_t r0, r1;
-    split_rows(w, ith, nth, &r0, &r1);
+    split_rows(w, reverse ? nth - 1 - ith : ith, nth, &r0, &r1);
     if (r0 >= r1) return;
     float* op = host_ptr<float>(out) + out_col;
     char* acts = act ? act->data() : nullptr;
