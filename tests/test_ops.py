@@ -146,10 +146,11 @@ def test_rope(backend, rng, layout, hd):
 
 
 def test_swiglu_add_gather_argmax_copy(backend, rng):
-    gu = rng.standard_normal((5, 2 * 77)).astype(np.float32)
-    out = backend.empty("f32", [5, 77])
-    backend.swiglu(backend.tensor(gu), out)
-    assert R.nmse(out.numpy(), R.swiglu(gu)) < F32_TOL
+    for rows, n in [(5, 77), (1, 1536)]:  # pieces across row ends; a decode's one row, split
+        gu = rng.standard_normal((rows, 2 * n)).astype(np.float32)
+        out = backend.empty("f32", [rows, n])
+        backend.swiglu(backend.tensor(gu), out)
+        assert R.nmse(out.numpy(), R.swiglu(gu)) < F32_TOL
 
     a, b = rng.standard_normal((4, 9)).astype(np.float32), rng.standard_normal((4, 9)).astype(np.float32)
     s = backend.empty("f32", [4, 9])

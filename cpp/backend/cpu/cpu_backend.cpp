@@ -311,11 +311,15 @@ void CpuBackend::swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) {
   own({&gate_up, &out});
   checks::swiglu(gate_up, out);
   cpu_stream(s).record("swiglu", [=](int ith, int nth) {
-    int64_t b, e, n = out.cols();
-    if (!my_range(out.rows(), ith, nth, &b, &e)) return;
-    for (int64_t r = b; r < e; ++r) {
-      const float* g = host_ptr<float>(gate_up) + r * 2 * n;
-      cpu::silu_mul(g, g + n, host_ptr<float>(out) + r * n, n);
+    // Split by elements (in pieces of 16), not rows: a decode's one row is shared by the threads.
+    const int64_t n = out.cols(), total = out.rows() * n;
+    int64_t b, e;
+    if (!my_range((total + 15) / 16, ith, nth, &b, &e)) return;
+    for (int64_t i = 16 * b, end = std::min(16 * e, total); i < end;) {
+      const int64_t r = i / n, c = i % n, len = std::min(n - c, end - i);
+      const float* g = host_ptr<float>(gate_up) + r * 2 * n + c;
+      cpu::silu_mul(g, g + n, host_ptr<float>(out) + r * n + c, len);
+      i += len;
     }
   });
 }
