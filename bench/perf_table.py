@@ -54,6 +54,10 @@ def safetensors_bytes_per_token(directory):
     return sum(n for k, n in tensors.items() if tied or not k.endswith("embed_tokens.weight"))
 
 
+def bytes_per_token(model):
+    return gguf_bytes_per_token(model) if model.endswith(".gguf") else safetensors_bytes_per_token(model)
+
+
 def ferrum_run(model, a):
     flags = ["-S"] if sys.flags.no_site else []  # a worktree testing its own sources
     return run([sys.executable, *flags, "-m", "ferrum", "bench", model, "-p", str(a.p), "-n", str(a.n),
@@ -62,7 +66,7 @@ def ferrum_run(model, a):
 
 def measure(model, a):
     is_gguf = model.endswith(".gguf")
-    per_token = gguf_bytes_per_token(model) if is_gguf else safetensors_bytes_per_token(model)
+    per_token = bytes_per_token(model)
     ours, peer, bws, loads = [], [], [], []
     for _ in range(a.r):
         loads.append(round(os.getloadavg()[0], 2))
