@@ -1,10 +1,10 @@
 """Decode speed against the memory bandwidth of the moment: for each round and model, a bandwidth
-reading, one `ferrum bench` tg run, another reading; prints tok/s, GB/s streamed and the share of
-the two readings' mean. This VM's bandwidth moves between phases (32-35 and 55-60 GB/s) within
+reading, one `ferrum bench` process (tg128, best of --reps: the first repetition also records the
+decode step), another reading; prints tok/s, GB/s streamed and the share of the two readings' mean. This VM's bandwidth moves between phases (32-35 and 55-60 GB/s) within
 seconds to minutes, so a table's median reading can belong to another phase than its runs; runs
 whose two readings agree show what the decode reaches in each phase.
 
-usage: python bench/bracketed_tg.py MODEL [MODEL ...] [-r 6] [-n 128] [-t 2]
+usage: python bench/bracketed_tg.py MODEL [MODEL ...] [-r 6] [--reps 2] [-n 128] [-t 2]
 """
 import argparse
 import json
@@ -21,7 +21,8 @@ from perf_table import bytes_per_token  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+")
-    ap.add_argument("-r", type=int, default=6)
+    ap.add_argument("-r", type=int, default=6, help="rounds")
+    ap.add_argument("--reps", type=int, default=2, help="tg repetitions per process (best of)")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-t", type=int, default=2)
     a = ap.parse_args()
@@ -31,7 +32,7 @@ def main():
         for m in a.models:
             before = measure_bandwidth_gbs(a.t)
             out = subprocess.run([sys.executable, "-m", "ferrum", "bench", m, "-p", "16", "-n", str(a.n), "-t",
-                                  str(a.t), "-r", "1", "--json"], capture_output=True, text=True, check=True)
+                                  str(a.t), "-r", str(a.reps), "--json"], capture_output=True, text=True, check=True)
             tg = json.loads(out.stdout.strip().splitlines()[-1])["tg_tok_s"]
             after = measure_bandwidth_gbs(a.t)
             gbs = tg * per_token[m] / 1e9
