@@ -37,12 +37,12 @@ constexpr int kRows = 16 * kVecs;  // weight rows per tile
 constexpr int kActs = 8;           // activation rows per register block
 
 
-// Per weight type: kElems elements per 32-bit step; load16 gives steps 16c .. 16c + 15 of a row
-// as 32-bit words; step gives step s of a row alone (the tail); fma accumulates one step. The
+// Per weight type: kElems elements per 32-bit step, kChunkBytes bytes per 16 steps; load16 gives
+// the 16 steps (a chunk) at p as 32-bit words; step gives step s of a row alone (the tail); fma accumulates one step. The
 // activations come in the same steps (bf16 pairs, or f32).
 struct Bf16 {  // a step is an element pair; an odd n's last pair is padded with a zero
   static constexpr int kElems = 2, kChunkBytes = 64;
-  FERRUM_AVX512_BF16 static __m512i load16(const char* row, int64_t c) { return _mm512_loadu_si512(row + 64 * c); }
+  FERRUM_AVX512_BF16 static __m512i load16(const char* p) { return _mm512_loadu_si512(p); }
   static uint32_t step(const char* row, int64_t s, int64_t n) {
     uint16_t e[2] = {0, 0};
     std::memcpy(e, row + 4 * s, 2 * s + 1 < n ? 4 : 2);
@@ -55,8 +55,8 @@ struct Bf16 {  // a step is an element pair; an odd n's last pair is padded with
 
 struct F16 {  // a step is one element, converted to f32
   static constexpr int kElems = 1, kChunkBytes = 32;
-  FERRUM_AVX512_BF16 static __m512i load16(const char* row, int64_t c) {
-    return _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c))));
+  FERRUM_AVX512_BF16 static __m512i load16(const char* p) {
+    return _mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
   }
   FERRUM_AVX512_BF16 static uint32_t step(const char* row, int64_t s, int64_t) {
     uint16_t h;
@@ -73,7 +73,7 @@ struct F16 {  // a step is one element, converted to f32
 
 struct F32 {  // a step is one element
   static constexpr int kElems = 1, kChunkBytes = 64;
-  FERRUM_AVX512_BF16 static __m512i load16(const char* row, int64_t c) { return _mm512_loadu_si512(row + 64 * c); }
+  FERRUM_AVX512_BF16 static __m512i load16(const char* p) { return _mm512_loadu_si512(p); }
   static uint32_t step(const char* row, int64_t s, int64_t) {
     uint32_t u;
     std::memcpy(&u, row + 4 * s, 4);
@@ -102,7 +102,7 @@ FERRUM_AVX512_BF16 void pack_tile(const char* w, size_t w_row_bytes, int64_t row
     __m512i r[16];
     for (int64_t c = 0; c < full; ++c) {
       for (int i = 0; i < 16; ++i)
-        r[i] = i < nr ? W::load16(chunk_at<W, kR16>(w, w_row_bytes, r0, i, c), 0) : _mm512_setzero_si512();
+        r[i] = i < nr ? W::load16(chunk_at<W, kR16>(w, w_row_bytes, r0, i, c)) : _mm512_setzero_si512();
       transpose16x16(r);
       for (int j = 0; j < 16; ++j) packed[size_t((16 * c + j) * kVecs + v)] = r[j];
     }
