@@ -82,7 +82,7 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   if (has_error_.load()) std::rethrow_exception(error_);
 }
 
-void ThreadPool::barrier() {
+void ThreadPool::barrier(bool (*idle)(void* ctx), void* ctx) {
   if (num_threads_ == 1) return;
   uint32_t gen = barrier_generation_.load(std::memory_order_acquire);
   if (barrier_count_.fetch_add(1, std::memory_order_acq_rel) == num_threads_ - 1) {
@@ -93,6 +93,8 @@ void ThreadPool::barrier() {
   }
   int spins = 0;
   while (barrier_generation_.load(std::memory_order_acquire) == gen) {
+    if (idle && idle(ctx)) continue;
+    idle = nullptr;
     if (++spins < kBarrierSpins) {
       cpu_relax();
     } else {

@@ -22,8 +22,9 @@ class ThreadPool {
   // Runs fn(thread_index, num_threads) on every thread, the caller included; returns when all
   // are done. Not reentrant. Exceptions thrown by fn are rethrown here (the first one).
   void run(const std::function<void(int, int)>& fn);
-  // Inside run(): waits until every thread has reached the barrier.
-  void barrier();
+  // Inside run(): waits until every thread has reached the barrier. A thread that waits may
+  // run idle(ctx) meanwhile, a small step at a time, until it returns false.
+  void barrier(bool (*idle)(void* ctx) = nullptr, void* ctx = nullptr);
 
  private:
   void worker_loop(int index);

@@ -6,8 +6,10 @@
 #include <cstring>
 #include <numeric>
 #include <set>
+#include <thread>
 
 #include "backend/backend.h"
+#include "backend/cpu/row_claims.h"
 #include "backend/cpu/weight_arena.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -49,6 +51,69 @@ TEST(ThreadPool, ExceptionsPropagateAndPoolSurvives) {
   std::atomic<int> count{0};
   pool.run([&](int, int) { count++; });
   EXPECT_EQ(count.load(), 2);
+}
+
+TEST(ThreadPool, WaitingThreadsRunIdleWorkUntilItIsDoneOrTheBarrierOpens) {
+  ThreadPool pool(2);
+  struct Idle {
+    std::atomic<int> steps{0};
+    int limit;
+    static bool step(void* self) {
+      Idle& d = *static_cast<Idle*>(self);
+      return ++d.steps < d.limit;
+    }
+  };
+  for (int limit : {1, 5, 1 << 30}) {
+    Idle idle{{0}, limit};
+    std::atomic<bool> late_done{false};
+    pool.run([&](int i, int) {
+      if (i == 1) {  // the late thread: the other waits, doing its idle work meanwhile
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        late_done = true;
+        pool.barrier();
+      } else {
+        pool.barrier(&Idle::step, &idle);
+        EXPECT_TRUE(late_done.load());  // idle work does not open the barrier
+      }
+    });
+    // A finite job runs to its end (step returned false); an endless one stops at the opening.
+    if (limit < 100) EXPECT_EQ(idle.steps.load(), limit);
+    else EXPECT_GT(idle.steps.load(), 0);
+  }
+}
+
+// Every unit of a matmul is done exactly once, by its owner or a helper, whatever the threads'
+// speeds; helpers take from the back of a slow thread's share.
+TEST(RowClaims, EveryUnitOnceWhateverTheThreadsSpeeds) {
+  for (int n : {1, 2, 3}) {
+    ThreadPool pool(n);
+    RowClaims claims(n);
+    for (int64_t units : {0, 1, 7, 100, 1000}) {
+      for (int slow = 0; slow < n; ++slow) {
+        std::vector<std::atomic<int>> done(static_cast<size_t>(units));
+        std::vector<int> by(static_cast<size_t>(units), -1);
+        for (int rep = 0; rep < 3; ++rep) {  // a command runs again: its shares start afresh
+          for (auto& d : done) d = 0;
+          pool.run([&](int i, int k) {
+            claims.run(i, k, [&](int j) { return k - 1 - j; }, units, 2, [&](int64_t lo, int64_t hi) {
+              ASSERT_LT(lo, hi);
+              if (i == slow && n > 1) std::this_thread::sleep_for(std::chrono::microseconds(200));
+              for (int64_t u = lo; u < hi; ++u) {
+                done[size_t(u)]++;
+                by[size_t(u)] = i;
+              }
+            });
+          });
+          for (int64_t u = 0; u < units; ++u) ASSERT_EQ(done[size_t(u)].load(), 1) << "unit " << u;
+        }
+        if (n == 2 && units == 1000) {  // the fast thread took the back of the slow one's share
+          int64_t b, e;
+          split_range(units, n - 1 - slow, n, &b, &e);
+          EXPECT_NE(by[size_t(e - 1)], slow);
+        }
+      }
+    }
+  }
 }
 
 TEST(SplitRange, CoversEverythingOnce) {

@@ -30,6 +30,16 @@ inline T* host_ptr(const Tensor& t) {
 struct CpuCommand {
   const char* name;
   std::function<void(int, int)> fn;
+  int warm = -1;  // the weight shares (CpuStream::warm_before) its waiting threads prefetch, or -1
+};
+
+// The rows of a matmul's weights each thread starts on: rows [0, rows) of row_bytes each, in
+// shares of whole `unit`s, dealt in reverse thread order if `reverse` (cpu_linear.cpp).
+struct WeightShares {
+  const char* base;
+  size_t row_bytes;
+  int64_t rows, unit;
+  bool reverse;
 };
 
 class CpuBackend;
@@ -42,6 +52,8 @@ class CpuStream : public Stream {
   void sync() override {}  // submit() runs to completion
   void clear() override {
     commands_.clear();
+    warm_.clear();
+    warm_from_ = 0;
     last_weights_end_ = nullptr;
     last_reversed_ = false;
   }
@@ -55,6 +67,15 @@ class CpuStream : public Stream {
   // of one starts the next, its stream going on in address order (in plain order the worker
   // thread ran ~8% slower in 2 of 3 single-row matmuls, likely as the other thread's
   // prefetches ran on into its range; tg +2-15% on 135M models, slow memory phase).
+  // The decode matmul about to be recorded reads `shares`: the commands since the previous one
+  // (that one included) have a thread that waits at their barrier prefetch the start of its
+  // share into its L2. The time a thread would idle (an unbalanced op, a one-row norm, the tail
+  // of a matmul) then streams weights the matmul would read from DRAM.
+  void warm_before(const WeightShares& shares) {
+    for (size_t i = warm_from_; i < commands_.size(); ++i) commands_[i].warm = int(warm_.size());
+    warm_.push_back(shares);
+    warm_from_ = commands_.size();
+  }
   bool reverse_threads(const void* begin, size_t bytes) {
     const char* b = static_cast<const char*>(begin);
     const bool follows = b >= last_weights_end_ && b < last_weights_end_ + 4096;  // arena slack
@@ -65,8 +86,11 @@ class CpuStream : public Stream {
 
  private:
   void profiled_submit(CommandProfile& profile);
+  void barrier_after(const CpuCommand& c, int ith, int nth);
   CpuBackend* backend_;
   std::vector<CpuCommand> commands_;
+  std::vector<WeightShares> warm_;
+  size_t warm_from_ = 0;
   const char* last_weights_end_ = nullptr;
   bool last_reversed_ = false;
 };

@@ -22,7 +22,9 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/row_claims.h"
 #include "backend/op_checks.h"
+#include "core/error.h"
 #include "quant/quant.h"
 #include "quant/repack.h"
 
@@ -37,6 +39,7 @@ constexpr int64_t kMaxDecodeRows = 64;
 constexpr int64_t kTileRows = 128;
 constexpr size_t kDotTileBytes = 16 * 1024;  // weight rows dotted with every activation row at once
 constexpr int64_t kMaxInlineQuantize = 16384;  // activation elements quantized by every thread (see below)
+constexpr size_t kMinPieceBytes = 32 * 1024;  // smallest piece of a decode matmul a thread claims (RowClaims)
 
 // Part ith of nth of w's N rows; R16 weights split at group starts.
 void split_rows(const Tensor& w, int ith, int nth, int64_t* r0, int64_t* r1) {
@@ -125,10 +128,15 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const int64_t unit = quant::is_r16(w.dtype) ? quant::kR16Rows : 1;  // R16: whole groups
   const int64_t tile_rows = T == 1 ? N : std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes) / unit) * unit;
   const bool reverse = cs.reverse_threads(host_ptr<char>(w), w.nbytes());
+  if (!many_rows) cs.warm_before({host_ptr<char>(w), w_row_bytes, N, unit, reverse});
+  auto claims = std::make_shared<RowClaims>(pool_.size());
+  const int64_t units = (N + unit - 1) / unit;
+  FERRUM_CHECK(units < RowClaims::kMaxUnits, "linear: " + w.str() + " has too many rows");
+  // Prefill's GEMM is compute-bound and prepares its activation tiles once per call: one piece
+  // a thread.
+  const int64_t min_piece = many_rows ? (units + pool_.size() - 1) / pool_.size()
+                                      : std::max<int64_t>(1, int64_t(kMinPieceBytes / w_row_bytes) / unit);
   cs.record("linear_dot", [=](int ith, int nth) {
-    int64_t r0, r1;
-    split_rows(w, reverse ? nth - 1 - ith : ith, nth, &r0, &r1);
-    if (r0 >= r1) return;
     float* op = host_ptr<float>(out) + out_col;
     char* acts = act ? act->data() : nullptr;
     if (quantize_in_dot) {
@@ -136,21 +144,25 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
       for (int64_t t = 0; t < T; ++t)
         quant::quantize_row(act_type, host_ptr<float>(x) + t * K, acts + t * act_row_bytes, K);
     }
-    if (batch) {
-      const void* a = acts ? static_cast<const void*>(acts) : static_cast<const void*>(host_ptr<float>(x));
-      batch(K, host_ptr<char>(w) + r0 * w_row_bytes, w_row_bytes, r1 - r0, a, act_row_bytes, T, op + r0, ldo);
-    } else {
-      for (int64_t tr = r0; tr < r1; tr += tile_rows) {
-        const int64_t rows = std::min(tile_rows, r1 - tr);
-        const char* wp = host_ptr<char>(w) + tr * w_row_bytes;
-        for (int64_t t = 0; t < T; ++t) {
-          const void* a = act ? static_cast<const void*>(acts + t * act_row_bytes)
-                              : static_cast<const void*>(host_ptr<float>(x) + t * K);
-          kernel->dot_rows(K, wp, w_row_bytes, rows, a, op + t * ldo + tr);
+    const auto owner_part = [&](int i) { return reverse ? nth - 1 - i : i; };
+    claims->run(ith, nth, owner_part, units, min_piece, [&](int64_t u0, int64_t u1) {
+      const int64_t r0 = u0 * unit, r1 = std::min(u1 * unit, N);
+      if (batch) {
+        const void* a = acts ? static_cast<const void*>(acts) : static_cast<const void*>(host_ptr<float>(x));
+        batch(K, host_ptr<char>(w) + r0 * w_row_bytes, w_row_bytes, r1 - r0, a, act_row_bytes, T, op + r0, ldo);
+      } else {
+        for (int64_t tr = r0; tr < r1; tr += tile_rows) {
+          const int64_t rows = std::min(tile_rows, r1 - tr);
+          const char* wp = host_ptr<char>(w) + tr * w_row_bytes;
+          for (int64_t t = 0; t < T; ++t) {
+            const void* a = act ? static_cast<const void*>(acts + t * act_row_bytes)
+                                : static_cast<const void*>(host_ptr<float>(x) + t * K);
+            kernel->dot_rows(K, wp, w_row_bytes, rows, a, op + t * ldo + tr);
+          }
         }
       }
-    }
-    add_bias(bias, op, T, ldo, r0, r1);
+      add_bias(bias, op, T, ldo, r0, r1);
+    });
   });
 }
 
