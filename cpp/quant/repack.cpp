@@ -18,7 +18,9 @@ struct BlockShape {
   uint32_t quant_xor;        // Q8_0: + 128 in every byte
   bool fields_last = false;  // Q2_K, Q3_K, Q6_K: d (and dmin) follow the quants
   bool whole = false;        // F16 / BF16: a row's 64-byte block stays whole, at lane * 64
+  const uint8_t* slots = nullptr;  // Q6_K: quant dword k goes to slot slots[k] (else k)
   int header() const { return 32 * fields; }
+  int slot(int k) const { return slots ? slots[k] : k; }
   int field_at(int k) const { return (fields_last ? block_bytes - 2 * fields : 0) + 2 * k; }
   int quant_at(int k) const { return (fields_last ? 0 : 2 * fields) + 4 * k; }
 };
@@ -36,7 +38,7 @@ const R16Type kR16Types[] = {
     {DType::Q8_0, DType::Q8_0_R16, {1, int(sizeof(BlockQ8_0)), 0x80808080u}},
     {DType::Q4_K, DType::Q4_K_R16, {2, int(sizeof(BlockQ4_K)), 0}},        // d, dmin; scales, qs
     {DType::Q5_K, DType::Q5_K_R16, {2, int(sizeof(BlockQ5_K)), 0}},        // d, dmin; scales, qh, qs
-    {DType::Q6_K, DType::Q6_K_R16, {1, int(sizeof(BlockQ6_K)), 0, true}},  // ql, qh, scales; d
+    {DType::Q6_K, DType::Q6_K_R16, {1, int(sizeof(BlockQ6_K)), 0, true, false, kQ6KSlots.data()}},  // ql, qh, scales; d
     {DType::Q2_K, DType::Q2_K_R16, {2, int(sizeof(BlockQ2_K)), 0, true}},  // scales, qs; d, dmin
     {DType::Q3_K, DType::Q3_K_R16, {1, int(sizeof(BlockQ3_K)), 0, true}},  // hmask, qs, scales; d
     {DType::IQ4_NL, DType::IQ4_NL_R16, {1, int(sizeof(BlockIQ4_NL)), 0}},  // d; qs
@@ -73,7 +75,7 @@ void move_block(const BlockShape& s, int lane, const uint8_t* from, uint8_t* to,
   };
   for (int k = 0; k < s.fields; ++k) piece(s.field_at(k), 32 * k + 2 * lane, 2, 0);
   for (int k = 0; k < (s.block_bytes - 2 * s.fields) / 4; ++k)
-    piece(s.quant_at(k), s.header() + 64 * k + 4 * lane, 4, s.quant_xor);
+    piece(s.quant_at(k), s.header() + 64 * s.slot(k) + 4 * lane, 4, s.quant_xor);
 }
 
 }  // namespace

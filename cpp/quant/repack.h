@@ -16,6 +16,9 @@
 //     scales (the last three's d / dmin, last in the file, are the fields); IQ4_NL's qs; IQ4_XS's
 //     scales_l, then qs.
 //   Q8_0's quants are stored + 128 (unsigned, as vpdpbusd takes them).
+//   Q6_K's 52 dwords (ql 0..31, qh 32..47, scales 48..51) go in the order its kernel first reads
+//   them, slot kQ6KSlots[k] for dword k (below): read in file order they are three streams in
+//   each 3.3 KB super-block, which one thread read from DRAM at a quarter of a plain read's rate.
 //   F16 / BF16 (blocks of 32 elements, 64 bytes): row r's block whole, at 64 * (r % 16). A
 //   decode's row kernel then loads a block's activations once for 16 rows while it reads the
 //   weights in address order; in the file layout, the activations loaded again for every
@@ -28,6 +31,7 @@
 // bit; the k-quants' give their GGUF GEMMs' (whose float order their row kernels do not share);
 // the IQ4 types have AVX-512 kernels only in R16.
 #pragma once
+#include <array>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -35,6 +39,28 @@
 namespace ferrum::quant {
 
 constexpr int64_t kR16Rows = 16;
+
+// Q6_K_R16: the slot of quant dword k of a super-block, in the order the kernel reads them: for
+// sub-block s = 0..15 (groups g = 32h + 8q + m, h = s / 8, q = s % 8 / 2, m = 4 (s % 2) + 0..3),
+// each group's ql dword 16h + 8 (q % 2) + m and qh dword 32 + 8h + m, then the scale dword
+// 48 + s / 4; a dword read again keeps its first slot.
+inline constexpr std::array<uint8_t, 52> kQ6KSlots = [] {
+  std::array<uint8_t, 52> slot{};
+  std::array<bool, 52> placed{};
+  int next = 0;
+  const auto place = [&](int k) {
+    if (!placed[size_t(k)]) slot[size_t(k)] = uint8_t(next++), placed[size_t(k)] = true;
+  };
+  for (int s = 0; s < 16; ++s) {
+    const int h = s / 8, q = s % 8 / 2;
+    for (int m = 4 * (s % 2); m < 4 * (s % 2) + 4; ++m) {
+      place(16 * h + 8 * (q % 2) + m);
+      place(32 + 8 * h + m);
+    }
+    place(48 + s / 4);
+  }
+  return slot;
+}();
 
 // The R16 form of a file type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, F16,
 // BF16), or t itself when it has none.
