@@ -4,11 +4,12 @@ ratios and as shares of the decode bandwidth ceiling.
 usage: python bench/perf_table.py MODEL [MODEL ...] [-p 128] [-n 128] [-t 2] [-r 3] [--out FILE.json]
 
 MODEL is a GGUF (ferrum and llama.cpp alternate in fresh processes, A B A B ...) or an HF
-safetensors directory (ferrum only: llama.cpp does not read safetensors). Before each round the
-read bandwidth is measured (torch sum over 1 GiB, -t threads); the ceiling is the median
-bandwidth / the bytes one decoded token reads (every weight tensor, but an untied embedding
-counts one row; MoE experts count top_k / num_experts). Prints a markdown table (medians) and
-writes every run to --out.
+safetensors directory (ferrum only: llama.cpp does not read safetensors). Before and after each
+ferrum run the read bandwidth is measured (torch sum over 1 GiB, -t threads); the ceiling is the
+median bandwidth / the bytes one decoded token reads (every weight tensor, but an untied embedding
+counts one row; MoE experts count top_k / num_experts), and each run is also set against its own
+two readings (the median over rounds whose readings agree: the paired share). Prints a markdown
+table (medians) and writes every run to --out.
 """
 import argparse
 import datetime
@@ -67,17 +68,25 @@ def ferrum_run(model, a):
 def measure(model, a):
     is_gguf = model.endswith(".gguf")
     per_token = bytes_per_token(model)
-    ours, peer, bws, loads = [], [], [], []
+    ours, peer, readings, loads = [], [], [], []
     for _ in range(a.r):
         loads.append(round(os.getloadavg()[0], 2))
-        bws.append(measure_bandwidth_gbs(a.t))
+        before = measure_bandwidth_gbs(a.t)
         ours.append(ferrum_run(model, a))
+        readings.append([round(before, 1), round(measure_bandwidth_gbs(a.t), 1)])
         if is_gguf:
             peer.append(run(["bash", PEER, model, str(a.p), str(a.n), str(a.t)]))
     med = lambda rows, k: statistics.median(r[k] for r in rows) if rows else None  # noqa: E731
-    bw = statistics.median(bws)
+    bw = statistics.median(x for pair in readings for x in pair)
+    # Each run against the readings just before and after it: this VM's bandwidth moves between
+    # phases (~33 and 55-60 GB/s) within seconds, so the median run over the median reading can
+    # compare two phases. Rounds whose readings differ by more than 15% changed phase midway.
+    steady = [r["tg_tok_s"] * per_token / 1e9 / ((b + e) / 2) for r, (b, e) in zip(ours, readings)
+              if abs(b - e) <= 0.15 * max(b, e)]
     return {"model": os.path.basename(model.rstrip("/")), "bytes_per_token": per_token,
             "bandwidth_gbs": round(bw, 1), "ceiling_tok_s": round(bw * 1e9 / per_token, 1), "load_average": loads,
+            "readings_gbs": readings, "steady_rounds": len(steady),
+            "paired_share": round(statistics.median(steady), 3) if steady else None,
             "ferrum": {k: med(ours, k) for k in ("pp_tok_s", "tg_tok_s", "engine_rss_mib", "engine_rss_vs_bound")},
             "llama.cpp": {k: med(peer, k) for k in ("pp_tok_s", "tg_tok_s")} if peer else None,
             "runs_ferrum": ours, "runs_llamacpp": peer}
@@ -88,7 +97,10 @@ def cell(row):
     text = f"{f['pp_tok_s']:.0f} / {f['tg_tok_s']:.1f}"
     if l:
         text += f" ({f['pp_tok_s'] / l['pp_tok_s']:.2f}x / {f['tg_tok_s'] / l['tg_tok_s']:.2f}x)"
-    return text + f", {100 * f['tg_tok_s'] / roof:.0f}% of ceiling"
+    text += f", {100 * f['tg_tok_s'] / roof:.0f}% of ceiling"
+    if row["paired_share"] is not None:
+        text += f", {100 * row['paired_share']:.0f}% of its own readings ({row['steady_rounds']} steady rounds)"
+    return text
 
 
 def main():

@@ -30,7 +30,7 @@ inline T* host_ptr(const Tensor& t) {
 struct CpuCommand {
   const char* name;
   std::function<void(int, int)> fn;
-  int warm = -1;  // the weight shares (CpuStream::warm_before) its waiting threads prefetch, or -1
+  int warm = -1;  // the weight shares (CpuStream::warm_before) its waiting threads read ahead, or -1
 };
 
 // The rows of a matmul's weights each thread starts on: rows [0, rows) of row_bytes each, in
@@ -61,14 +61,8 @@ class CpuStream : public Stream {
   void record(const char* name, std::function<void(int, int)> fn) {
     commands_.push_back({name, std::move(fn)});
   }
-  // Whether threads take a matmul's row ranges in reverse order: yes when its weights start
-  // where the previous matmul's (in the weight arena's load order) end and that one's were not
-  // reversed. A decode then snakes through consecutive matrices: the thread that read the end
-  // of one starts the next, its stream going on in address order (in plain order the worker
-  // thread ran ~8% slower in 2 of 3 single-row matmuls, likely as the other thread's
-  // prefetches ran on into its range; tg +2-15% on 135M models, slow memory phase).
   // The decode matmul about to be recorded reads `shares`: the commands since the previous one
-  // (that one included) have a thread that waits at their barrier prefetch the start of its
+  // (that one included) have a thread that waits at their barrier read the start of its
   // share into its L2. The time a thread would idle (an unbalanced op, a one-row norm, the tail
   // of a matmul) then streams weights the matmul would read from DRAM.
   void warm_before(const WeightShares& shares) {
@@ -76,6 +70,12 @@ class CpuStream : public Stream {
     warm_.push_back(shares);
     warm_from_ = commands_.size();
   }
+  // Whether threads take a matmul's row ranges in reverse order: yes when its weights start
+  // where the previous matmul's (in the weight arena's load order) end and that one's were not
+  // reversed. A decode then snakes through consecutive matrices: the thread that read the end
+  // of one starts the next, its stream going on in address order (in plain order the worker
+  // thread ran ~8% slower in 2 of 3 single-row matmuls, likely as the other thread's
+  // prefetches ran on into its range; tg +2-15% on 135M models, slow memory phase).
   bool reverse_threads(const void* begin, size_t bytes) {
     const char* b = static_cast<const char*>(begin);
     const bool follows = b >= last_weights_end_ && b < last_weights_end_ + 4096;  // arena slack

@@ -1,8 +1,9 @@
 // linear on the CPU: out[T, N] = x[T, K] @ w[N, K]^T (+ bias).
-//   - few rows (up to kMaxDotTokens, or a batch of decodes): each thread takes a contiguous range of output
-//     rows and runs the weight type's dot kernel straight from the stored (possibly quantized)
-//     rows, the batched kernel where there is one; activations are first quantized once to the
-//     kernel's activation type (a single row by every thread inside the dot command).
+//   - few rows (up to kMaxDotTokens, or a batch of decodes): each thread owns a contiguous range of
+//     output rows, whose tail a thread done early may take (RowClaims), and runs the weight type's
+//     dot kernel straight from the stored (possibly quantized) rows, the batched kernel where
+//     there is one; activations are first quantized once to the kernel's activation type (a
+//     single row by every thread inside the dot command).
 //   - many rows (prefill): quantized weights with an int8 GEMM kernel (Q4_0 ... Q8_0, Q2_K ...
 //     Q6_K) go to it (activations quantized once, as for the dot kernels; 2-3x the
 //     multiply-adds per second of sgemm), bf16 weights to the vdpbf16ps GEMM (activations
