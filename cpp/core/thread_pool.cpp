@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <climits>
@@ -28,8 +29,10 @@ constexpr int kBarrierSpins = 4000;
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
-  if (num_threads <= 0) num_threads = int(std::thread::hardware_concurrency());
+  const int cores = int(std::thread::hardware_concurrency());
+  if (num_threads <= 0) num_threads = cores;
   num_threads_ = num_threads < 1 ? 1 : num_threads;
+  oversubscribed_ = cores > 0 && num_threads_ > cores;
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
@@ -38,6 +41,14 @@ ThreadPool::~ThreadPool() {
   job_generation_.fetch_add(1);
   futex_wake_all(&job_generation_);
   for (auto& t : workers_) t.join();
+}
+
+// One step of a wait for other threads. With more threads than cores, the one waited for may be
+// off its core: yielding lets it run (spinning held a decode with 3 threads on 2 cores to a tenth
+// of its 2-thread speed).
+void ThreadPool::wait_step() const {
+  if (oversubscribed_) sched_yield();
+  else cpu_relax();
 }
 
 void ThreadPool::worker_loop(int index) {
@@ -75,7 +86,7 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   // Wait for the workers to finish this job.
   int spins = 0;
   for (uint32_t left; (left = pending_.load()) != 0;) {
-    if (++spins < kBarrierSpins) cpu_relax();
+    if (++spins < kBarrierSpins) wait_step();
     else futex_wait(&pending_, left);
   }
   job_ = nullptr;
@@ -96,7 +107,7 @@ void ThreadPool::barrier(bool (*idle)(void* ctx), void* ctx) {
     if (idle && idle(ctx)) continue;
     idle = nullptr;
     if (++spins < kBarrierSpins) {
-      cpu_relax();
+      wait_step();
     } else {
       barrier_sleepers_.fetch_add(1);
       futex_wait(&barrier_generation_, gen);

@@ -28,8 +28,10 @@ class ThreadPool {
 
  private:
   void worker_loop(int index);
+  void wait_step() const;
 
   int num_threads_;
+  bool oversubscribed_ = false;  // more threads than the machine has (wait_step)
   std::vector<std::thread> workers_;
   const std::function<void(int, int)>* job_ = nullptr;
   std::atomic<uint32_t> job_generation_{0};
