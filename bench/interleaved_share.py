@@ -62,7 +62,6 @@ def share(model, blocks, threads):
         decodes.append(decode(k))
         reads.append(read(k))
     pairs = [(d, (a + b) / 2) for d, a, b in zip(decodes, reads, reads[1:]) if abs(a - b) <= 0.15 * max(a, b)]
-    runner = None
     return k, pairs
 
 

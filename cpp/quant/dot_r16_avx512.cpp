@@ -631,11 +631,11 @@ FERRUM_AVX512 void gemm_r16_kquant(int64_t n, const void* w, size_t w_row_bytes,
   });
 }
 
-// One activation row. Q4_K, Q5_K, IQ4_XS (kRowByGroup): groups one after another, as
+// One activation row. Q4_K, Q5_K, Q6_K, IQ4_XS (kRowByGroup): groups one after another, as
 // dot_rows_r16 (one thread from DRAM, 2048-wide rows: Q4_K 68% -> 90-95% of a plain read, Q5_K
-// 65 -> 71-76%, IQ4_XS 68 -> 86-93%). Q6_K, Q2_K, Q3_K keep the GEMM's two-group tiles and its
-// prefetches: one group at a time halved Q6_K's compute rate and left Q2_K / Q3_K no faster
-// (with or without prefetching a group ahead).
+// 65 -> 71-76%, IQ4_XS 68 -> 86-93%; Q6_K 70 -> 79-82% with its dwords in read order and its
+// sub-blocks unrolled). Q2_K, Q3_K keep the GEMM's two-group tiles and its prefetches: one group
+// at a time left them no faster (with or without prefetching a group ahead).
 template <class F>
 FERRUM_AVX512 void dot_rows_r16_kquant(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                                        float* out) {

@@ -99,10 +99,9 @@ void CpuStream::barrier_after(const CpuCommand& c, int ith, int nth) {
   if (c.warm < 0) return pool.barrier();
   const WeightShares& ws = warm_[size_t(c.warm)];
   int64_t b, e;
-  split_range((ws.rows + ws.unit - 1) / ws.unit, ws.reverse ? nth - 1 - ith : ith, nth, &b, &e);
-  const size_t bytes = size_t(std::min(e * ws.unit, ws.rows) - std::min(b * ws.unit, ws.rows)) * ws.row_bytes;
-  Warmer w{ws.base + size_t(b * ws.unit) * ws.row_bytes, nullptr};
-  w.end = w.next + std::min(bytes, kWarmBytes);
+  split_range(ws.units, ws.reverse ? nth - 1 - ith : ith, nth, &b, &e);
+  Warmer w{ws.base + size_t(b) * ws.unit_bytes, nullptr};
+  w.end = w.next + std::min(size_t(e - b) * ws.unit_bytes, kWarmBytes);
   pool.barrier(&Warmer::step, &w);
 }
 

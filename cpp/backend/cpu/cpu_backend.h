@@ -33,12 +33,12 @@ struct CpuCommand {
   int warm = -1;  // the weight shares (CpuStream::warm_before) its waiting threads read ahead, or -1
 };
 
-// The rows of a matmul's weights each thread starts on: rows [0, rows) of row_bytes each, in
-// shares of whole `unit`s, dealt in reverse thread order if `reverse` (cpu_linear.cpp).
+// How a decode matmul deals its weights to threads (cpu_linear.cpp): `units` units of
+// unit_bytes each from base, split as split_range does, in reverse thread order if `reverse`.
 struct WeightShares {
   const char* base;
-  size_t row_bytes;
-  int64_t rows, unit;
+  size_t unit_bytes;
+  int64_t units;
   bool reverse;
 };
 

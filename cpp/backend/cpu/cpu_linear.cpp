@@ -129,10 +129,10 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const int64_t unit = quant::is_r16(w.dtype) ? quant::kR16Rows : 1;  // R16: whole groups
   const int64_t tile_rows = T == 1 ? N : std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes) / unit) * unit;
   const bool reverse = cs.reverse_threads(host_ptr<char>(w), w.nbytes());
-  if (!many_rows) cs.warm_before({host_ptr<char>(w), w_row_bytes, N, unit, reverse});
-  auto claims = std::make_shared<RowClaims>(pool_.size());
-  const int64_t units = (N + unit - 1) / unit;
+  const int64_t units = (N + unit - 1) / unit;  // R16 row counts are whole groups
   FERRUM_CHECK(units < RowClaims::kMaxUnits, "linear: " + w.str() + " has too many rows");
+  if (!many_rows) cs.warm_before({host_ptr<char>(w), size_t(unit) * w_row_bytes, units, reverse});
+  auto claims = std::make_shared<RowClaims>(pool_.size());
   // Prefill's GEMM is compute-bound and prepares its activation tiles once per call: one piece
   // a thread.
   const int64_t min_piece = many_rows ? (units + pool_.size() - 1) / pool_.size()
