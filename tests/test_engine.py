@@ -281,3 +281,45 @@ def test_kv_pool_sized_by_memory_fraction():
     large = make_llm(kv_cache_memory_fraction=0.0002)
     a, b = small.stats()["kv_blocks_total"], large.stats()["kv_blocks_total"]
     assert a >= 512 // 16 and abs(b - 2 * a) <= 0.1 * b  # (never below one max_model_len sequence)
+
+
+class _StepSpy:
+    """Stands in for the C++ engine of an LLM and counts the steps whose rows belong to both
+    a score and a generation."""
+
+    def __init__(self, engine):
+        self.engine, self.core, self.shared_steps = engine, engine.core, 0
+
+    def __getattr__(self, name):
+        return getattr(self.core, name)
+
+    def step(self):
+        scores, generations = set(self.engine._scores), set(self.engine._by_seq)
+        out = self.core.step()
+        seqs = {int(s) for s in out["seqs"]}
+        self.shared_steps += bool(seqs & scores) and bool(seqs & generations)
+        return out
+
+
+def test_scores_and_generations_sharing_steps_compute_as_they_would_alone(smollm2_path):
+    """A score computes with f32 activations and a generation with its own (8-bit on this Q4_1
+    model, which moves the last logits by ~0.5), because of what each is, not of what shares
+    its steps: both give what they give alone."""
+    llm = ferrum.LLM(smollm2_path, num_threads=2, max_num_batched_tokens=64)
+    ids = llm.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 12)
+    prompts = ["Once upon a time", "The capital of France is", "def fib(n):"]
+    params = ferrum.SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    score_alone = llm.score(ids)
+    generated_alone = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+    spy = llm.engine.core = _StepSpy(llm.engine)
+    rids = [llm.add_request(p, params) for p in prompts]
+    llm.step()  # the prompts are in: the score's chunks share steps with their decodes
+    score_shared = llm.score(ids)
+    done = {}
+    while llm.has_unfinished():
+        done.update({d.request_id: d.output for d in llm.step() if d.finished})
+    assert spy.shared_steps >= 2
+    np.testing.assert_allclose(score_shared, score_alone, rtol=0, atol=1e-5)
+    assert [done[r].outputs[0].token_ids for r in rids] == generated_alone
+    assert_pool_empty(llm)

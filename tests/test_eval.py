@@ -104,8 +104,8 @@ def test_perplexity_matches_transformers_smollm2(smollm2_path, smollm2_hf):
 
 
 def test_short_pairs_scored_together_match_transformers_smollm2(smollm2_path, smollm2_hf):
-    """Forty short (context, continuation) pairs share forwards large enough to run with f32
-    activations, as transformers computes (a lone step of <= 8 tokens would quantize them)."""
+    """Forty short (context, continuation) pairs share forwards; scores compute with f32
+    activations, as transformers does."""
     llm = ferrum.LLM(smollm2_path, kv_dtype="f32", num_threads=2)
     pairs = [(f"Item {i}: the capital of France is", " Paris") for i in range(40)]
     results = loglikelihood(llm, pairs)

@@ -1,5 +1,5 @@
-// Engine: the continuous-batching scheduler over a ModelRunner. Python samples between step()
-// and commit(); the GIL is released while the forward runs.
+// Engine: the continuous-batching scheduler over a ModelRunner, for generations and scores.
+// Python samples between step() and commit(); the GIL is released while the forward runs.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -31,7 +31,10 @@ void bind_engine(py::module_& m) {
            py::arg("runner"), py::arg("max_num_seqs") = 32, py::arg("max_num_batched_tokens") = 512,
            py::keep_alive<1, 2>())
       .def("add_sequence", &Engine::add_sequence, py::arg("prompt"),
-           "Queues a sequence; returns its id. ValueError when it could never run.")
+           "Queues a generation; returns its id. ValueError when it could never run.")
+      .def("add_score", &Engine::add_score, py::arg("tokens"), py::arg("logits_from"),
+           "Queues a score of the tokens: logits rows at positions logits_from .. len - 1 (each predicting "
+           "the next token) come out of the steps that compute them; it finishes by itself. Returns its id.")
       .def("abort", &Engine::abort, py::arg("seq"))
       .def("step", [](Engine& e) {
              EngineStep s;
@@ -39,18 +42,21 @@ void bind_engine(py::module_& m) {
                py::gil_scoped_release nogil;
                s = e.step();
              }
-             const auto rows = py::ssize_t(s.sample_seqs.size());
+             const auto rows = py::ssize_t(s.row_seqs.size());
              const py::ssize_t vocab = rows ? py::ssize_t(s.logits.size()) / rows : 0;
              py::dict d;
-             d["seqs"] = to_numpy(std::move(s.sample_seqs), {rows});
+             d["seqs"] = to_numpy(std::move(s.row_seqs), {rows});
+             d["positions"] = to_numpy(std::move(s.row_positions), {rows});
              d["logits"] = to_numpy(std::move(s.logits), {rows, vocab});
+             d["scored"] = s.scored;
              d["ended"] = s.ended;
              d["num_tokens"] = s.num_tokens;
              d["num_preempted"] = s.num_preempted;
              return d;
            },
-           "Schedules and runs one forward. Returns {'seqs': int64[rows], 'logits': float32[rows, vocab], "
-           "'ended': [seq] (ended by the engine: the KV pool is full), 'num_tokens', 'num_preempted'}.")
+           "Schedules and runs one forward. Returns {'seqs': int64[rows], 'positions': int64[rows], "
+           "'logits': float32[rows, vocab], 'scored': [seq] (scores finished by this step), "
+           "'ended': [seq] (generations ended by the engine: the KV pool is full), 'num_tokens', 'num_preempted'}.")
       .def("commit", &Engine::commit, py::arg("seqs"), py::arg("tokens"), py::arg("finished"),
            "Hands back the tokens sampled for the last step's rows; finished sequences are ended. Returns "
            "the sequences that reached max_model_len (also ended).")

@@ -1,4 +1,5 @@
-// ModelRunner: a loaded model with its paged KV pool; Python drives it step by step.
+// ModelRunner: a loaded model with its paged KV pool. The Engine drives it; step() is the direct
+// way in for tests and tools.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -83,8 +84,6 @@ void bind_model(py::module_& m) {
       .def("add_sequence", &ModelRunner::add_sequence)
       .def("release_sequence", &ModelRunner::release_sequence, py::arg("seq"))
       .def("sequence_length", &ModelRunner::sequence_length, py::arg("seq"))
-      .def("blocks_for", &ModelRunner::blocks_for, py::arg("tokens"))
-      .def("adopt_prefix", &ModelRunner::adopt_prefix, py::arg("seq"), py::arg("prompt"))
       .def("set_replay", &ModelRunner::set_replay, py::arg("on"))
       .def("step", [](ModelRunner& r, const std::vector<std::tuple<int64_t, std::vector<int32_t>, std::string>>& items) {
         std::vector<StepItem> v;
@@ -103,7 +102,8 @@ void bind_model(py::module_& m) {
         return out;
       }, py::arg("items"),
          "items: [(seq, tokens, 'last'|'all'|'none')]. Appends the tokens and returns float32 logits "
-         "[rows, vocab] for the rows asked for, in order.")
+         "[rows, vocab] for the rows asked for, in order ('all' rows computed as scoring: f32 activations). "
+         "For tests and tools; the Engine drives the runner otherwise.")
       .def("stats", [](const ModelRunner& r) {
         RunnerStats s = r.stats();
         py::dict d;

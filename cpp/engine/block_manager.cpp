@@ -14,6 +14,15 @@ int32_t checked_block_count(int64_t n) {
   if (n < 1 || n > most) throw ValueError("the KV pool needs between 1 and " + std::to_string(most) + " blocks");
   return int32_t(n);
 }
+
+// The chain hash a domain's first block continues from; domain 0 keeps the plain chain.
+uint64_t domain_seed(int64_t domain) { return uint64_t(domain) * 0x9e3779b97f4a7c15ull; }
+
+// Leading full blocks of tokens[0, limit) that adopt_prefix may take (the last token stays).
+int64_t adoptable_blocks(const std::vector<int32_t>& tokens, int64_t limit) {
+  const int64_t n = std::min<int64_t>(limit, int64_t(tokens.size()));
+  return n < 2 ? 0 : (n - 1) / BlockManager::kBlockSize;
+}
 }  // namespace
 
 BlockManager::BlockManager(int64_t num_blocks, bool prefix_cache)
@@ -31,8 +40,10 @@ const BlockManager::Table& BlockManager::table(int64_t seq) const {
   return it->second;
 }
 
-int64_t BlockManager::add_sequence() {
-  seqs_[next_seq_] = Table{};
+int64_t BlockManager::add_sequence(int64_t domain) {
+  Table t;
+  t.last_hash = domain_seed(domain);
+  seqs_[next_seq_] = t;
   return next_seq_++;
 }
 
@@ -41,19 +52,16 @@ void BlockManager::release_sequence(int64_t seq) {
   seqs_.erase(seq);
 }
 
-int64_t BlockManager::length(int64_t seq) const { return int64_t(table(seq).tokens.size()); }
+int64_t BlockManager::length(int64_t seq) const { return table(seq).length; }
 
 const std::vector<int32_t>& BlockManager::blocks(int64_t seq) const { return table(seq).blocks; }
 
-int64_t BlockManager::adoptable_blocks(const std::vector<int32_t>& tokens) {
-  return tokens.size() < 2 ? 0 : (int64_t(tokens.size()) - 1) / kBlockSize;
-}
-
-void BlockManager::probe_prefix(const std::vector<int32_t>& tokens, int64_t* blocks, int64_t* blocks_now_free) const {
+void BlockManager::probe_prefix(const std::vector<int32_t>& tokens, int64_t limit, int64_t domain, int64_t* blocks,
+                                int64_t* blocks_now_free) const {
   *blocks = *blocks_now_free = 0;
   if (!prefix_cache_) return;
-  uint64_t h = 0;
-  for (int64_t b = 0; b < adoptable_blocks(tokens); ++b) {
+  uint64_t h = domain_seed(domain);
+  for (int64_t b = 0; b < adoptable_blocks(tokens, limit); ++b) {
     h = chain_hash(h, tokens.data() + b * kBlockSize, kBlockSize);
     bool unreferenced = false;
     if (alloc_.peek(h, &unreferenced) < 0) break;
@@ -62,30 +70,28 @@ void BlockManager::probe_prefix(const std::vector<int32_t>& tokens, int64_t* blo
   }
 }
 
-int64_t BlockManager::adopt_prefix(int64_t seq, const std::vector<int32_t>& tokens) {
+int64_t BlockManager::adopt_prefix(int64_t seq, const std::vector<int32_t>& tokens, int64_t limit) {
   Table& t = table(seq);
-  if (!t.tokens.empty()) throw ValueError("adopt_prefix needs an empty sequence");
+  if (t.length != 0) throw ValueError("adopt_prefix needs an empty sequence");
   prefix_stats_.queries++;
-  prefix_stats_.query_tokens += int64_t(tokens.size());
+  prefix_stats_.query_tokens += std::min<int64_t>(limit, int64_t(tokens.size()));
   if (!prefix_cache_) return 0;
-  uint64_t h = 0;
-  for (int64_t b = 0; b < adoptable_blocks(tokens); ++b) {
-    uint64_t next = chain_hash(h, tokens.data() + b * kBlockSize, kBlockSize);
+  for (int64_t b = 0; b < adoptable_blocks(tokens, limit); ++b) {
+    uint64_t next = chain_hash(t.last_hash, tokens.data() + b * kBlockSize, kBlockSize);
     int32_t block = alloc_.lookup(next);
     if (block < 0) break;
-    h = next;
+    t.last_hash = next;
     t.blocks.push_back(block);
-    t.tokens.insert(t.tokens.end(), tokens.begin() + b * kBlockSize, tokens.begin() + (b + 1) * kBlockSize);
   }
   t.hashed_blocks = int64_t(t.blocks.size());
-  t.last_hash = h;
-  prefix_stats_.hit_tokens += int64_t(t.tokens.size());
-  return int64_t(t.tokens.size());
+  t.length = t.hashed_blocks * kBlockSize;
+  prefix_stats_.hit_tokens += t.length;
+  return t.length;
 }
 
 int64_t BlockManager::blocks_needed(int64_t seq, int64_t extra) const {
   const Table& t = table(seq);
-  return std::max<int64_t>(0, blocks_for(int64_t(t.tokens.size()) + extra) - int64_t(t.blocks.size()));
+  return std::max<int64_t>(0, blocks_for(t.length + extra) - int64_t(t.blocks.size()));
 }
 
 void BlockManager::grow(int64_t seq, int64_t extra) {
@@ -96,14 +102,14 @@ void BlockManager::grow(int64_t seq, int64_t extra) {
   alloc_.allocate(int32_t(need), &table(seq).blocks);
 }
 
-void BlockManager::append(int64_t seq, const int32_t* tokens, int64_t n) {
+void BlockManager::computed(int64_t seq, const int32_t* tokens, int64_t length) {
   Table& t = table(seq);
-  if (blocks_for(int64_t(t.tokens.size()) + n) > int64_t(t.blocks.size()))
-    throw std::logic_error("BlockManager::append past the blocks the sequence holds");
-  t.tokens.insert(t.tokens.end(), tokens, tokens + n);
-  if (!prefix_cache_) return;
-  for (const int64_t full = int64_t(t.tokens.size()) / kBlockSize; t.hashed_blocks < full; ++t.hashed_blocks) {
-    t.last_hash = chain_hash(t.last_hash, t.tokens.data() + t.hashed_blocks * kBlockSize, kBlockSize);
+  if (length < t.length || blocks_for(length) > int64_t(t.blocks.size()))
+    throw std::logic_error("BlockManager::computed outside the blocks the sequence holds");
+  t.length = length;
+  if (!prefix_cache_ || tokens == nullptr) return;
+  for (const int64_t full = length / kBlockSize; t.hashed_blocks < full; ++t.hashed_blocks) {
+    t.last_hash = chain_hash(t.last_hash, tokens + t.hashed_blocks * kBlockSize, kBlockSize);
     alloc_.register_hash(t.blocks[size_t(t.hashed_blocks)], t.last_hash);
   }
 }

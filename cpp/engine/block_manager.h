@@ -2,7 +2,8 @@
 // cached tokens occupy and grows block by block; with the prefix cache on, every full block is
 // registered under the chain hash of all tokens up to its end, so a new sequence whose prompt
 // starts the same way adopts those blocks (ref-counted) instead of recomputing them.
-// No model here: the runner writes K/V into the blocks, the scheduler plans with the counts.
+// No model and no tokens here: the runner writes K/V into the blocks, the scheduler plans with
+// the counts and hands in the tokens (which its Sequence owns) when they are computed.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -31,37 +32,42 @@ class BlockManager {
   bool prefix_cache() const { return prefix_cache_; }
   const PrefixCacheStats& prefix_stats() const { return prefix_stats_; }
 
-  int64_t add_sequence();
+  // A sequence shares cached blocks only with sequences of its `domain`: K/V computed with
+  // different activation precision (generation's 8-bit matmuls, scoring's f32) are not
+  // interchangeable, so each kind of sequence caches in a domain of its own.
+  int64_t add_sequence(int64_t domain = 0);
   void release_sequence(int64_t seq);  // full blocks stay cached for later prompts
   int64_t length(int64_t seq) const;   // tokens whose K/V are in the cache
   const std::vector<int32_t>& blocks(int64_t seq) const;
 
-  // Adopts the longest cached prefix of `tokens` (whole blocks, leaving at least the last token
-  // to compute so there are logits to sample from); returns how many tokens it now holds.
-  // Empty sequences only.
-  int64_t adopt_prefix(int64_t seq, const std::vector<int32_t>& tokens);
-  // What adopt_prefix would do, without doing it: the blocks it would adopt, and how many of
-  // those sit unreferenced in the cache (adopting them takes them out of num_free()).
-  void probe_prefix(const std::vector<int32_t>& tokens, int64_t* blocks, int64_t* blocks_now_free) const;
+  // Adopts the longest cached prefix of tokens[0, limit) (whole blocks, leaving at least the
+  // last of them to compute, so there are logits at `limit - 1`); returns how many tokens it
+  // now holds. Empty sequences only.
+  int64_t adopt_prefix(int64_t seq, const std::vector<int32_t>& tokens, int64_t limit);
+  // What adopt_prefix would do for a sequence of `domain`, without doing it: the blocks it would
+  // adopt, and how many of those sit unreferenced in the cache (adopting them takes them out of
+  // num_free()).
+  void probe_prefix(const std::vector<int32_t>& tokens, int64_t limit, int64_t domain, int64_t* blocks,
+                    int64_t* blocks_now_free) const;
 
   // More blocks `seq` needs before `extra` more tokens can be written.
   int64_t blocks_needed(int64_t seq, int64_t extra) const;
   // Takes those blocks (ResourceError, nothing taken, when too few are free).
   void grow(int64_t seq, int64_t extra);
-  // Records tokens whose K/V have been written (after grow), registering newly full blocks.
-  void append(int64_t seq, const int32_t* tokens, int64_t n);
+  // The K/V of the sequence's tokens up to `length` are written (after grow). `tokens` are the
+  // sequence's tokens from position 0, whose newly full blocks are registered in the prefix
+  // cache; null registers none.
+  void computed(int64_t seq, const int32_t* tokens, int64_t length);
 
  private:
   struct Table {
     std::vector<int32_t> blocks;
-    std::vector<int32_t> tokens;  // every token whose K/V is in the cache
-    int64_t hashed_blocks = 0;    // leading full blocks registered in the prefix cache
-    uint64_t last_hash = 0;
+    int64_t length = 0;         // tokens whose K/V are in the cache
+    int64_t hashed_blocks = 0;  // leading full blocks registered in the prefix cache
+    uint64_t last_hash = 0;     // chain hash of those blocks (the domain's seed before any)
   };
   Table& table(int64_t seq);
   const Table& table(int64_t seq) const;
-  // Number of leading full blocks of `tokens` that adopt_prefix may take.
-  static int64_t adoptable_blocks(const std::vector<int32_t>& tokens);
 
   BlockAllocator alloc_;
   bool prefix_cache_;

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.h"
@@ -28,13 +29,26 @@ void Engine::note_busy() {
   busy_ = busy;
 }
 
-int64_t Engine::add_sequence(const std::vector<int32_t>& prompt) {
+std::vector<int32_t> Engine::admitted(const std::vector<int64_t>& tokens) const {
   const int64_t vocab = runner_.config().vocab;
-  for (int32_t t : prompt)
+  for (int64_t t : tokens)
     if (t < 0 || t >= vocab)
       throw ValueError("token id " + std::to_string(t) + " is out of range [0, " + std::to_string(vocab) + ")");
+  return std::vector<int32_t>(tokens.begin(), tokens.end());
+}
+
+int64_t Engine::add_sequence(const std::vector<int64_t>& prompt) {
+  const std::vector<int32_t> tokens = admitted(prompt);
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t id = sched_.add(prompt);
+  const int64_t id = sched_.add(tokens);
+  note_busy();
+  return id;
+}
+
+int64_t Engine::add_score(const std::vector<int64_t>& tokens, int64_t logits_from) {
+  const std::vector<int32_t> admitted_tokens = admitted(tokens);
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t id = sched_.add_score(admitted_tokens, logits_from);
   note_busy();
   return id;
 }
@@ -52,17 +66,28 @@ EngineStep Engine::step() {
   result.ended = plan.ended;
   result.num_preempted = int64_t(plan.preempted.size());
   if (!plan.chunks.empty()) {
-    std::vector<StepItem> items;
+    // Generations first: the runner computes the scores' rows after them, with f32 activations.
+    std::stable_partition(plan.chunks.begin(), plan.chunks.end(),
+                          [](const ScheduledChunk& c) { return !c.scoring; });
+    std::vector<ForwardItem> items;
     items.reserve(plan.chunks.size());
     for (const ScheduledChunk& c : plan.chunks) {
-      const std::vector<int32_t>& toks = sched_.sequence(c.seq).tokens;
-      items.push_back(StepItem{c.kv, std::vector<int32_t>(toks.begin() + c.start, toks.begin() + c.start + c.count),
-                               c.sample ? StepItem::Logits::Last : StepItem::Logits::None});
-      if (c.sample) result.sample_seqs.push_back(c.seq);
+      ForwardItem f;
+      f.kv = c.kv;
+      f.tokens = sched_.sequence(c.seq).tokens.data() + c.start;
+      f.start = c.start;
+      f.count = c.count;
+      f.logits_from = c.logits_from;
+      f.logits = c.logits;
+      f.scoring = c.scoring;
+      items.push_back(f);
+      for (int64_t p = c.logits_from; p < c.logits_from + c.logits; ++p) {
+        result.row_seqs.push_back(c.seq);
+        result.row_positions.push_back(p);
+      }
     }
-    int64_t rows = 0;
-    result.logits = runner_.step(items, &rows);
-    sched_.computed(plan);
+    result.logits = runner_.forward(items);
+    result.scored = sched_.computed(plan);
     result.num_tokens = plan.num_tokens;
     computed_ += plan.num_tokens;
     steps_++;
@@ -71,14 +96,11 @@ EngineStep Engine::step() {
   return result;
 }
 
-std::vector<int64_t> Engine::commit(const std::vector<int64_t>& seqs, const std::vector<int32_t>& tokens,
+std::vector<int64_t> Engine::commit(const std::vector<int64_t>& seqs, const std::vector<int64_t>& sampled,
                                     const std::vector<bool>& finished) {
-  if (seqs.size() != tokens.size() || seqs.size() != finished.size())
+  if (seqs.size() != sampled.size() || seqs.size() != finished.size())
     throw ValueError("commit needs one token and one finished flag per sequence");
-  const int64_t vocab = runner_.config().vocab;
-  for (int32_t t : tokens)
-    if (t < 0 || t >= vocab)
-      throw ValueError("token id " + std::to_string(t) + " is out of range [0, " + std::to_string(vocab) + ")");
+  const std::vector<int32_t> tokens = admitted(sampled);
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int64_t> ended;
   for (size_t i = 0; i < seqs.size(); ++i) {

@@ -1,8 +1,10 @@
-// The serving engine: a Scheduler over a ModelRunner. step() schedules and runs one varlen
-// forward and hands back the logits rows that need sampling; the caller samples (sampling,
-// stop strings and detokenisation live in Python) and hands the tokens back with commit(),
-// saying which sequences are finished so their blocks return to the pool (and, full ones, to
-// the prefix cache). Every method locks, so a server thread may add or abort meanwhile.
+// The serving engine: a Scheduler over a ModelRunner, and the only driver of the model. step()
+// schedules and runs one varlen forward and hands back its logits rows, each tagged with its
+// sequence and position: a generation's row to sample from, or rows a score asked for. The
+// caller samples (sampling, stop strings and detokenisation live in Python) and hands the
+// tokens back with commit(), saying which sequences are finished so their blocks return to the
+// pool (and, full ones, to the prefix cache); a score ends by itself with its last rows.
+// Every method locks, so a server thread may add or abort meanwhile.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -20,9 +22,11 @@ struct EngineOptions {
 };
 
 struct EngineStep {
-  std::vector<int64_t> sample_seqs;  // the sequence of each logits row, in row order
-  std::vector<float> logits;         // [sample_seqs.size(), vocab]
-  std::vector<int64_t> ended;        // sequences the engine ended ("length": the pool is full)
+  std::vector<int64_t> row_seqs;       // the sequence of each logits row, in row order
+  std::vector<int64_t> row_positions;  // the position whose logits the row holds (predicting the next)
+  std::vector<float> logits;           // [row_seqs.size(), vocab]
+  std::vector<int64_t> scored;         // scores whose last rows this step returned: finished
+  std::vector<int64_t> ended;          // generations the engine ended ("length": the pool is full)
   int64_t num_tokens = 0;            // tokens computed by this forward
   int64_t num_preempted = 0;
 };
@@ -37,15 +41,18 @@ class Engine {
  public:
   Engine(ModelRunner& runner, const EngineOptions& opt);
 
-  // Queues a sequence; ValueError when it could never run. Returns its id.
-  int64_t add_sequence(const std::vector<int32_t>& prompt);
+  // Queues a generation; ValueError when it could never run. Returns its id.
+  int64_t add_sequence(const std::vector<int64_t>& prompt);
+  // Queues a score of `tokens`: rows of logits at positions logits_from .. end come out of the
+  // steps that compute them, with f32 activations. ValueError when it could never run.
+  int64_t add_score(const std::vector<int64_t>& tokens, int64_t logits_from);
   // Ends a sequence wherever it is (waiting, mid-prefill, decoding); unknown ids are ignored.
   void abort(int64_t seq);
   EngineStep step();
   // Tokens sampled for the rows of the last step (any subset, any order). A finished sequence
   // is ended instead of extended. Returns the sequences that thereby reached max_model_len
   // and were ended too.
-  std::vector<int64_t> commit(const std::vector<int64_t>& seqs, const std::vector<int32_t>& tokens,
+  std::vector<int64_t> commit(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens,
                               const std::vector<bool>& finished);
   bool has_unfinished() const;
   EngineStats stats() const;
@@ -53,6 +60,8 @@ class Engine {
  private:
   using Clock = std::chrono::steady_clock;
   void note_busy();  // keeps busy_seconds in step with has_unfinished
+  // Token ids as sequences hold them, after the one check of their values: in [0, vocab).
+  std::vector<int32_t> admitted(const std::vector<int64_t>& tokens) const;
 
   mutable std::mutex mu_;
   ModelRunner& runner_;

@@ -80,7 +80,7 @@ ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) {
   if (max_model_len_ > cfg.max_positions)
     throw ValueError("max_model_len " + std::to_string(max_model_len_) + " exceeds the model's " +
                      std::to_string(cfg.max_positions) + " positions");
-  max_blocks_ = blocks_for(max_model_len_);
+  max_blocks_ = BlockManager::blocks_for(max_model_len_);
   RopeTable rope = make_rope_table(*be_, cfg, max_model_len_, w.rope_freq_factors);
 
   // KV pool: [blocks, kv_heads, 16, head_dim] per layer for K and V.
@@ -91,7 +91,7 @@ ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) {
                                                  : double(opt.kv_cache_bytes);
   int64_t tokens = opt.kv_cache_tokens > 0 ? opt.kv_cache_tokens : int64_t(bytes / bytes_per_token);
   if (opt.kv_cache_tokens <= 0) tokens = std::max(tokens, std::min<int64_t>(max_model_len_, 4096));
-  int64_t blocks = std::max<int64_t>(1, blocks_for(tokens));
+  int64_t blocks = std::max<int64_t>(1, BlockManager::blocks_for(tokens));
   if (blocks > INT32_MAX / kBlockSize) throw ValueError("kv cache too large");
   blocks_ = std::make_unique<BlockManager>(blocks, opt.prefix_cache);
   for (int64_t l = 0; l < cfg.layers; ++l) {
@@ -109,8 +109,10 @@ ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) {
   stats_.block_size = kBlockSize;
 }
 
-ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R) {
-  std::string key = std::to_string(T) + "," + std::to_string(S) + "," + std::to_string(R);
+ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R, const StepRows& split) {
+  std::string key = std::to_string(T) + "," + std::to_string(S) + "," + std::to_string(R) + "," +
+                    std::to_string(split.gen_tokens) + "," + std::to_string(split.gen_rows) + "," +
+                    std::to_string(int(split.decodes));
   for (auto it = graphs_.begin(); it != graphs_.end(); ++it)
     if (it->first == key) {
       graphs_.splice(graphs_.begin(), graphs_, it);
@@ -118,14 +120,78 @@ ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R) {
       return graphs_.front().second;
     }
   Graph g;
-  g.buffers = decoder_->alloc_step(T, S, R, max_blocks_);
+  g.buffers = decoder_->alloc_step(T, S, R, max_blocks_, split);
   g.stream = be_->new_stream();
-  g.stream->decode_rows = T == S && R == S ? T : 0;  // one new token per sequence: decodes
-  g.stream->float_activations = R > S;                 // logits beyond each last token: scoring
   decoder_->record(*g.stream, g.buffers, kv_);
   graphs_.emplace_front(key, std::move(g));
   if (graphs_.size() > kMaxGraphs) graphs_.pop_back();
   return graphs_.front().second;
+}
+
+std::vector<float> ModelRunner::forward(const std::vector<ForwardItem>& items) {
+  const BlockManager& bm = *blocks_;
+  if (items.empty()) throw ValueError("a forward needs at least one item");
+  int64_t T = 0, R = 0, G = 0, Rg = 0, Sg = 0;
+  bool single_tokens = true;  // every generation item is one token with its one logits row
+  for (const ForwardItem& it : items) {
+    if (it.scoring) {
+      T += it.count;
+      R += it.logits;
+      continue;
+    }
+    if (G != T) throw std::logic_error("ModelRunner::forward: a generation item after a scoring one");
+    G += it.count;
+    T += it.count;
+    Rg += it.logits;
+    R += it.logits;
+    Sg++;
+    single_tokens = single_tokens && it.count == 1 && it.logits == 1;
+  }
+  const int64_t Tb = token_bucket(T), S = int64_t(items.size()), Rb = std::max<int64_t>(R, 1);
+  // Padding rows join the last group. With generations alone the split is the whole step, as is
+  // the test of a batch of decodes (padded rows included).
+  StepRows split;
+  if (G == T) split = StepRows{Tb, Rb, Tb == S && Rb == S};
+  else split = StepRows{G, Rg, G > 0 && single_tokens && G == Sg};
+
+  h_ids_.assign(size_t(Tb), 0);
+  h_seq_.assign(size_t(Tb), 0);
+  h_pos_.assign(size_t(Tb), -1);  // padding rows: no position, no slot
+  h_slot_.assign(size_t(Tb), -1);
+  h_tables_.assign(size_t(S * max_blocks_), -1);
+  h_rows_.assign(size_t(Rb), 0);
+  int64_t t = 0, r = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ForwardItem& it = items[i];
+    const std::vector<int32_t>& blocks = bm.blocks(it.kv);
+    if (BlockManager::blocks_for(it.start + it.count) > int64_t(blocks.size()) || it.logits < 0 ||
+        it.logits_from < it.start || it.logits_from + it.logits > it.start + it.count)
+      throw std::logic_error("ModelRunner::forward: an item outside its blocks or tokens");
+    std::copy(blocks.begin(), blocks.end(), h_tables_.begin() + int64_t(i) * max_blocks_);
+    for (int64_t j = 0; j < it.count; ++j, ++t) {
+      const int64_t pos = it.start + j;
+      h_ids_[size_t(t)] = it.tokens[j];
+      h_seq_[size_t(t)] = int32_t(i);
+      h_pos_[size_t(t)] = int32_t(pos);
+      h_slot_[size_t(t)] = blocks[size_t(pos / kBlockSize)] * int32_t(kBlockSize) + int32_t(pos % kBlockSize);
+      if (pos >= it.logits_from && pos < it.logits_from + it.logits) h_rows_[size_t(r++)] = int32_t(t);
+    }
+  }
+
+  Graph& g = replay_ ? graph_for(Tb, S, Rb, split) : (graphs_.clear(), graph_for(Tb, S, Rb, split));
+  const StepBuffers& b = g.buffers;
+  be_->upload(b.ids, h_ids_.data(), h_ids_.size() * 4);
+  be_->upload(b.batch.token_seq, h_seq_.data(), h_seq_.size() * 4);
+  be_->upload(b.batch.token_pos, h_pos_.data(), h_pos_.size() * 4);
+  be_->upload(b.batch.slot_mapping, h_slot_.data(), h_slot_.size() * 4);
+  be_->upload(b.batch.block_tables, h_tables_.data(), h_tables_.size() * 4);
+  be_->upload(b.logit_rows, h_rows_.data(), h_rows_.size() * 4);
+  g.stream->submit();
+  g.stream->sync();
+  std::vector<float> logits(size_t(R * config().vocab));
+  if (R > 0) be_->download(b.logits, logits.data(), logits.size() * 4);
+  stats_.steps++;
+  return logits;
 }
 
 std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t* rows_out) {
@@ -133,7 +199,7 @@ std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t
   BlockManager& bm = *blocks_;
   if (items.empty()) throw ValueError("step needs at least one item");
   // Validate everything before touching any state.
-  int64_t T = 0, R = 0, new_blocks = 0;
+  int64_t new_blocks = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
     const int64_t start = bm.length(it.seq);  // throws for an unknown sequence
@@ -148,56 +214,48 @@ std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t
       throw ValueError("sequence would hold " + std::to_string(len) + " tokens, more than max_model_len " +
                        std::to_string(max_model_len_));
     new_blocks += bm.blocks_needed(it.seq, int64_t(it.tokens.size()));
-    T += int64_t(it.tokens.size());
-    R += it.logits == StepItem::Logits::All ? int64_t(it.tokens.size()) : it.logits == StepItem::Logits::Last ? 1 : 0;
   }
   if (new_blocks > bm.num_free())
     throw ResourceError("KV cache exhausted: this step needs " + std::to_string(new_blocks) + " more blocks, " +
                         std::to_string(bm.num_free()) + " of " + std::to_string(bm.num_blocks()) + " are free");
-  for (const StepItem& it : items) bm.grow(it.seq, int64_t(it.tokens.size()));
 
-  const int64_t Tb = token_bucket(T), S = int64_t(items.size()), Rb = std::max<int64_t>(R, 1);
-  h_ids_.assign(size_t(Tb), 0);
-  h_seq_.assign(size_t(Tb), 0);
-  h_pos_.assign(size_t(Tb), -1);  // padding rows: no position, no slot
-  h_slot_.assign(size_t(Tb), -1);
-  h_tables_.assign(size_t(S * max_blocks_), -1);
-  h_rows_.assign(size_t(Rb), 0);
-  int64_t t = 0, r = 0;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const std::vector<int32_t>& blocks = bm.blocks(items[i].seq);
-    std::copy(blocks.begin(), blocks.end(), h_tables_.begin() + int64_t(i) * max_blocks_);
-    const int64_t start = bm.length(items[i].seq);
-    const auto& toks = items[i].tokens;
-    for (size_t j = 0; j < toks.size(); ++j, ++t) {
-      int64_t pos = start + int64_t(j);
-      h_ids_[size_t(t)] = toks[j];
-      h_seq_[size_t(t)] = int32_t(i);
-      h_pos_[size_t(t)] = int32_t(pos);
-      h_slot_[size_t(t)] = blocks[size_t(pos / kBlockSize)] * int32_t(kBlockSize) + int32_t(pos % kBlockSize);
-      if (items[i].logits == StepItem::Logits::All ||
-          (items[i].logits == StepItem::Logits::Last && j + 1 == toks.size()))
-        h_rows_[size_t(r++)] = int32_t(t);
+  // Generation items first, as forward() takes them; rows come back in the caller's order.
+  std::vector<ForwardItem> fwd;
+  std::vector<size_t> order;
+  for (const bool scoring : {false, true})
+    for (size_t i = 0; i < items.size(); ++i) {
+      const StepItem& it = items[i];
+      if ((it.logits == StepItem::Logits::All) != scoring) continue;
+      bm.grow(it.seq, int64_t(it.tokens.size()));
+      ForwardItem f;
+      f.kv = it.seq;
+      f.tokens = it.tokens.data();
+      f.start = bm.length(it.seq);
+      f.count = int64_t(it.tokens.size());
+      f.scoring = scoring;
+      f.logits = scoring ? f.count : it.logits == StepItem::Logits::Last ? 1 : 0;
+      f.logits_from = f.start + f.count - f.logits;
+      fwd.push_back(f);
+      order.push_back(i);
     }
+  std::vector<float> logits = forward(fwd);
+  for (const ForwardItem& f : fwd) bm.computed(f.kv, nullptr, f.start + f.count);
+
+  // Rows of each item, back in the order the items were given.
+  std::vector<int64_t> first_row(items.size()), row_count(items.size());
+  int64_t R = 0;
+  for (size_t k = 0; k < fwd.size(); ++k) {
+    first_row[order[k]] = R;
+    row_count[order[k]] = fwd[k].logits;
+    R += fwd[k].logits;
   }
-
-  Graph& g = replay_ ? graph_for(Tb, S, Rb) : (graphs_.clear(), graph_for(Tb, S, Rb));
-  const StepBuffers& b = g.buffers;
-  be_->upload(b.ids, h_ids_.data(), h_ids_.size() * 4);
-  be_->upload(b.batch.token_seq, h_seq_.data(), h_seq_.size() * 4);
-  be_->upload(b.batch.token_pos, h_pos_.data(), h_pos_.size() * 4);
-  be_->upload(b.batch.slot_mapping, h_slot_.data(), h_slot_.size() * 4);
-  be_->upload(b.batch.block_tables, h_tables_.data(), h_tables_.size() * 4);
-  be_->upload(b.logit_rows, h_rows_.data(), h_rows_.size() * 4);
-  g.stream->submit();
-  g.stream->sync();
-  std::vector<float> logits(size_t(R * c.vocab));
-  if (R > 0) be_->download(b.logits, logits.data(), logits.size() * 4);
-
-  for (const StepItem& it : items) bm.append(it.seq, it.tokens.data(), int64_t(it.tokens.size()));
-  stats_.steps++;
   *rows_out = R;
-  return logits;
+  const int64_t vocab = c.vocab;
+  std::vector<float> out(logits.size());
+  auto dst = out.begin();
+  for (size_t i = 0; i < items.size(); ++i)
+    dst = std::copy_n(logits.begin() + first_row[i] * vocab, row_count[i] * vocab, dst);
+  return out;
 }
 
 RunnerStats ModelRunner::stats() const {

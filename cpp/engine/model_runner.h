@@ -1,7 +1,7 @@
-// Runs a loaded decoder over many sequences that share one paged KV pool: sequences grow
-// block by block, release their blocks when done, and can adopt cached prefix blocks.
-// step() runs one varlen forward (prefill chunks and decode tokens of any sequences together)
-// and replays a recorded stream whenever the step's shape was seen before.
+// Runs a loaded decoder over many sequences that share one paged KV pool. forward() runs one
+// varlen forward (prompt chunks, decode tokens and score chunks of any sequences together) as
+// the scheduler planned it, and replays a recorded stream whenever the step's shape was seen
+// before. The scheduler is what drives it; step() is a direct way in for tests and tools.
 #pragma once
 #include <list>
 #include <memory>
@@ -25,9 +25,24 @@ struct RunnerOptions {
   LoadProgress load_progress;    // optional: reports layers loaded (used only while constructing)
 };
 
+// One sequence's part of a forward: its tokens at positions [start, start + count), whose
+// blocks BlockManager sequence `kv` already holds, and the logits wanted at positions
+// [logits_from, logits_from + logits). Scoring items compute with f32 activations; they follow
+// every generation item in a forward.
+struct ForwardItem {
+  int64_t kv = 0;
+  const int32_t* tokens = nullptr;  // `count` tokens
+  int64_t start = 0, count = 0;
+  int64_t logits_from = 0, logits = 0;
+  bool scoring = false;
+};
+
+// A direct step's item (tests and tools): tokens appended to BlockManager sequence `seq` at
+// positions len .. len + n - 1; logits at its last position, all of them (computed as scoring),
+// or none.
 struct StepItem {
   int64_t seq = 0;
-  std::vector<int32_t> tokens;  // appended to the sequence at positions len .. len + n - 1
+  std::vector<int32_t> tokens;
   enum class Logits { None, Last, All } logits = Logits::Last;
 };
 
@@ -48,13 +63,15 @@ class ModelRunner {
 
   BlockManager& blocks() { return *blocks_; }
   const BlockManager& blocks() const { return *blocks_; }
+
+  // One forward as planned; returns logits [rows, vocab] for the rows asked for, in item order.
+  std::vector<float> forward(const std::vector<ForwardItem>& items);
+
+  // Direct use without a scheduler (tests, tools): sequences of the block manager, extended by
+  // step() (checked first, nothing changed on error). They never enter the prefix cache.
   int64_t add_sequence() { return blocks_->add_sequence(); }
   void release_sequence(int64_t seq) { blocks_->release_sequence(seq); }
   int64_t sequence_length(int64_t seq) const { return blocks_->length(seq); }
-  int64_t adopt_prefix(int64_t seq, const std::vector<int32_t>& prompt) { return blocks_->adopt_prefix(seq, prompt); }
-  int64_t blocks_for(int64_t tokens) const { return BlockManager::blocks_for(tokens); }
-
-  // One forward; returns logits [rows, vocab] for the rows asked for, in item order.
   std::vector<float> step(const std::vector<StepItem>& items, int64_t* rows);
   RunnerStats stats() const;
   // Drops recorded streams (e.g. to compare replay with eager execution).
@@ -67,7 +84,7 @@ class ModelRunner {
     StepBuffers buffers;
     std::unique_ptr<Stream> stream;
   };
-  Graph& graph_for(int64_t tokens, int64_t seqs, int64_t rows);
+  Graph& graph_for(int64_t tokens, int64_t seqs, int64_t rows, const StepRows& split);
 
   std::shared_ptr<Backend> be_;
   std::unique_ptr<Decoder> decoder_;

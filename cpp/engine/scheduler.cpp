@@ -26,6 +26,19 @@ const Sequence& Scheduler::sequence(int64_t id) const {
   return it->second;
 }
 
+namespace {
+// Where a kind of sequence keeps its cached blocks (BlockManager::add_sequence).
+int64_t cache_domain(SeqKind kind) { return kind == SeqKind::Score ? 1 : 0; }
+}  // namespace
+
+int64_t Scheduler::enqueue(Sequence s) {
+  s.id = next_id_++;
+  const int64_t id = s.id;
+  seqs_[id] = std::move(s);
+  waiting_.insert(id);
+  return id;
+}
+
 int64_t Scheduler::add(const std::vector<int32_t>& prompt) {
   const int64_t n = int64_t(prompt.size());
   if (n == 0) throw ValueError("the prompt is empty (no tokens)");
@@ -36,12 +49,28 @@ int64_t Scheduler::add(const std::vector<int32_t>& prompt) {
     throw ValueError("the prompt (" + std::to_string(n) + " tokens) can never fit in the KV cache (" +
                      std::to_string(blocks_.num_blocks() * BlockManager::kBlockSize) + " tokens)");
   Sequence s;
-  s.id = next_id_++;
   s.tokens = prompt;
   s.prompt_len = n;
-  seqs_[s.id] = std::move(s);
-  waiting_.insert(next_id_ - 1);
-  return next_id_ - 1;
+  return enqueue(std::move(s));
+}
+
+int64_t Scheduler::add_score(const std::vector<int32_t>& tokens, int64_t logits_from) {
+  const int64_t n = int64_t(tokens.size());
+  if (n == 0) throw ValueError("nothing to score (no tokens)");
+  if (n > opt_.max_model_len)
+    throw ValueError(std::to_string(n) + " tokens exceed max_model_len " + std::to_string(opt_.max_model_len));
+  if (logits_from < 0 || logits_from >= n)
+    throw ValueError("the first scored position must be in [0, " + std::to_string(n) + "), got " +
+                     std::to_string(logits_from));
+  if (BlockManager::blocks_for(n) > blocks_.num_blocks())
+    throw ValueError("a sequence of " + std::to_string(n) + " tokens can never fit in the KV cache (" +
+                     std::to_string(blocks_.num_blocks() * BlockManager::kBlockSize) + " tokens)");
+  Sequence s;
+  s.kind = SeqKind::Score;
+  s.tokens = tokens;
+  s.prompt_len = n;
+  s.logits_from = logits_from;
+  return enqueue(std::move(s));
 }
 
 void Scheduler::finish(int64_t id) {
@@ -61,7 +90,23 @@ int64_t Scheduler::fitting_tokens(const Sequence& s, int64_t want) const {
 
 void Scheduler::schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out) {
   blocks_.grow(s.kv, count);
-  out->chunks.push_back({s.id, s.kv, s.computed, count, s.computed + count == s.length()});
+  ScheduledChunk c;
+  c.seq = s.id;
+  c.kv = s.kv;
+  c.start = s.computed;
+  c.count = count;
+  c.scoring = s.scoring();
+  const int64_t end = c.start + count;
+  c.logits_from = end;  // no rows unless asked for below
+  if (s.scoring()) {
+    c.logits_from = std::min(std::max(c.start, s.logits_from), end);
+    c.logits = end - c.logits_from;
+  } else if (end == s.length()) {
+    c.sample = true;
+    c.logits_from = end - 1;
+    c.logits = 1;
+  }
+  out->chunks.push_back(c);
   out->num_tokens += count;
 }
 
@@ -89,12 +134,15 @@ bool Scheduler::preempt_younger(int64_t than, SchedulerOutput* out, int64_t* bud
 }
 
 bool Scheduler::try_admit(Sequence& s, int64_t budget, SchedulerOutput* out) {
+  // Only positions whose logits are not wanted may come from the cache.
+  const int64_t limit = s.scoring() ? s.logits_from + 1 : s.length();
+  const int64_t domain = cache_domain(s.kind);
   int64_t hit_blocks = 0, hit_free = 0;
-  blocks_.probe_prefix(s.tokens, &hit_blocks, &hit_free);
-  const int64_t need = BlockManager::blocks_for(s.length() + 1) - hit_blocks;
+  blocks_.probe_prefix(s.tokens, limit, domain, &hit_blocks, &hit_free);
+  const int64_t need = BlockManager::blocks_for(s.length() + (s.scoring() ? 0 : 1)) - hit_blocks;
   if (need > blocks_.num_free() - hit_free) return false;
-  s.kv = blocks_.add_sequence();
-  s.computed = blocks_.adopt_prefix(s.kv, s.tokens);
+  s.kv = blocks_.add_sequence(domain);
+  s.computed = blocks_.adopt_prefix(s.kv, s.tokens, limit);
   waiting_.erase(s.id);
   running_.insert(s.id);
   schedule_chunk(s, std::min(s.remaining(), budget), out);
@@ -110,7 +158,8 @@ SchedulerOutput Scheduler::schedule() {
     for (int64_t id : order) {
       if (!running_.count(id)) continue;  // preempted earlier in this step
       Sequence& s = seq(id);
-      if (s.remaining() == 0 || (s.remaining() == 1) != decodes) continue;  // awaiting a sample, or other pass
+      const bool decode = !s.scoring() && s.remaining() == 1;
+      if (s.remaining() == 0 || decode != decodes) continue;  // awaiting a sample, or other pass
       if (budget == 0) {
         hold_admission = true;
         break;
@@ -139,18 +188,27 @@ SchedulerOutput Scheduler::schedule() {
   return out;
 }
 
-void Scheduler::computed(const SchedulerOutput& out) {
+std::vector<int64_t> Scheduler::computed(const SchedulerOutput& out) {
+  std::vector<int64_t> scored;
   for (const ScheduledChunk& c : out.chunks) {
     Sequence& s = seq(c.seq);
-    s.computed += c.count;
-    if (s.kv != c.kv || blocks_.length(s.kv) != s.computed)
+    if (s.kv != c.kv || s.computed != c.start)
       throw std::logic_error("Scheduler: sequence " + std::to_string(c.seq) + " lost track of its cache");
+    s.computed += c.count;
+    blocks_.computed(s.kv, s.tokens.data(), s.computed);
+    if (!s.scoring()) continue;
+    s.logits_from = std::max(s.logits_from, s.computed);
+    if (s.remaining() == 0) {
+      scored.push_back(s.id);
+      finish(s.id);
+    }
   }
+  return scored;
 }
 
 bool Scheduler::append_token(int64_t id, int32_t token) {
   Sequence& s = seq(id);
-  if (!running_.count(id) || s.remaining() != 0)
+  if (s.scoring() || !running_.count(id) || s.remaining() != 0)
     throw ValueError("sequence " + std::to_string(id) + " is not waiting for a sampled token");
   s.tokens.push_back(token);
   return s.length() >= opt_.max_model_len;

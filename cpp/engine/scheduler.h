@@ -1,16 +1,17 @@
 // Continuous batching: decides, step by step, which tokens of which sequences go into the next
-// varlen forward.
+// varlen forward. Generations and scores are two kinds of the same sequences: a score feeds
+// known tokens and returns logits at the positions it asks for, then ends by itself.
 //
 // Per step, within max_num_batched_tokens tokens and max_num_seqs running sequences:
-//   1. running sequences with one token left (decodes), oldest first;
-//   2. running sequences mid-prompt, oldest first, a chunk each (chunked prefill);
+//   1. running generations with one token left (decodes), oldest first;
+//   2. running sequences mid-prompt (or mid-score), oldest first, a chunk each (chunked prefill);
 //   3. waiting sequences, oldest first: adopt their cached prefix, then a first chunk.
 // Blocks are taken as chunks are scheduled. A running sequence that cannot get a block takes
 // them from the youngest running sequence younger than itself, which is preempted (blocks
 // freed, recomputed later from its tokens); so the oldest always progresses, and the oldest
 // alone filling the pool ends ("length") instead of waiting forever. Admission needs blocks
-// for the whole sequence plus one generated token, and is held in any step that had to
-// preempt or defer, so new work does not push out running work.
+// for the whole sequence (plus one generated token for a generation), and is held in any step
+// that had to preempt or defer, so new work does not push out running work.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -28,16 +29,19 @@ struct SchedulerOptions {
   int64_t max_model_len = 0;  // a sequence ends ("length") when it holds this many tokens
 };
 
-// One sequence's share of a step: tokens [start, start + count) of its tokens.
+// One sequence's share of a step: tokens [start, start + count) of its tokens, and the logits
+// the step returns for it: those at positions [logits_from, logits_from + logits).
 struct ScheduledChunk {
   int64_t seq = 0;    // Sequence id
   int64_t kv = 0;     // its BlockManager sequence
   int64_t start = 0, count = 0;
-  bool sample = false;  // reaches its last token: the step yields logits to sample from
+  int64_t logits_from = 0, logits = 0;
+  bool scoring = false;  // a score sequence's chunk: f32 activations
+  bool sample = false;   // a generation reaching its last token: its one logits row is sampled
 };
 
 struct SchedulerOutput {
-  std::vector<ScheduledChunk> chunks;  // in order: decodes, prompt chunks, admissions
+  std::vector<ScheduledChunk> chunks;  // in order: decodes, prompt / score chunks, admissions
   std::vector<int64_t> ended;          // sequences that filled the KV pool alone; now finished
   std::vector<int64_t> preempted;
   int64_t num_tokens = 0;
@@ -47,17 +51,21 @@ class Scheduler {
  public:
   Scheduler(BlockManager& blocks, const SchedulerOptions& opt);
 
-  // Queues a sequence; ValueError when it could never run (empty, too long, too big for the pool).
+  // Queues a generation; ValueError when it could never run (empty, too long, too big for the pool).
   int64_t add(const std::vector<int32_t>& prompt);
+  // Queues a score of `tokens` returning the logits at positions logits_from .. end; ValueError
+  // when it could never run.
+  int64_t add_score(const std::vector<int32_t>& tokens, int64_t logits_from);
   // Ends a sequence (finished or aborted) and frees its blocks; full blocks stay in the prefix
   // cache. Unknown ids are ignored, so aborting twice is harmless.
   void finish(int64_t seq);
 
   SchedulerOutput schedule();
-  // The forward of `out` ran: every chunk's tokens now have K/V in the cache.
-  void computed(const SchedulerOutput& out);
-  // Appends a token sampled for `seq` (which must be waiting for one); true when the sequence
-  // now holds max_model_len tokens and has to end.
+  // The forward of `out` ran: every chunk's tokens now have K/V in the cache. Returns the score
+  // sequences whose last logits it computed: they are finished.
+  std::vector<int64_t> computed(const SchedulerOutput& out);
+  // Appends a token sampled for generation `seq` (which must be waiting for one); true when the
+  // sequence now holds max_model_len tokens and has to end.
   bool append_token(int64_t seq, int32_t token);
 
   bool contains(int64_t seq) const { return seqs_.count(seq) != 0; }
@@ -70,6 +78,7 @@ class Scheduler {
 
  private:
   Sequence& seq(int64_t id);
+  int64_t enqueue(Sequence s);
   // Most of `want` next tokens of s whose blocks fit in what is free now.
   int64_t fitting_tokens(const Sequence& s, int64_t want) const;
   void schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out);

@@ -1,22 +1,33 @@
-// One completion being generated: its tokens (prompt, then generated), how many of them have
-// K/V in the cache, and which BlockManager sequence holds those blocks while it runs.
+// One sequence the engine computes, and the one owner of its tokens: the prompt (then, for a
+// generation, each sampled token), how many of them have K/V in the cache, and which
+// BlockManager sequence holds those blocks while it runs.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 namespace ferrum {
 
+// What a sequence is computed for; this, not what shares its steps, decides its numerics.
+enum class SeqKind : uint8_t {
+  Generate,  // sampled token by token; its matmuls may quantize activations to 8 bits
+  Score,     // teacher-forced over known tokens, logits returned at positions >= logits_from;
+             // f32 activations throughout, so scores agree with a float reference
+};
+
 struct Sequence {
   int64_t id = 0;                // engine-wide, increasing: a smaller id arrived earlier
-  std::vector<int32_t> tokens;   // prompt + generated
+  SeqKind kind = SeqKind::Generate;
+  std::vector<int32_t> tokens;   // prompt + generated (a score sequence: every token it feeds)
   int64_t prompt_len = 0;
   int64_t computed = 0;          // leading tokens whose K/V are in the cache
+  int64_t logits_from = 0;       // Score: first position whose logits are still to be returned
   int64_t kv = -1;               // BlockManager sequence while it holds blocks, else -1
   int64_t preemptions = 0;
 
+  bool scoring() const { return kind == SeqKind::Score; }
   int64_t length() const { return int64_t(tokens.size()); }
   int64_t generated() const { return length() - prompt_len; }
-  // Tokens still to compute before the next sample; 1 for a decode.
+  // Tokens still to compute: before the next sample (1 for a decode), or before a score is done.
   int64_t remaining() const { return length() - computed; }
 };
 

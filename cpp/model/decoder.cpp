@@ -10,12 +10,13 @@ Decoder::Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, R
                      cfg_.sliding_window};
 }
 
-StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blocks) const {
+StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blocks, const StepRows& split) const {
   Backend& be = *be_;
   StepBuffers b;
   b.tokens = T;
   b.seqs = S;
   b.rows = R;
+  b.split = split;
   b.ids = be.alloc(DType::I32, {T});
   b.batch.token_seq = be.alloc(DType::I32, {T});
   b.batch.token_pos = be.alloc(DType::I32, {T});
@@ -44,35 +45,61 @@ StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blo
   return b;
 }
 
+template <typename Op>
+void Decoder::by_row_group(Stream& s, const StepBuffers& b, int64_t n, int64_t gen, const Op& op) const {
+  if (gen > 0) {
+    s.float_activations = false;
+    s.decode_rows = b.split.decodes ? gen : 0;
+    op(0, gen);
+  }
+  if (gen < n) {
+    s.float_activations = true;
+    s.decode_rows = 0;
+    op(gen, n - gen);
+  }
+}
+
+void Decoder::matmul(Stream& s, const StepBuffers& b, const Linear& w, const Tensor& x, const Tensor& out,
+                     int64_t gen) const {
+  by_row_group(s, b, x.dim(0), gen, [&](int64_t begin, int64_t count) {
+    w.record(*be_, s, x.slice(begin, count), out.slice(begin, count));
+  });
+}
+
 void Decoder::record(Stream& s, const StepBuffers& b, const std::vector<KvLayer>& kv) const {
   Backend& be = *be_;
   const float eps = float(cfg_.rms_eps);
   Tensor attn_out = b.attn.reshape({b.tokens, cfg_.heads, cfg_.head_dim});
+  const int64_t gen = b.split.gen_tokens;
   be.embedding(s, b.ids, w_.embed, b.x);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LayerWeights& L = w_.layers[l];
     // x += previous layer's MLP output; h = norm(x)   (the first layer only normalises)
     if (l == 0) be.rms_norm(s, b.x, L.attn_norm, eps, b.h);
     else be.add_rms_norm(s, b.x, b.down, L.attn_norm, eps, b.h);
-    L.qkv.record(be, s, b.h, b.qkv);
+    matmul(s, b, L.qkv, b.h, b.qkv, gen);
     be.qkv_to_cache(s, b.qkv, L.q_norm, L.k_norm, eps, rope_, b.batch, attn_, b.q, kv[l]);
     be.paged_attention(s, b.q, kv[l], b.batch, attn_, attn_out);
-    L.o.record(be, s, b.attn, b.o);
+    matmul(s, b, L.o, b.attn, b.o, gen);
     be.add_rms_norm(s, b.x, b.o, L.ffn_norm, eps, b.h);
     if (L.moe) {  // route each token to its top-k experts; their weighted sum is the MLP output
-      L.router.record(be, s, b.h, b.router_logits);
+      matmul(s, b, L.router, b.h, b.router_logits, gen);
       be.moe_route(s, b.router_logits, cfg_.experts_per_token, cfg_.norm_topk_prob, b.expert_ids,
                    b.expert_weights);
-      be.moe_experts(s, b.h, L.gate_exps, L.up_exps, L.down_exps, b.expert_ids, b.expert_weights, b.down);
+      by_row_group(s, b, b.tokens, gen, [&](int64_t begin, int64_t count) {
+        be.moe_experts(s, b.h.slice(begin, count), L.gate_exps, L.up_exps, L.down_exps,
+                       b.expert_ids.slice(begin, count), b.expert_weights.slice(begin, count),
+                       b.down.slice(begin, count));
+      });
     } else {
-      L.gate_up.record(be, s, b.h, b.gate_up);
+      matmul(s, b, L.gate_up, b.h, b.gate_up, gen);
       be.swiglu(s, b.gate_up, b.act);
-      L.down.record(be, s, b.act, b.down);
+      matmul(s, b, L.down, b.act, b.down, gen);
     }
   }
   be.add_rms_norm(s, b.x, b.down, w_.final_norm, eps, b.h);
   be.gather_rows(s, b.h, b.logit_rows, b.h_rows);
-  w_.lm_head.record(be, s, b.h_rows, b.logits);
+  matmul(s, b, w_.lm_head, b.h_rows, b.logits, b.split.gen_rows);
 }
 
 }  // namespace ferrum

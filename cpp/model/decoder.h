@@ -9,11 +9,21 @@
 
 namespace ferrum {
 
+// How a step's rows divide between the requests that state their numerics: token rows
+// [0, gen_tokens) and logits rows [0, gen_rows) belong to generations, whose matmuls may
+// quantize activations to 8 bits (and take the decode path when `decodes`: each of those rows is
+// a different sequence's next token); the rest belong to scores, computed with f32 activations.
+struct StepRows {
+  int64_t gen_tokens = 0, gen_rows = 0;
+  bool decodes = false;
+};
+
 // Every tensor one forward step touches, for a fixed shape: `tokens` rows of a varlen batch
 // over `seqs` sequences, producing logits for `rows` of them. Kept alive with a recorded stream
 // so the step can be replayed after rewriting ids / batch / logit_rows.
 struct StepBuffers {
   int64_t tokens = 0, seqs = 0, rows = 0;
+  StepRows split;
   Tensor ids;         // i32[tokens]
   AttnBatch batch;    // token_seq, token_pos, slot_mapping [tokens]; block_tables [seqs, max_blocks]
   Tensor logit_rows;  // i32[rows]: which token rows get logits
@@ -27,11 +37,19 @@ class Decoder {
   const ModelConfig& config() const { return cfg_; }
   Backend& backend() const { return *be_; }
 
-  StepBuffers alloc_step(int64_t tokens, int64_t seqs, int64_t rows, int64_t max_blocks) const;
+  StepBuffers alloc_step(int64_t tokens, int64_t seqs, int64_t rows, int64_t max_blocks, const StepRows& split) const;
   // Records embedding -> layers -> final norm -> lm_head for the rows asked for.
   void record(Stream& s, const StepBuffers& b, const std::vector<KvLayer>& kv) const;
 
  private:
+  // Records op(begin, count) for the generation rows [0, gen) of an n-row activation, then for
+  // the scoring rows [gen, n), each with its numerics set on the stream.
+  template <typename Op>
+  void by_row_group(Stream& s, const StepBuffers& b, int64_t n, int64_t gen, const Op& op) const;
+  // A matmul over token rows (or, for the lm_head, logits rows), split by row group.
+  void matmul(Stream& s, const StepBuffers& b, const Linear& w, const Tensor& x, const Tensor& out,
+              int64_t gen) const;
+
   std::shared_ptr<Backend> be_;
   ModelConfig cfg_;
   ModelWeights w_;

@@ -34,20 +34,22 @@ def run_bench(args) -> dict:
     runner = _core.ModelRunner(str(path), device=args.device, num_threads=args.threads,
                                max_model_len=max(1024, args.n_prompt + args.n_gen + 16),
                                kv_cache_tokens=args.n_prompt + args.n_gen + 64, prefix_cache=False)
+    # One sequence through the engine: the prompt in one forward, then one token a step (greedy).
+    engine = _core.Engine(runner, max_num_seqs=1, max_num_batched_tokens=args.n_prompt)
     vocab = runner.config["vocab_size"]
     prompt = [int(t) for t in np.random.default_rng(0).integers(1, vocab, args.n_prompt)]
     pp = tg = float("inf")
     for _ in range(args.repetitions):
-        seq = runner.add_sequence()
+        seq = engine.add_sequence(prompt)
         t0 = time.perf_counter()
-        logits = runner.step([(seq, prompt, "last")])
+        tok = int(engine.step()["logits"][0].argmax())
         pp = min(pp, time.perf_counter() - t0)
-        tok = int(logits[0].argmax())
         t0 = time.perf_counter()
         for _ in range(args.n_gen):
-            tok = int(runner.step([(seq, [tok], "last")])[0].argmax())
+            engine.commit([seq], [tok], [False])
+            tok = int(engine.step()["logits"][0].argmax())
         tg = min(tg, time.perf_counter() - t0)
-        runner.release_sequence(seq)
+        engine.abort(seq)
     # The engine's memory (peak over load and generation, less the interpreter) against the
     # bound weights file + KV pool + 15%; the tokenizer is loaded after and reported apart.
     c, st = runner.config, runner.stats()

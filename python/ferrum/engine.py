@@ -1,17 +1,19 @@
 """Requests over the C++ engine (``ferrum._core.Engine``).
 
-C++ owns the sequences and the scheduling: token budget, chunked prefill mixed with decodes in
-one varlen forward, paged KV blocks taken as sequences grow, prefix-cache adoption, preemption
-of the youngest sequence (recomputed later) when the pool runs out. Each ``step()`` here runs one
-forward there, samples the rows it returns (numpy, one generator per completion), hands the tokens
-back, and turns them into text deltas; stop strings and detokenisation stay in Python, and a
-completion that stops tells C++ so, which frees its blocks (full ones stay in the prefix cache).
+C++ owns the sequences, their tokens and the scheduling: token budget, chunked prefill mixed with
+decodes in one varlen forward, paged KV blocks taken as sequences grow, prefix-cache adoption,
+preemption of the youngest sequence (recomputed later) when the pool runs out. Each ``step()``
+here runs one forward there and handles the rows it returns, each tagged with its sequence and
+position: a generation's row is sampled (numpy, one generator per completion), its token handed
+back and turned into a text delta (stop strings and detokenisation stay in Python; a completion
+that stops tells C++ so, which frees its blocks, full ones staying in the prefix cache); a score's
+rows go to its consumer, and the score ends by itself with its last rows.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -24,13 +26,33 @@ from .tokenizer import IncrementalDecoder, Tokenizer
 
 @dataclass
 class _Completion:
-    """One of a request's ``n`` completions; ``seq`` is its C++ sequence."""
+    """One of a request's ``n`` completions; ``seq`` is its C++ sequence. Its generated tokens
+    are one list, ``progress.token_ids``, which the sampling state reads too."""
     request_id: str
     index: int
     seq: int
     state: SamplingState
     progress: RequestProgress
     decoder: IncrementalDecoder
+
+
+def token_ids_of(ids) -> List[int]:
+    """Token ids as a list of ints. TypeError unless they are integers; their values are checked
+    against the vocabulary once, by the engine, when a request is admitted."""
+    arr = np.asarray(ids)
+    if arr.size == 0:
+        return []
+    if arr.ndim != 1:
+        raise TypeError(f"token ids must be a flat sequence of integers, got shape {arr.shape}")
+    if arr.dtype.kind == "O" and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ValueError(f"token id {max(ids, key=abs)} is out of range")  # beyond 64 bits
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"token ids must be integers, got {arr.dtype} values")
+    return arr.tolist()
+
+
+# consume(positions int64[k], logits float32[k, vocab]): rows of one score, in position order.
+ScoreConsumer = Callable[[np.ndarray, np.ndarray], None]
 
 
 @dataclass
@@ -64,10 +86,10 @@ class Engine:
         self.tokenizer = tokenizer
         self.core = _core.Engine(runner, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens)
-        self.token_budget = max_num_batched_tokens
         self.sampler = Sampler()
         self._requests: Dict[str, _Request] = {}
         self._by_seq: Dict[int, _Completion] = {}
+        self._scores: Dict[int, ScoreConsumer] = {}
         self._ids = itertools.count()
 
     # ---- requests ----
@@ -76,7 +98,7 @@ class Engine:
         """Queues a request (its ``params.n`` completions); ValueError when it could never run."""
         if not isinstance(params, SamplingParams):
             raise TypeError("sampling params must be a ferrum.SamplingParams")
-        prompt_ids = [int(t) for t in prompt_ids]
+        prompt_ids = token_ids_of(prompt_ids)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -84,9 +106,10 @@ class Engine:
         try:
             for i in range(params.n):
                 seq = self.core.add_sequence(prompt_ids)
+                progress = RequestProgress(params, self.tokenizer.eos_token_ids, index=i)
+                state = SamplingState(params, prompt_ids, index=i, output_token_ids=progress.token_ids)
                 req.completions.append(_Completion(
-                    request_id, i, seq, SamplingState(params, prompt_ids, index=i),
-                    RequestProgress(params, self.tokenizer.eos_token_ids, index=i),
+                    request_id, i, seq, state, progress,
                     IncrementalDecoder(self.tokenizer, params.skip_special_tokens)))
         except BaseException:
             for c in req.completions:
@@ -110,16 +133,34 @@ class Engine:
                 req.note(c, c.progress.finish("abort"))
         return self._delta(req)
 
+    def add_score(self, token_ids: List[int], logits_from: int, consume: ScoreConsumer) -> int:
+        """Queues a score of `token_ids`: the logits at positions ``logits_from ..`` (each
+        predicting the next token) go to ``consume`` as steps compute them, with f32
+        activations. Returns its sequence; ``score_finished(seq)`` tells when it is done.
+        ValueError when it could never run."""
+        seq = self.core.add_score(token_ids, logits_from)
+        self._scores[seq] = consume
+        return seq
+
+    def score_finished(self, seq: int) -> bool:
+        return seq not in self._scores
+
+    def abort_score(self, seq: int) -> None:
+        self.core.abort(seq)
+        self._scores.pop(seq, None)
+
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
 
     # ---- one step ----
     def step(self) -> List[RequestDelta]:
-        """Runs one forward; returns what each request that changed produced in it."""
+        """Runs one forward; hands score rows to their consumers and returns what each
+        generation request that changed produced in it."""
         out = self.core.step()
         touched: Dict[str, _Request] = {}
         for seq in out["ended"]:  # the KV pool is full and this one alone holds it
             self._end(seq, "length", touched)
+        self._consume_scores(out)
         # (a row whose request another thread aborted meanwhile is dropped)
         rows = [i for i, s in enumerate(out["seqs"]) if int(s) in self._by_seq]
         if rows:
@@ -130,7 +171,6 @@ class Engine:
             tokens = [int(t) for t in result.token_ids]
             finished = []
             for c, tok, lp in zip(comps, tokens, result.logprobs):
-                c.state.append(tok)
                 emit, done, _ = c.progress.append(tok, c.decoder.push(tok), lp)
                 finished.append(done)
                 req = self._requests[c.request_id]
@@ -142,7 +182,24 @@ class Engine:
                 self._end(seq, "length", touched)
         return [self._delta(req) for req in touched.values()]
 
+    def _consume_scores(self, out: dict) -> None:
+        """Hands each score its rows of this step (one contiguous run per score)."""
+        seqs = out["seqs"]
+        i = 0
+        while i < len(seqs):
+            j = i + 1
+            while j < len(seqs) and seqs[j] == seqs[i]:
+                j += 1
+            consume = self._scores.get(int(seqs[i]))
+            if consume is not None:
+                consume(out["positions"][i:j], out["logits"][i:j])
+            i = j
+        for seq in out["scored"]:
+            self._scores.pop(seq, None)
+
     def _end(self, seq: int, reason: str, touched: Dict[str, _Request]) -> None:
+        if seq in self._scores:  # a score fits the pool whole by admission: never ended
+            raise RuntimeError(f"the engine ended score sequence {seq}")
         c = self._by_seq.pop(seq)
         req = self._requests[c.request_id]
         req.note(c, c.progress.finish(reason))

@@ -9,10 +9,10 @@ from typing import Dict, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 from . import _core
-from .engine import Engine
+from .engine import Engine, ScoreConsumer, token_ids_of
 from .outputs import RequestDelta, RequestOutput
 from .sampling import SamplingParams
-from .scoring import TokenLogprobs, forward_many, token_logprobs
+from .scoring import LogitsCollector, LogprobCollector, TokenLogprobs
 from .tokenizer import Tokenizer
 
 PromptType = Union[str, Sequence[str], None]
@@ -184,24 +184,13 @@ class LLM:
     def score(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits [len(token_ids), vocab] at every position (position i predicts i+1).
         A list of token lists gives a list of arrays, the sequences sharing forwards."""
-        if _is_batch(token_ids):
-            seqs = [self._checked_tokens(t, 1) for t in token_ids]
-            rows = [[] for _ in seqs]
-            forward_many(self.runner, self.engine.token_budget, seqs, [0] * len(seqs),
-                         lambda i, pos, logits: rows[i].append(logits))
-            return [np.concatenate(r, axis=0) for r in rows]
-        toks = [int(t) for t in token_ids]
-        if not toks:
-            raise ValueError("score needs at least one token")
-        if len(toks) > self.runner.max_model_len:
-            raise ValueError(f"{len(toks)} tokens exceed max_model_len {self.runner.max_model_len}")
-        seq = self.runner.add_sequence()
-        try:
-            chunk = self.engine.token_budget
-            rows = [self.runner.step([(seq, toks[i:i + chunk], "all")]) for i in range(0, len(toks), chunk)]
-        finally:
-            self.runner.release_sequence(seq)
-        return np.concatenate(rows, axis=0)
+        batch = _is_batch(token_ids)
+        seqs = [token_ids_of(t) for t in (token_ids if batch else [token_ids])]
+        vocab = self.runner.config["vocab_size"]
+        collectors = [LogitsCollector(len(s), vocab) for s in seqs]
+        self._run_scores(seqs, [0] * len(seqs), collectors)
+        out = [c.logits for c in collectors]
+        return out if batch else out[0]
 
     def token_logprobs(self, token_ids, start: Union[int, Sequence[int]] = 1
                        ) -> Union[TokenLogprobs, List[TokenLogprobs]]:
@@ -209,15 +198,38 @@ class LLM:
         tokens before it, and whether it is the greedy (argmax) token there. A list of token
         lists is scored in shared forwards and gives a list (`start`: one int or one per list)."""
         batch = _is_batch(token_ids)
-        seqs = [self._checked_tokens(t, 2) for t in (token_ids if batch else [token_ids])]
+        seqs = [token_ids_of(t) for t in (token_ids if batch else [token_ids])]
         starts = list(start) if isinstance(start, (list, tuple)) else [start] * len(seqs)
         if len(starts) != len(seqs):
             raise ValueError(f"{len(starts)} starts for {len(seqs)} sequences")
+        vocab = self.runner.config["vocab_size"]
         for s, st in zip(seqs, starts):
+            if len(s) < 2:
+                raise ValueError(f"need at least 2 tokens, got {len(s)}")
+            if not 0 <= s[-1] < vocab:  # only predicted, never fed: the engine does not see it
+                raise ValueError(f"token id {s[-1]} is out of range [0, {vocab})")
             if not isinstance(st, (int, np.integer)) or isinstance(st, bool) or not 1 <= st < len(s):
                 raise ValueError(f"start must be an integer in [1, {len(s) - 1}] for {len(s)} tokens, got {st!r}")
-        out = token_logprobs(self.runner, self.engine.token_budget, seqs, [int(st) for st in starts])
+        collectors = [LogprobCollector(s, int(st)) for s, st in zip(seqs, starts)]
+        # The last token is only ever predicted: the model runs every token before it.
+        self._run_scores([s[:-1] for s in seqs], [int(st) - 1 for st in starts], collectors)
+        out = [c.result() for c in collectors]
         return out if batch else out[0]
+
+    def _run_scores(self, feeds: List[List[int]], logits_from: List[int],
+                    consumers: List[ScoreConsumer]) -> None:
+        """Adds a score request per feed and steps the engine until all are done (generation
+        requests in flight progress alongside; their deltas go where they always go)."""
+        seqs = []
+        try:
+            for feed, first, consume in zip(feeds, logits_from, consumers):
+                seqs.append(self.engine.add_score(feed, first, consume))
+            while not all(self.engine.score_finished(s) for s in seqs):
+                self._advance()
+        finally:
+            for s in seqs:
+                if not self.engine.score_finished(s):
+                    self.engine.abort_score(s)
 
     def stats(self) -> dict:
         """Running / waiting sequences, KV blocks used / free, prefix-cache hit rate, generated
@@ -236,19 +248,7 @@ class LLM:
         ids = list(prompt_token_ids)
         if ids and isinstance(ids[0], (int, np.integer)):
             ids = [ids]
-        return [(None, [int(t) for t in toks]) for toks in ids]
-
-    def _checked_tokens(self, token_ids, min_len: int) -> List[int]:
-        toks = [int(t) for t in token_ids]
-        if len(toks) < min_len:
-            raise ValueError(f"need at least {min_len} token(s), got {len(toks)}")
-        if len(toks) > self.runner.max_model_len:
-            raise ValueError(f"{len(toks)} tokens exceed max_model_len {self.runner.max_model_len}")
-        vocab = self.runner.config["vocab_size"]
-        bad = [t for t in toks if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is out of range [0, {vocab})")
-        return toks
+        return [(None, token_ids_of(toks)) for toks in ids]
 
     @staticmethod
     def _params_list(sampling_params, n):

@@ -1,6 +1,6 @@
-// The scheduler's invariants, with a real BlockManager and no model: a "forward" here records
-// the scheduled tokens as cached (what ModelRunner::step does after computing them), and
-// "sampling" appends a token derived from the sequence.
+// The scheduler's invariants, with a real BlockManager and no model: a "forward" here computes
+// nothing (Scheduler::computed records the scheduled tokens as cached), and "sampling" appends a
+// token derived from the sequence.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,10 +42,6 @@ struct Harness {
   // One step: schedule, "compute", then sample every row; returns the plan.
   SchedulerOutput step() {
     SchedulerOutput out = sched.schedule();
-    for (const ScheduledChunk& c : out.chunks) {
-      const auto& toks = sched.sequence(c.seq).tokens;
-      blocks.append(c.kv, toks.data() + c.start, c.count);
-    }
     sched.computed(out);
     for (const ScheduledChunk& c : out.chunks) {
       if (!c.sample) continue;
@@ -198,13 +194,10 @@ TEST(Scheduler, AppendTokenOnlyWhenASampleIsDueAndEndsAtMaxModelLen) {
   const int64_t a = h.add(6, 100);
   EXPECT_THROW(h.sched.append_token(a, 5), ValueError);  // not computed yet
   SchedulerOutput s = h.sched.schedule();
-  for (const ScheduledChunk& c : s.chunks) h.blocks.append(c.kv, h.sched.sequence(c.seq).tokens.data(), c.count);
   h.sched.computed(s);
   EXPECT_FALSE(h.sched.append_token(a, 5));  // 7 tokens
   EXPECT_THROW(h.sched.append_token(a, 5), ValueError);  // one per step
   s = h.sched.schedule();
-  for (const ScheduledChunk& c : s.chunks)
-    h.blocks.append(c.kv, h.sched.sequence(c.seq).tokens.data() + c.start, c.count);
   h.sched.computed(s);
   EXPECT_TRUE(h.sched.append_token(a, 5));  // 8 tokens = max_model_len
   h.sched.finish(a);
@@ -266,8 +259,11 @@ TEST(Scheduler, RandomWorkloadKeepsEveryInvariant) {
     int added = 0;
     for (int step = 0; step < 20000 && (added < 300 || h.sched.has_unfinished()); ++step) {
       while (added < 300 && h.sched.waiting().size() < 4) {
-        // Prompts share a few prefixes so the cache gets hits.
-        h.add(uniform(1, 150), uniform(1, 30), 1 + 3 * uniform(0, 2));
+        // Prompts share a few prefixes so the cache gets hits; a quarter are scores.
+        const int64_t n = uniform(1, 150);
+        const int32_t first = 1 + 3 * uniform(0, 2);
+        if (uniform(0, 3) == 0) h.sched.add_score(prompt_of(n, first), uniform(0, int(n) - 1));
+        else h.add(n, uniform(1, 30), first);
         added++;
       }
       if (!h.sched.running().empty() && uniform(0, 40) == 0) {
@@ -304,6 +300,84 @@ TEST(Scheduler, RandomWorkloadKeepsEveryInvariant) {
     EXPECT_EQ(h.blocks.num_used(), 0);
     EXPECT_EQ(h.blocks.num_sequences(), 0);
     EXPECT_GT(h.sched.num_preemptions(), 0);
-    if (prefix) EXPECT_GT(h.blocks.prefix_stats().hit_tokens, 0);
+    if (prefix) {
+      EXPECT_GT(h.blocks.prefix_stats().hit_tokens, 0);
+    }
   }
+}
+
+TEST(Scheduler, ScoresAreChunkedReturnEachRowOnceAndEndByThemselves) {
+  for (const int64_t num_blocks : {64, 3}) {  // 3 blocks: the score is preempted by the older generation
+    Harness h(num_blocks, 4, 10);
+    const int64_t gen = h.add(14, 20);
+    const int64_t score = h.sched.add_score(prompt_of(25, 5), 12);
+    std::vector<int64_t> rows;
+    bool ended_by_itself = false;
+    for (int step = 0; step < 200 && h.sched.has_unfinished(); ++step) {
+      const SchedulerOutput s = h.sched.schedule();
+      for (const ScheduledChunk& c : s.chunks) {
+        EXPECT_EQ(c.scoring, c.seq == score);
+        if (c.seq != score) continue;
+        EXPECT_FALSE(c.sample);
+        EXPECT_GE(c.logits_from, c.start);
+        EXPECT_LE(c.logits_from + c.logits, c.start + c.count);
+        for (int64_t p = c.logits_from; p < c.logits_from + c.logits; ++p) rows.push_back(p);
+      }
+      const std::vector<int64_t> scored = h.sched.computed(s);
+      for (int64_t id : scored) EXPECT_EQ(id, score);
+      if (!scored.empty()) {
+        ended_by_itself = true;
+        EXPECT_FALSE(h.sched.contains(score));
+      }
+      for (const ScheduledChunk& c : s.chunks)
+        if (c.sample && (++h.generated[c.seq] >= 20 || h.sched.append_token(c.seq, 7))) h.sched.finish(c.seq);
+    }
+    EXPECT_TRUE(ended_by_itself);
+    std::vector<int64_t> want;
+    for (int64_t p = 12; p < 25; ++p) want.push_back(p);
+    EXPECT_EQ(rows, want);  // every asked-for position once, in order, preempted or not
+    EXPECT_EQ(h.generated[gen], 20);
+    EXPECT_EQ(h.blocks.num_used(), 0);
+    if (num_blocks == 3) {
+      EXPECT_GT(h.sched.num_preemptions(), 0);
+    }
+  }
+}
+
+TEST(Scheduler, ScoresAndGenerationsShareCachedBlocksOnlyWithTheirOwnKind) {
+  Harness h(64, 4, 64, 4096, /*prefix=*/true);
+  const std::vector<int32_t> tokens = prompt_of(40, 3);
+  auto first_chunk_start = [&](int64_t id) {
+    const SchedulerOutput s = h.step();
+    for (const ScheduledChunk& c : s.chunks)
+      if (c.seq == id) return c.start;
+    return int64_t(-1);
+  };
+  const int64_t g = h.add(40, 1, 3);
+  EXPECT_EQ(first_chunk_start(g), 0);
+  h.run_to_end();
+  const int64_t s1 = h.sched.add_score(tokens, 39);
+  EXPECT_EQ(first_chunk_start(s1), 0);  // a generation's blocks are not a score's
+  h.run_to_end();
+  EXPECT_EQ(first_chunk_start(h.sched.add_score(tokens, 39)), 32);  // the first score's blocks
+  h.run_to_end();
+  EXPECT_EQ(first_chunk_start(h.sched.add_score(tokens, 20)), 16);  // only blocks before its rows
+  h.run_to_end();
+  EXPECT_EQ(first_chunk_start(h.add(40, 1, 3)), 32);  // the generation's blocks
+  h.run_to_end();
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
+
+TEST(Scheduler, ScoresThatCouldNeverRunAreRefused) {
+  BlockManager blocks(4, true);
+  Scheduler s(blocks, SchedulerOptions{4, 16, 100});
+  EXPECT_THROW(s.add_score({}, 0), ValueError);
+  EXPECT_THROW(s.add_score(prompt_of(10), 10), ValueError);  // no position to score
+  EXPECT_THROW(s.add_score(prompt_of(10), -1), ValueError);
+  EXPECT_THROW(s.add_score(prompt_of(101), 0), ValueError);  // beyond max_model_len
+  EXPECT_THROW(s.add_score(prompt_of(65), 0), ValueError);   // more than the pool
+  EXPECT_NO_THROW(s.add_score(prompt_of(64), 0));            // the pool exactly: no token to generate
+  const int64_t g = s.add(prompt_of(5));
+  s.schedule();
+  EXPECT_THROW(s.append_token(g + 100, 1), ValueError);
 }
