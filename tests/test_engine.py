@@ -323,3 +323,35 @@ def test_scores_and_generations_sharing_steps_compute_as_they_would_alone(smollm
     np.testing.assert_allclose(score_shared, score_alone, rtol=0, atol=1e-5)
     assert [done[r].outputs[0].token_ids for r in rids] == generated_alone
     assert_pool_empty(llm)
+
+
+def test_one_llm_called_from_several_threads():
+    """generate, stream and score from four threads at once on one LLM, thirteen times over:
+    calls interleave on the one engine, none hangs, each gets what it gets alone."""
+    import threading
+    llm = make_llm()
+    ps = prompts(6, seed=11)
+    want = greedy_tokens(llm, ps)
+    want_scores = llm.score(ps[0])
+    want_stream = "".join(llm.stream(ps[1], GREEDY))
+    for _ in range(13):
+        got, errors = {}, []
+
+        def run(name, fn):
+            try:
+                got[name] = fn()
+            except BaseException as e:  # reported below: a thread's exception must fail the test
+                errors.append(e)
+
+        jobs = {"a": lambda: greedy_tokens(llm, ps[:3]), "b": lambda: greedy_tokens(llm, ps[3:]),
+                "score": lambda: llm.score(ps[0]), "stream": lambda: "".join(llm.stream(ps[1], GREEDY))}
+        threads = [threading.Thread(target=run, args=item) for item in jobs.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads), "a call hung"
+        assert not errors, errors
+        assert got["a"] + got["b"] == want and got["stream"] == want_stream
+        np.testing.assert_allclose(got["score"], want_scores, rtol=0, atol=2e-5)
+    assert_pool_empty(llm)

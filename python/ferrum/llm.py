@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -72,6 +73,9 @@ class LLM:
         # requests added with add_request(), until step() hands them out.
         self._mailboxes: Dict[str, List[RequestDelta]] = {}
         self._unclaimed: List[RequestDelta] = []
+        # Calls from several threads interleave: one steps the engine at a time, and each
+        # picks up its own requests' deltas, whichever thread's step produced them.
+        self._lock = threading.RLock()
 
     @property
     def config(self) -> dict:
@@ -88,25 +92,28 @@ class LLM:
         ids = []
         bar = _progress(len(reqs)) if use_tqdm else None
         try:
-            for (text, toks), p in zip(reqs, params):
-                ids.append(self.engine.add_request(toks, p, prompt=text))
-                self._mailboxes[ids[-1]] = []
+            with self._lock:
+                for (text, toks), p in zip(reqs, params):
+                    ids.append(self.engine.add_request(toks, p, prompt=text))
+                    self._mailboxes[ids[-1]] = []
             done: Dict[str, RequestOutput] = {}
             while True:
-                for rid in ids:
-                    for d in self._mailboxes[rid]:
-                        if d.finished:
-                            done[rid] = d.output
-                            if bar:
-                                bar.update(1)
-                    self._mailboxes[rid].clear()
+                with self._lock:
+                    for rid in ids:
+                        for d in self._mailboxes[rid]:
+                            if d.finished:
+                                done[rid] = d.output
+                                if bar:
+                                    bar.update(1)
+                        self._mailboxes[rid].clear()
                 if len(done) == len(ids):
                     return [done[r] for r in ids]
-                self._advance()
+                self._advance(lambda: any(self._mailboxes[r] for r in ids))
         finally:
-            for rid in ids:
-                self._mailboxes.pop(rid, None)
-                self.engine.abort(rid)  # no-op for finished ones; frees the rest on errors
+            with self._lock:
+                for rid in ids:
+                    self._mailboxes.pop(rid, None)
+                    self.engine.abort(rid)  # no-op for finished ones; frees the rest on errors
             if bar:
                 bar.close()
 
@@ -116,20 +123,24 @@ class LLM:
         characters; text that might begin a stop string is held until it is decided)."""
         (text, toks), = self._prepare([prompt] if isinstance(prompt, str) else None,
                                       None if isinstance(prompt, str) else [prompt])
-        rid = self.engine.add_request(toks, sampling_params or SamplingParams(), prompt=text)
-        box = self._mailboxes[rid] = []
+        with self._lock:
+            rid = self.engine.add_request(toks, sampling_params or SamplingParams(), prompt=text)
+            box = self._mailboxes[rid] = []
         try:
             while True:
-                while box:
-                    d = box.pop(0)
+                with self._lock:
+                    deltas = list(box)
+                    box.clear()
+                for d in deltas:
                     if d.text(0):
                         yield d.text(0)
                     if d.finished:
                         return
-                self._advance()
+                self._advance(lambda: bool(box))
         finally:
-            self._mailboxes.pop(rid, None)
-            self.engine.abort(rid)
+            with self._lock:
+                self._mailboxes.pop(rid, None)
+                self.engine.abort(rid)
 
     # ---- incremental serving API ----
     def add_request(self, prompt: Union[str, Sequence[int]], sampling_params: Optional[SamplingParams] = None,
@@ -138,36 +149,45 @@ class LLM:
         out of step(). ValueError when it could never run (too long, bigger than the KV pool)."""
         (text, toks), = self._prepare([prompt] if isinstance(prompt, str) else None,
                                       None if isinstance(prompt, str) else [prompt])
-        return self.engine.add_request(toks, sampling_params or SamplingParams(), prompt=text,
-                                       request_id=request_id)
+        with self._lock:
+            return self.engine.add_request(toks, sampling_params or SamplingParams(), prompt=text,
+                                           request_id=request_id)
 
     def step(self) -> List[RequestDelta]:
         """Runs one engine step; returns a RequestDelta for each request added with add_request()
         that progressed: new text and token ids per completion, finished / finish_reason, and the
         whole RequestOutput once finished."""
-        if not self._unclaimed and self.engine.has_unfinished():
-            self._advance()
-        out, self._unclaimed = self._unclaimed, []
-        return out
+        with self._lock:
+            if not self._unclaimed and self.engine.has_unfinished():
+                self._advance()
+            out, self._unclaimed = self._unclaimed, []
+            return out
 
     def abort(self, request_id: str) -> None:
         """Stops a request wherever it is and frees its KV blocks. Its last delta (finish_reason
         "abort") comes out of the next step() (or ends the generate() / stream() driving it)."""
-        delta = self.engine.abort(request_id)
-        if delta is not None:
-            self._mailboxes.get(delta.request_id, self._unclaimed).append(delta)
+        with self._lock:
+            delta = self.engine.abort(request_id)
+            if delta is not None:
+                self._mailboxes.get(delta.request_id, self._unclaimed).append(delta)
 
     def has_unfinished(self) -> bool:
         """Whether any request is still waiting or running (or has progress not yet handed out)."""
-        return bool(self._unclaimed) or self.engine.has_unfinished()
+        with self._lock:
+            return bool(self._unclaimed) or self.engine.has_unfinished()
 
-    def _advance(self) -> None:
-        """One engine step; each delta goes to the mailbox of whoever drives its request."""
-        if not self.engine.has_unfinished():
-            raise RuntimeError("the engine has no unfinished request to advance")
-        for d in self.engine.step():
-            box = self._mailboxes.get(d.request_id)
-            (self._unclaimed if box is None else box).append(d)
+    def _advance(self, ready: Callable[[], bool] = lambda: False) -> None:
+        """One engine step, unless `ready()` holds once this thread has the engine (another
+        thread's step may have brought what the caller waits for); each delta goes to the
+        mailbox of whoever drives its request."""
+        with self._lock:
+            if ready():
+                return
+            if not self.engine.has_unfinished():
+                raise RuntimeError("the engine has no unfinished request to advance")
+            for d in self.engine.step():
+                box = self._mailboxes.get(d.request_id)
+                (self._unclaimed if box is None else box).append(d)
 
     def chat(self, messages, sampling_params: Optional[SamplingParams] = None, *,
              add_generation_prompt: bool = True, chat_template_kwargs: Optional[dict] = None,
@@ -221,15 +241,18 @@ class LLM:
         """Adds a score request per feed and steps the engine until all are done (generation
         requests in flight progress alongside; their deltas go where they always go)."""
         seqs = []
+        done = lambda: all(self.engine.score_finished(s) for s in seqs)  # noqa: E731
         try:
-            for feed, first, consume in zip(feeds, logits_from, consumers):
-                seqs.append(self.engine.add_score(feed, first, consume))
-            while not all(self.engine.score_finished(s) for s in seqs):
-                self._advance()
+            with self._lock:
+                for feed, first, consume in zip(feeds, logits_from, consumers):
+                    seqs.append(self.engine.add_score(feed, first, consume))
+            while not done():
+                self._advance(done)
         finally:
-            for s in seqs:
-                if not self.engine.score_finished(s):
-                    self.engine.abort_score(s)
+            with self._lock:
+                for s in seqs:
+                    if not self.engine.score_finished(s):
+                        self.engine.abort_score(s)
 
     def stats(self) -> dict:
         """Running / waiting sequences, KV blocks used / free, prefix-cache hit rate, generated
