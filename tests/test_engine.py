@@ -294,7 +294,7 @@ class _StepSpy:
         return getattr(self.core, name)
 
     def step(self):
-        scores, generations = set(self.engine._scores), set(self.engine._by_seq)
+        scores, generations = set(self.engine._consumers), set(self.engine._by_seq)
         out = self.core.step()
         seqs = {int(s) for s in out["seqs"]}
         self.shared_steps += bool(seqs & scores) and bool(seqs & generations)

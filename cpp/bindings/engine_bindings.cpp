@@ -30,11 +30,15 @@ void bind_engine(py::module_& m) {
            }),
            py::arg("runner"), py::arg("max_num_seqs") = 32, py::arg("max_num_batched_tokens") = 512,
            py::keep_alive<1, 2>())
-      .def("add_sequence", &Engine::add_sequence, py::arg("prompt"),
-           "Queues a generation; returns its id. ValueError when it could never run.")
-      .def("add_score", &Engine::add_score, py::arg("tokens"), py::arg("logits_from"),
-           "Queues a score of the tokens: logits rows at positions logits_from .. len - 1 (each predicting "
-           "the next token) come out of the steps that compute them; it finishes by itself. Returns its id.")
+      .def("add_sequence", &Engine::add_sequence, py::arg("prompt"), py::arg("rows_from") = -1,
+           "Queues a generation; returns its id. ValueError when it could never run. rows_from >= 0 also "
+           "returns the logits of the prompt's positions rows_from .. (prompt logprobs).")
+      .def("add_score", [](Engine& e, const std::vector<int64_t>& tokens, int64_t rows_from, bool embed) {
+             return e.add_score(tokens, rows_from, embed ? SeqKind::Embed : SeqKind::Score);
+           }, py::arg("tokens"), py::arg("rows_from"), py::arg("embed") = false,
+           "Queues a score of the tokens: logits rows at positions rows_from .. len - 1 (each predicting "
+           "the next token), or with embed=True their final hidden states, come out of the steps that "
+           "compute them, with f32 activations; it finishes by itself. Returns its id.")
       .def("abort", &Engine::abort, py::arg("seq"))
       .def("step", [](Engine& e) {
              EngineStep s;
@@ -43,11 +47,15 @@ void bind_engine(py::module_& m) {
                s = e.step();
              }
              const auto rows = py::ssize_t(s.row_seqs.size());
-             const py::ssize_t vocab = rows ? py::ssize_t(s.logits.size()) / rows : 0;
+             const auto vocab = py::ssize_t(e.vocab_size()), hidden = py::ssize_t(e.hidden_size());
+             const auto logit_rows = py::ssize_t(s.logits.size()) / vocab;
+             const auto samples = py::ssize_t(s.sample_rows.size());
              py::dict d;
              d["seqs"] = to_numpy(std::move(s.row_seqs), {rows});
              d["positions"] = to_numpy(std::move(s.row_positions), {rows});
-             d["logits"] = to_numpy(std::move(s.logits), {rows, vocab});
+             d["sample_rows"] = to_numpy(std::move(s.sample_rows), {samples});
+             d["logits"] = to_numpy(std::move(s.logits), {logit_rows, vocab});
+             d["hidden"] = to_numpy(std::move(s.hidden), {rows - logit_rows, hidden});
              d["scored"] = s.scored;
              d["ended"] = s.ended;
              d["num_tokens"] = s.num_tokens;
@@ -55,7 +63,9 @@ void bind_engine(py::module_& m) {
              return d;
            },
            "Schedules and runs one forward. Returns {'seqs': int64[rows], 'positions': int64[rows], "
-           "'logits': float32[rows, vocab], 'scored': [seq] (scores finished by this step), "
+           "'sample_rows': int64[] (the rows generations sample from), 'logits': float32[logits rows, vocab], "
+           "'hidden': float32[rows - logits rows, hidden] (embeddings' rows, after the logits rows), "
+           "'scored': [seq] (scores and embeddings finished by this step), "
            "'ended': [seq] (generations ended by the engine: the KV pool is full), 'num_tokens', 'num_preempted'}.")
       .def("commit", &Engine::commit, py::arg("seqs"), py::arg("tokens"), py::arg("finished"),
            "Hands back the tokens sampled for the last step's rows; finished sequences are ended. Returns "

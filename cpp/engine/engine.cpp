@@ -37,18 +37,18 @@ std::vector<int32_t> Engine::admitted(const std::vector<int64_t>& tokens) const 
   return std::vector<int32_t>(tokens.begin(), tokens.end());
 }
 
-int64_t Engine::add_sequence(const std::vector<int64_t>& prompt) {
+int64_t Engine::add_sequence(const std::vector<int64_t>& prompt, int64_t rows_from) {
   const std::vector<int32_t> tokens = admitted(prompt);
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t id = sched_.add(tokens);
+  const int64_t id = sched_.add(tokens, rows_from);
   note_busy();
   return id;
 }
 
-int64_t Engine::add_score(const std::vector<int64_t>& tokens, int64_t logits_from) {
+int64_t Engine::add_score(const std::vector<int64_t>& tokens, int64_t rows_from, SeqKind kind) {
   const std::vector<int32_t> admitted_tokens = admitted(tokens);
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t id = sched_.add_score(admitted_tokens, logits_from);
+  const int64_t id = sched_.add_score(admitted_tokens, rows_from, kind);
   note_busy();
   return id;
 }
@@ -66,27 +66,31 @@ EngineStep Engine::step() {
   result.ended = plan.ended;
   result.num_preempted = int64_t(plan.preempted.size());
   if (!plan.chunks.empty()) {
-    // Generations first: the runner computes the scores' rows after them, with f32 activations.
-    std::stable_partition(plan.chunks.begin(), plan.chunks.end(),
-                          [](const ScheduledChunk& c) { return !c.scoring; });
+    // In kind order (generations, scores, embeddings): the runner computes each group with its
+    // own numerics, and returns logits rows before hidden-state rows.
+    std::stable_sort(plan.chunks.begin(), plan.chunks.end(),
+                     [](const ScheduledChunk& a, const ScheduledChunk& b) { return a.kind < b.kind; });
     std::vector<ForwardItem> items;
     items.reserve(plan.chunks.size());
     for (const ScheduledChunk& c : plan.chunks) {
       ForwardItem f;
       f.kv = c.kv;
       f.tokens = sched_.sequence(c.seq).tokens.data() + c.start;
+      f.kind = c.kind;
       f.start = c.start;
       f.count = c.count;
-      f.logits_from = c.logits_from;
-      f.logits = c.logits;
-      f.scoring = c.scoring;
+      f.rows_from = c.rows_from;
+      f.rows = c.rows;
       items.push_back(f);
-      for (int64_t p = c.logits_from; p < c.logits_from + c.logits; ++p) {
+      for (int64_t p = c.rows_from; p < c.rows_from + c.rows; ++p) {
         result.row_seqs.push_back(c.seq);
         result.row_positions.push_back(p);
       }
+      if (c.sample) result.sample_rows.push_back(int64_t(result.row_seqs.size()) - 1);
     }
-    result.logits = runner_.forward(items);
+    ForwardOutput rows = runner_.forward(items);
+    result.logits = std::move(rows.logits);
+    result.hidden = std::move(rows.hidden);
     result.scored = sched_.computed(plan);
     result.num_tokens = plan.num_tokens;
     computed_ += plan.num_tokens;

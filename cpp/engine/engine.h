@@ -21,11 +21,16 @@ struct EngineOptions {
   int64_t max_num_batched_tokens = 512;
 };
 
+// A step's rows: the logits rows (generations', then scores') and after them the embeddings'
+// hidden-state rows, each tagged with its sequence and position (logits at a position predict
+// the token after it).
 struct EngineStep {
-  std::vector<int64_t> row_seqs;       // the sequence of each logits row, in row order
-  std::vector<int64_t> row_positions;  // the position whose logits the row holds (predicting the next)
-  std::vector<float> logits;           // [row_seqs.size(), vocab]
-  std::vector<int64_t> scored;         // scores whose last rows this step returned: finished
+  std::vector<int64_t> row_seqs;
+  std::vector<int64_t> row_positions;
+  std::vector<int64_t> sample_rows;    // the rows generations sample from (indices into the rows)
+  std::vector<float> logits;           // [logits rows, vocab]
+  std::vector<float> hidden;           // [hidden rows, hidden size]
+  std::vector<int64_t> scored;         // scores and embeddings whose last rows came: finished
   std::vector<int64_t> ended;          // generations the engine ended ("length": the pool is full)
   int64_t num_tokens = 0;            // tokens computed by this forward
   int64_t num_preempted = 0;
@@ -41,11 +46,13 @@ class Engine {
  public:
   Engine(ModelRunner& runner, const EngineOptions& opt);
 
-  // Queues a generation; ValueError when it could never run. Returns its id.
-  int64_t add_sequence(const std::vector<int64_t>& prompt);
-  // Queues a score of `tokens`: rows of logits at positions logits_from .. end come out of the
-  // steps that compute them, with f32 activations. ValueError when it could never run.
-  int64_t add_score(const std::vector<int64_t>& tokens, int64_t logits_from);
+  // Queues a generation; ValueError when it could never run. Returns its id. The logits of its
+  // prompt's positions rows_from .. come out too (-1: none).
+  int64_t add_sequence(const std::vector<int64_t>& prompt, int64_t rows_from = -1);
+  // Queues a score of `tokens` (logits rows) or an embedding (hidden-state rows): rows at positions
+  // rows_from .. end come out of the steps that compute them, with f32 activations. ValueError
+  // when it could never run.
+  int64_t add_score(const std::vector<int64_t>& tokens, int64_t rows_from, SeqKind kind = SeqKind::Score);
   // Ends a sequence wherever it is (waiting, mid-prefill, decoding); unknown ids are ignored.
   void abort(int64_t seq);
   EngineStep step();
@@ -56,6 +63,8 @@ class Engine {
                               const std::vector<bool>& finished);
   bool has_unfinished() const;
   EngineStats stats() const;
+  int64_t vocab_size() const { return runner_.config().vocab; }
+  int64_t hidden_size() const { return runner_.config().hidden; }
 
  private:
   using Clock = std::chrono::steady_clock;

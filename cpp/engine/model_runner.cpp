@@ -112,7 +112,7 @@ ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) {
 ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R, const StepRows& split) {
   std::string key = std::to_string(T) + "," + std::to_string(S) + "," + std::to_string(R) + "," +
                     std::to_string(split.gen_tokens) + "," + std::to_string(split.gen_rows) + "," +
-                    std::to_string(int(split.decodes));
+                    std::to_string(int(split.decodes)) + "," + std::to_string(split.logit_rows);
   for (auto it = graphs_.begin(); it != graphs_.end(); ++it)
     if (it->first == key) {
       graphs_.splice(graphs_.begin(), graphs_, it);
@@ -128,31 +128,30 @@ ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R, cons
   return graphs_.front().second;
 }
 
-std::vector<float> ModelRunner::forward(const std::vector<ForwardItem>& items) {
+ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
   const BlockManager& bm = *blocks_;
   if (items.empty()) throw ValueError("a forward needs at least one item");
-  int64_t T = 0, R = 0, G = 0, Rg = 0, Sg = 0;
-  bool single_tokens = true;  // every generation item is one token with its one logits row
-  for (const ForwardItem& it : items) {
-    if (it.scoring) {
-      T += it.count;
-      R += it.logits;
-      continue;
-    }
-    if (G != T) throw std::logic_error("ModelRunner::forward: a generation item after a scoring one");
-    G += it.count;
+  int64_t T = 0, R = 0, G = 0, Rg = 0, Sg = 0, L = 0;
+  bool single_tokens = true;  // every generation item is one token with its one row
+  for (size_t i = 0; i < items.size(); ++i) {
+    const ForwardItem& it = items[i];
+    if (i > 0 && it.kind < items[i - 1].kind)
+      throw std::logic_error("ModelRunner::forward: items out of kind order");
     T += it.count;
-    Rg += it.logits;
-    R += it.logits;
+    R += it.rows;
+    if (it.kind != SeqKind::Embed) L += it.rows;
+    if (it.kind != SeqKind::Generate) continue;
+    G += it.count;
+    Rg += it.rows;
     Sg++;
-    single_tokens = single_tokens && it.count == 1 && it.logits == 1;
+    single_tokens = single_tokens && it.count == 1 && it.rows == 1;
   }
   const int64_t Tb = token_bucket(T), S = int64_t(items.size()), Rb = std::max<int64_t>(R, 1);
   // Padding rows join the last group. With generations alone the split is the whole step, as is
   // the test of a batch of decodes (padded rows included).
   StepRows split;
-  if (G == T) split = StepRows{Tb, Rb, Tb == S && Rb == S};
-  else split = StepRows{G, Rg, G > 0 && single_tokens && G == Sg};
+  if (G == T) split = StepRows{Tb, Rb, Tb == S && Rb == S, Rb};
+  else split = StepRows{G, Rg, G > 0 && single_tokens && G == Sg, L};
 
   h_ids_.assign(size_t(Tb), 0);
   h_seq_.assign(size_t(Tb), 0);
@@ -164,8 +163,8 @@ std::vector<float> ModelRunner::forward(const std::vector<ForwardItem>& items) {
   for (size_t i = 0; i < items.size(); ++i) {
     const ForwardItem& it = items[i];
     const std::vector<int32_t>& blocks = bm.blocks(it.kv);
-    if (BlockManager::blocks_for(it.start + it.count) > int64_t(blocks.size()) || it.logits < 0 ||
-        it.logits_from < it.start || it.logits_from + it.logits > it.start + it.count)
+    if (BlockManager::blocks_for(it.start + it.count) > int64_t(blocks.size()) || it.rows < 0 ||
+        it.rows_from < it.start || it.rows_from + it.rows > it.start + it.count)
       throw std::logic_error("ModelRunner::forward: an item outside its blocks or tokens");
     std::copy(blocks.begin(), blocks.end(), h_tables_.begin() + int64_t(i) * max_blocks_);
     for (int64_t j = 0; j < it.count; ++j, ++t) {
@@ -174,7 +173,7 @@ std::vector<float> ModelRunner::forward(const std::vector<ForwardItem>& items) {
       h_seq_[size_t(t)] = int32_t(i);
       h_pos_[size_t(t)] = int32_t(pos);
       h_slot_[size_t(t)] = blocks[size_t(pos / kBlockSize)] * int32_t(kBlockSize) + int32_t(pos % kBlockSize);
-      if (pos >= it.logits_from && pos < it.logits_from + it.logits) h_rows_[size_t(r++)] = int32_t(t);
+      if (pos >= it.rows_from && pos < it.rows_from + it.rows) h_rows_[size_t(r++)] = int32_t(t);
     }
   }
 
@@ -188,10 +187,15 @@ std::vector<float> ModelRunner::forward(const std::vector<ForwardItem>& items) {
   be_->upload(b.logit_rows, h_rows_.data(), h_rows_.size() * 4);
   g.stream->submit();
   g.stream->sync();
-  std::vector<float> logits(size_t(R * config().vocab));
-  if (R > 0) be_->download(b.logits, logits.data(), logits.size() * 4);
+  ForwardOutput out;
+  out.logits.resize(size_t(L * config().vocab));
+  if (L > 0) be_->download(b.logits, out.logits.data(), out.logits.size() * 4);
+  if (R > L) {
+    out.hidden.resize(size_t((R - L) * config().hidden));
+    be_->download(b.h_rows.slice(L, R - L), out.hidden.data(), out.hidden.size() * 4);
+  }
   stats_.steps++;
-  return logits;
+  return out;
 }
 
 std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t* rows_out) {
@@ -230,15 +234,15 @@ std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t
       ForwardItem f;
       f.kv = it.seq;
       f.tokens = it.tokens.data();
+      f.kind = scoring ? SeqKind::Score : SeqKind::Generate;
       f.start = bm.length(it.seq);
       f.count = int64_t(it.tokens.size());
-      f.scoring = scoring;
-      f.logits = scoring ? f.count : it.logits == StepItem::Logits::Last ? 1 : 0;
-      f.logits_from = f.start + f.count - f.logits;
+      f.rows = scoring ? f.count : it.logits == StepItem::Logits::Last ? 1 : 0;
+      f.rows_from = f.start + f.count - f.rows;
       fwd.push_back(f);
       order.push_back(i);
     }
-  std::vector<float> logits = forward(fwd);
+  const std::vector<float> logits = forward(fwd).logits;
   for (const ForwardItem& f : fwd) bm.computed(f.kv, nullptr, f.start + f.count);
 
   // Rows of each item, back in the order the items were given.
@@ -246,8 +250,8 @@ std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t
   int64_t R = 0;
   for (size_t k = 0; k < fwd.size(); ++k) {
     first_row[order[k]] = R;
-    row_count[order[k]] = fwd[k].logits;
-    R += fwd[k].logits;
+    row_count[order[k]] = fwd[k].rows;
+    R += fwd[k].rows;
   }
   *rows_out = R;
   const int64_t vocab = c.vocab;

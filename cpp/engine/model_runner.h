@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/block_manager.h"
+#include "engine/sequence.h"
 #include "model/decoder.h"
 
 namespace ferrum {
@@ -26,15 +27,21 @@ struct RunnerOptions {
 };
 
 // One sequence's part of a forward: its tokens at positions [start, start + count), whose
-// blocks BlockManager sequence `kv` already holds, and the logits wanted at positions
-// [logits_from, logits_from + logits). Scoring items compute with f32 activations; they follow
-// every generation item in a forward.
+// blocks BlockManager sequence `kv` already holds, and the rows wanted at positions
+// [rows_from, rows_from + rows): logits, or for an embedding the final hidden states. The kind
+// states the numerics (generation: the backend's 8-bit paths may be taken; score and embedding:
+// f32 activations). Items come generations first, then scores, then embeddings.
 struct ForwardItem {
   int64_t kv = 0;
   const int32_t* tokens = nullptr;  // `count` tokens
+  SeqKind kind = SeqKind::Generate;
   int64_t start = 0, count = 0;
-  int64_t logits_from = 0, logits = 0;
-  bool scoring = false;
+  int64_t rows_from = 0, rows = 0;
+};
+
+struct ForwardOutput {
+  std::vector<float> logits;  // [generation and score rows, vocab], in item order
+  std::vector<float> hidden;  // [embedding rows, hidden], in item order
 };
 
 // A direct step's item (tests and tools): tokens appended to BlockManager sequence `seq` at
@@ -64,8 +71,8 @@ class ModelRunner {
   BlockManager& blocks() { return *blocks_; }
   const BlockManager& blocks() const { return *blocks_; }
 
-  // One forward as planned; returns logits [rows, vocab] for the rows asked for, in item order.
-  std::vector<float> forward(const std::vector<ForwardItem>& items);
+  // One forward as planned; returns the rows asked for.
+  ForwardOutput forward(const std::vector<ForwardItem>& items);
 
   // Direct use without a scheduler (tests, tools): sequences of the block manager, extended by
   // step() (checked first, nothing changed on error). They never enter the prefix cache.

@@ -27,8 +27,9 @@ const Sequence& Scheduler::sequence(int64_t id) const {
 }
 
 namespace {
-// Where a kind of sequence keeps its cached blocks (BlockManager::add_sequence).
-int64_t cache_domain(SeqKind kind) { return kind == SeqKind::Score ? 1 : 0; }
+// Where a kind of sequence keeps its cached blocks (BlockManager::add_sequence): scores and
+// embeddings compute alike (f32 activations), generations apart.
+int64_t cache_domain(SeqKind kind) { return kind == SeqKind::Generate ? 0 : 1; }
 }  // namespace
 
 int64_t Scheduler::enqueue(Sequence s) {
@@ -39,7 +40,7 @@ int64_t Scheduler::enqueue(Sequence s) {
   return id;
 }
 
-int64_t Scheduler::add(const std::vector<int32_t>& prompt) {
+int64_t Scheduler::add(const std::vector<int32_t>& prompt, int64_t rows_from) {
   const int64_t n = int64_t(prompt.size());
   if (n == 0) throw ValueError("the prompt is empty (no tokens)");
   if (n >= opt_.max_model_len)
@@ -48,28 +49,31 @@ int64_t Scheduler::add(const std::vector<int32_t>& prompt) {
   if (BlockManager::blocks_for(n + 1) > blocks_.num_blocks())
     throw ValueError("the prompt (" + std::to_string(n) + " tokens) can never fit in the KV cache (" +
                      std::to_string(blocks_.num_blocks() * BlockManager::kBlockSize) + " tokens)");
+  if (rows_from > n) throw ValueError("the prompt's first returned row must be in [0, " + std::to_string(n) + "]");
   Sequence s;
   s.tokens = prompt;
   s.prompt_len = n;
+  s.rows_from = rows_from < 0 ? n : rows_from;
   return enqueue(std::move(s));
 }
 
-int64_t Scheduler::add_score(const std::vector<int32_t>& tokens, int64_t logits_from) {
+int64_t Scheduler::add_score(const std::vector<int32_t>& tokens, int64_t rows_from, SeqKind kind) {
   const int64_t n = int64_t(tokens.size());
+  if (kind == SeqKind::Generate) throw ValueError("add_score takes a score or an embedding");
   if (n == 0) throw ValueError("nothing to score (no tokens)");
   if (n > opt_.max_model_len)
     throw ValueError(std::to_string(n) + " tokens exceed max_model_len " + std::to_string(opt_.max_model_len));
-  if (logits_from < 0 || logits_from >= n)
-    throw ValueError("the first scored position must be in [0, " + std::to_string(n) + "), got " +
-                     std::to_string(logits_from));
+  if (rows_from < 0 || rows_from >= n)
+    throw ValueError("the first returned position must be in [0, " + std::to_string(n) + "), got " +
+                     std::to_string(rows_from));
   if (BlockManager::blocks_for(n) > blocks_.num_blocks())
     throw ValueError("a sequence of " + std::to_string(n) + " tokens can never fit in the KV cache (" +
                      std::to_string(blocks_.num_blocks() * BlockManager::kBlockSize) + " tokens)");
   Sequence s;
-  s.kind = SeqKind::Score;
+  s.kind = kind;
   s.tokens = tokens;
   s.prompt_len = n;
-  s.logits_from = logits_from;
+  s.rows_from = rows_from;
   return enqueue(std::move(s));
 }
 
@@ -93,18 +97,18 @@ void Scheduler::schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out)
   ScheduledChunk c;
   c.seq = s.id;
   c.kv = s.kv;
+  c.kind = s.kind;
   c.start = s.computed;
   c.count = count;
-  c.scoring = s.scoring();
   const int64_t end = c.start + count;
-  c.logits_from = end;  // no rows unless asked for below
-  if (s.scoring()) {
-    c.logits_from = std::min(std::max(c.start, s.logits_from), end);
-    c.logits = end - c.logits_from;
-  } else if (end == s.length()) {
+  c.rows_from = std::min(std::max(c.start, s.rows_from), end);
+  c.rows = end - c.rows_from;
+  if (s.generates() && end == s.length()) {
     c.sample = true;
-    c.logits_from = end - 1;
-    c.logits = 1;
+    if (c.rows == 0) {  // the row sampled from, when no other row is asked for
+      c.rows_from = end - 1;
+      c.rows = 1;
+    }
   }
   out->chunks.push_back(c);
   out->num_tokens += count;
@@ -134,12 +138,12 @@ bool Scheduler::preempt_younger(int64_t than, SchedulerOutput* out, int64_t* bud
 }
 
 bool Scheduler::try_admit(Sequence& s, int64_t budget, SchedulerOutput* out) {
-  // Only positions whose logits are not wanted may come from the cache.
-  const int64_t limit = s.scoring() ? s.logits_from + 1 : s.length();
+  // Only positions whose rows are not wanted may come from the cache.
+  const int64_t limit = std::min(s.length(), s.rows_from + 1);
   const int64_t domain = cache_domain(s.kind);
   int64_t hit_blocks = 0, hit_free = 0;
   blocks_.probe_prefix(s.tokens, limit, domain, &hit_blocks, &hit_free);
-  const int64_t need = BlockManager::blocks_for(s.length() + (s.scoring() ? 0 : 1)) - hit_blocks;
+  const int64_t need = BlockManager::blocks_for(s.length() + (s.generates() ? 1 : 0)) - hit_blocks;
   if (need > blocks_.num_free() - hit_free) return false;
   s.kv = blocks_.add_sequence(domain);
   s.computed = blocks_.adopt_prefix(s.kv, s.tokens, limit);
@@ -158,7 +162,7 @@ SchedulerOutput Scheduler::schedule() {
     for (int64_t id : order) {
       if (!running_.count(id)) continue;  // preempted earlier in this step
       Sequence& s = seq(id);
-      const bool decode = !s.scoring() && s.remaining() == 1;
+      const bool decode = s.generates() && s.remaining() == 1;
       if (s.remaining() == 0 || decode != decodes) continue;  // awaiting a sample, or other pass
       if (budget == 0) {
         hold_admission = true;
@@ -196,9 +200,8 @@ std::vector<int64_t> Scheduler::computed(const SchedulerOutput& out) {
       throw std::logic_error("Scheduler: sequence " + std::to_string(c.seq) + " lost track of its cache");
     s.computed += c.count;
     blocks_.computed(s.kv, s.tokens.data(), s.computed);
-    if (!s.scoring()) continue;
-    s.logits_from = std::max(s.logits_from, s.computed);
-    if (s.remaining() == 0) {
+    s.rows_from = std::max(s.rows_from, s.computed);  // returned: never again, even if recomputed
+    if (!s.generates() && s.remaining() == 0) {
       scored.push_back(s.id);
       finish(s.id);
     }
@@ -208,7 +211,7 @@ std::vector<int64_t> Scheduler::computed(const SchedulerOutput& out) {
 
 bool Scheduler::append_token(int64_t id, int32_t token) {
   Sequence& s = seq(id);
-  if (s.scoring() || !running_.count(id) || s.remaining() != 0)
+  if (!s.generates() || !running_.count(id) || s.remaining() != 0)
     throw ValueError("sequence " + std::to_string(id) + " is not waiting for a sampled token");
   s.tokens.push_back(token);
   return s.length() >= opt_.max_model_len;

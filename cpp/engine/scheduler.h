@@ -1,6 +1,7 @@
 // Continuous batching: decides, step by step, which tokens of which sequences go into the next
-// varlen forward. Generations and scores are two kinds of the same sequences: a score feeds
-// known tokens and returns logits at the positions it asks for, then ends by itself.
+// varlen forward. Generations, scores and embeddings are kinds of the same sequences: a score or
+// an embedding feeds known tokens, returns rows (logits, or hidden states) at the positions it
+// asks for, then ends by itself.
 //
 // Per step, within max_num_batched_tokens tokens and max_num_seqs running sequences:
 //   1. running generations with one token left (decodes), oldest first;
@@ -29,15 +30,15 @@ struct SchedulerOptions {
   int64_t max_model_len = 0;  // a sequence ends ("length") when it holds this many tokens
 };
 
-// One sequence's share of a step: tokens [start, start + count) of its tokens, and the logits
-// the step returns for it: those at positions [logits_from, logits_from + logits).
+// One sequence's share of a step: tokens [start, start + count) of its tokens, and the rows
+// the step returns for it: those at positions [rows_from, rows_from + rows).
 struct ScheduledChunk {
   int64_t seq = 0;    // Sequence id
   int64_t kv = 0;     // its BlockManager sequence
+  SeqKind kind = SeqKind::Generate;
   int64_t start = 0, count = 0;
-  int64_t logits_from = 0, logits = 0;
-  bool scoring = false;  // a score sequence's chunk: f32 activations
-  bool sample = false;   // a generation reaching its last token: its one logits row is sampled
+  int64_t rows_from = 0, rows = 0;
+  bool sample = false;  // a generation reaching its last token: its last row is sampled from
 };
 
 struct SchedulerOutput {
@@ -51,18 +52,20 @@ class Scheduler {
  public:
   Scheduler(BlockManager& blocks, const SchedulerOptions& opt);
 
-  // Queues a generation; ValueError when it could never run (empty, too long, too big for the pool).
-  int64_t add(const std::vector<int32_t>& prompt);
-  // Queues a score of `tokens` returning the logits at positions logits_from .. end; ValueError
-  // when it could never run.
-  int64_t add_score(const std::vector<int32_t>& tokens, int64_t logits_from);
+  // Queues a generation; ValueError when it could never run (empty, too long, too big for the
+  // pool). Rows of its prompt's positions rows_from .. come out too (prompt logprobs); the
+  // default, the prompt's length, asks for none.
+  int64_t add(const std::vector<int32_t>& prompt, int64_t rows_from = -1);
+  // Queues a score (or an embedding) of `tokens` returning its rows at positions rows_from ..
+  // end; ValueError when it could never run.
+  int64_t add_score(const std::vector<int32_t>& tokens, int64_t rows_from, SeqKind kind = SeqKind::Score);
   // Ends a sequence (finished or aborted) and frees its blocks; full blocks stay in the prefix
   // cache. Unknown ids are ignored, so aborting twice is harmless.
   void finish(int64_t seq);
 
   SchedulerOutput schedule();
-  // The forward of `out` ran: every chunk's tokens now have K/V in the cache. Returns the score
-  // sequences whose last logits it computed: they are finished.
+  // The forward of `out` ran: every chunk's tokens now have K/V in the cache. Returns the scores
+  // and embeddings whose last rows it computed: they are finished.
   std::vector<int64_t> computed(const SchedulerOutput& out);
   // Appends a token sampled for generation `seq` (which must be waiting for one); true when the
   // sequence now holds max_model_len tokens and has to end.

@@ -10,21 +10,24 @@ namespace ferrum {
 // What a sequence is computed for; this, not what shares its steps, decides its numerics.
 enum class SeqKind : uint8_t {
   Generate,  // sampled token by token; its matmuls may quantize activations to 8 bits
-  Score,     // teacher-forced over known tokens, logits returned at positions >= logits_from;
-             // f32 activations throughout, so scores agree with a float reference
+  Score,     // teacher-forced over known tokens: logits rows, f32 activations (scores agree
+             // with a float reference)
+  Embed,     // like a score, but its rows are the final hidden states (after the final norm)
 };
 
 struct Sequence {
   int64_t id = 0;                // engine-wide, increasing: a smaller id arrived earlier
   SeqKind kind = SeqKind::Generate;
-  std::vector<int32_t> tokens;   // prompt + generated (a score sequence: every token it feeds)
+  std::vector<int32_t> tokens;   // prompt + generated (a score or embedding: every token it feeds)
   int64_t prompt_len = 0;
   int64_t computed = 0;          // leading tokens whose K/V are in the cache
-  int64_t logits_from = 0;       // Score: first position whose logits are still to be returned
+  // First position whose row is still to be returned. A generation returns rows from there (its
+  // prompt's logits, when asked for) besides the row it samples from; each row comes out once.
+  int64_t rows_from = 0;
   int64_t kv = -1;               // BlockManager sequence while it holds blocks, else -1
   int64_t preemptions = 0;
 
-  bool scoring() const { return kind == SeqKind::Score; }
+  bool generates() const { return kind == SeqKind::Generate; }
   int64_t length() const { return int64_t(tokens.size()); }
   int64_t generated() const { return length() - prompt_len; }
   // Tokens still to compute: before the next sample (1 for a decode), or before a score is done.

@@ -1,5 +1,6 @@
 #include "model/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ferrum {
@@ -41,7 +42,7 @@ StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blo
   }
   b.down = be.alloc(DType::F32, {T, c.hidden});
   b.h_rows = be.alloc(DType::F32, {R, c.hidden});
-  b.logits = be.alloc(DType::F32, {R, c.vocab});
+  b.logits = be.alloc(DType::F32, {std::max<int64_t>(split.logit_rows, 1), c.vocab});
   return b;
 }
 
@@ -99,7 +100,8 @@ void Decoder::record(Stream& s, const StepBuffers& b, const std::vector<KvLayer>
   }
   be.add_rms_norm(s, b.x, b.down, w_.final_norm, eps, b.h);
   be.gather_rows(s, b.h, b.logit_rows, b.h_rows);
-  matmul(s, b, w_.lm_head, b.h_rows, b.logits, b.split.gen_rows);
+  const int64_t L = b.split.logit_rows;
+  if (L > 0) matmul(s, b, w_.lm_head, b.h_rows.slice(0, L), b.logits.slice(0, L), b.split.gen_rows);
 }
 
 }  // namespace ferrum

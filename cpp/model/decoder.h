@@ -10,12 +10,15 @@
 namespace ferrum {
 
 // How a step's rows divide between the requests that state their numerics: token rows
-// [0, gen_tokens) and logits rows [0, gen_rows) belong to generations, whose matmuls may
+// [0, gen_tokens) and output rows [0, gen_rows) belong to generations, whose matmuls may
 // quantize activations to 8 bits (and take the decode path when `decodes`: each of those rows is
-// a different sequence's next token); the rest belong to scores, computed with f32 activations.
+// a different sequence's next token); the rest belong to scores and embeddings, computed with
+// f32 activations. Output rows [0, logit_rows) go through the lm_head; the rest (embeddings')
+// are returned as final hidden states.
 struct StepRows {
   int64_t gen_tokens = 0, gen_rows = 0;
   bool decodes = false;
+  int64_t logit_rows = 0;
 };
 
 // Every tensor one forward step touches, for a fixed shape: `tokens` rows of a varlen batch

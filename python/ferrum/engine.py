@@ -51,8 +51,9 @@ def token_ids_of(ids) -> List[int]:
     return arr.tolist()
 
 
-# consume(positions int64[k], logits float32[k, vocab]): rows of one score, in position order.
-ScoreConsumer = Callable[[np.ndarray, np.ndarray], None]
+# consume(positions int64[k], rows float32[k, width]): one sequence's rows of a step (logits, or
+# an embedding's hidden states), in position order.
+RowConsumer = Callable[[np.ndarray, np.ndarray], None]
 
 
 @dataclass
@@ -89,7 +90,7 @@ class Engine:
         self.sampler = Sampler()
         self._requests: Dict[str, _Request] = {}
         self._by_seq: Dict[int, _Completion] = {}
-        self._scores: Dict[int, ScoreConsumer] = {}
+        self._consumers: Dict[int, RowConsumer] = {}  # scores' and embeddings' rows
         self._ids = itertools.count()
 
     # ---- requests ----
@@ -133,21 +134,21 @@ class Engine:
                 req.note(c, c.progress.finish("abort"))
         return self._delta(req)
 
-    def add_score(self, token_ids: List[int], logits_from: int, consume: ScoreConsumer) -> int:
-        """Queues a score of `token_ids`: the logits at positions ``logits_from ..`` (each
-        predicting the next token) go to ``consume`` as steps compute them, with f32
-        activations. Returns its sequence; ``score_finished(seq)`` tells when it is done.
-        ValueError when it could never run."""
-        seq = self.core.add_score(token_ids, logits_from)
-        self._scores[seq] = consume
+    def add_score(self, token_ids: List[int], rows_from: int, consume: RowConsumer, embed: bool = False) -> int:
+        """Queues a score of `token_ids`: the logits at positions ``rows_from ..`` (each
+        predicting the next token), or with `embed` the final hidden states there, go to
+        ``consume`` as steps compute them, with f32 activations. Returns its sequence;
+        ``score_finished(seq)`` tells when it is done. ValueError when it could never run."""
+        seq = self.core.add_score(token_ids, rows_from, embed)
+        self._consumers[seq] = consume
         return seq
 
     def score_finished(self, seq: int) -> bool:
-        return seq not in self._scores
+        return seq not in self._consumers
 
     def abort_score(self, seq: int) -> None:
         self.core.abort(seq)
-        self._scores.pop(seq, None)
+        self._consumers.pop(seq, None)
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
@@ -160,13 +161,13 @@ class Engine:
         touched: Dict[str, _Request] = {}
         for seq in out["ended"]:  # the KV pool is full and this one alone holds it
             self._end(seq, "length", touched)
-        self._consume_scores(out)
+        self._hand_out_rows(out)
         # (a row whose request another thread aborted meanwhile is dropped)
-        rows = [i for i, s in enumerate(out["seqs"]) if int(s) in self._by_seq]
+        rows = [int(i) for i in out["sample_rows"] if int(out["seqs"][i]) in self._by_seq]
         if rows:
             seqs = [int(out["seqs"][i]) for i in rows]
             comps = [self._by_seq[s] for s in seqs]
-            logits = out["logits"] if len(rows) == len(out["seqs"]) else out["logits"][np.asarray(rows)]
+            logits = out["logits"] if len(rows) == len(out["logits"]) else out["logits"][np.asarray(rows)]
             result = self.sampler.sample(logits, [c.state for c in comps])
             tokens = [int(t) for t in result.token_ids]
             finished = []
@@ -182,23 +183,25 @@ class Engine:
                 self._end(seq, "length", touched)
         return [self._delta(req) for req in touched.values()]
 
-    def _consume_scores(self, out: dict) -> None:
-        """Hands each score its rows of this step (one contiguous run per score)."""
-        seqs = out["seqs"]
+    def _hand_out_rows(self, out: dict) -> None:
+        """Hands each score or embedding its rows of this step (one contiguous run each: logits
+        rows first, then hidden-state rows)."""
+        seqs, logit_rows = out["seqs"], len(out["logits"])
         i = 0
         while i < len(seqs):
             j = i + 1
             while j < len(seqs) and seqs[j] == seqs[i]:
                 j += 1
-            consume = self._scores.get(int(seqs[i]))
+            consume = self._consumers.get(int(seqs[i]))
             if consume is not None:
-                consume(out["positions"][i:j], out["logits"][i:j])
+                rows = out["logits"][i:j] if i < logit_rows else out["hidden"][i - logit_rows:j - logit_rows]
+                consume(out["positions"][i:j], rows)
             i = j
         for seq in out["scored"]:
-            self._scores.pop(seq, None)
+            self._consumers.pop(seq, None)
 
     def _end(self, seq: int, reason: str, touched: Dict[str, _Request]) -> None:
-        if seq in self._scores:  # a score fits the pool whole by admission: never ended
+        if seq in self._consumers:  # a score fits the pool whole by admission: never ended
             raise RuntimeError(f"the engine ended score sequence {seq}")
         c = self._by_seq.pop(seq)
         req = self._requests[c.request_id]

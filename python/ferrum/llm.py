@@ -10,7 +10,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 from . import _core
-from .engine import Engine, ScoreConsumer, token_ids_of
+from .engine import Engine, RowConsumer, token_ids_of
 from .outputs import RequestDelta, RequestOutput
 from .sampling import SamplingParams
 from .scoring import LogitsCollector, LogprobCollector, TokenLogprobs
@@ -236,15 +236,15 @@ class LLM:
         out = [c.result() for c in collectors]
         return out if batch else out[0]
 
-    def _run_scores(self, feeds: List[List[int]], logits_from: List[int],
-                    consumers: List[ScoreConsumer]) -> None:
+    def _run_scores(self, feeds: List[List[int]], rows_from: List[int],
+                    consumers: List[RowConsumer]) -> None:
         """Adds a score request per feed and steps the engine until all are done (generation
         requests in flight progress alongside; their deltas go where they always go)."""
         seqs = []
         done = lambda: all(self.engine.score_finished(s) for s in seqs)  # noqa: E731
         try:
             with self._lock:
-                for feed, first, consume in zip(feeds, logits_from, consumers):
+                for feed, first, consume in zip(feeds, rows_from, consumers):
                     seqs.append(self.engine.add_score(feed, first, consume))
             while not done():
                 self._advance(done)

@@ -316,12 +316,12 @@ TEST(Scheduler, ScoresAreChunkedReturnEachRowOnceAndEndByThemselves) {
     for (int step = 0; step < 200 && h.sched.has_unfinished(); ++step) {
       const SchedulerOutput s = h.sched.schedule();
       for (const ScheduledChunk& c : s.chunks) {
-        EXPECT_EQ(c.scoring, c.seq == score);
+        EXPECT_EQ(c.kind == SeqKind::Score, c.seq == score);
         if (c.seq != score) continue;
         EXPECT_FALSE(c.sample);
-        EXPECT_GE(c.logits_from, c.start);
-        EXPECT_LE(c.logits_from + c.logits, c.start + c.count);
-        for (int64_t p = c.logits_from; p < c.logits_from + c.logits; ++p) rows.push_back(p);
+        EXPECT_GE(c.rows_from, c.start);
+        EXPECT_LE(c.rows_from + c.rows, c.start + c.count);
+        for (int64_t p = c.rows_from; p < c.rows_from + c.rows; ++p) rows.push_back(p);
       }
       const std::vector<int64_t> scored = h.sched.computed(s);
       for (int64_t id : scored) EXPECT_EQ(id, score);
@@ -380,4 +380,33 @@ TEST(Scheduler, ScoresThatCouldNeverRunAreRefused) {
   const int64_t g = s.add(prompt_of(5));
   s.schedule();
   EXPECT_THROW(s.append_token(g + 100, 1), ValueError);
+}
+
+TEST(Scheduler, AGenerationAskingForItsPromptRowsGetsEachOnceThenItsSampleRows) {
+  for (const int64_t num_blocks : {64, 3}) {  // 3 blocks: the younger one is preempted and recomputed
+    Harness h(num_blocks, 4, 6);
+    const int64_t older = h.add(14, 20, 9);
+    const int64_t g = h.sched.add(prompt_of(11, 4), 2);
+    h.max_tokens[g] = 25;
+    std::vector<int64_t> rows, samples;
+    for (int step = 0; step < 300 && h.sched.has_unfinished(); ++step) {
+      const Sequence* before = h.sched.contains(g) ? &h.sched.sequence(g) : nullptr;
+      const int64_t length = before ? before->length() : 0;
+      const SchedulerOutput s = h.step();
+      for (const ScheduledChunk& c : s.chunks) {
+        if (c.seq != g) continue;
+        for (int64_t p = c.rows_from; p < c.rows_from + c.rows; ++p) rows.push_back(p);
+        if (c.sample) samples.push_back(length - 1);  // the sampled row is the last position
+      }
+    }
+    std::vector<int64_t> want;
+    for (int64_t p = 2; p < 11 + 24; ++p) want.push_back(p);  // prompt rows 2..10, then the samples'
+    EXPECT_EQ(rows, want);
+    EXPECT_EQ(samples, std::vector<int64_t>(want.begin() + 8, want.end()));
+    EXPECT_EQ(h.generated[older], 20);
+    EXPECT_EQ(h.blocks.num_used(), 0);
+    if (num_blocks == 3) {
+      EXPECT_GT(h.sched.num_preemptions(), 0);
+    }
+  }
 }
