@@ -68,8 +68,13 @@ void bind_engine(py::module_& m) {
            "'scored': [seq] (scores and embeddings finished by this step), "
            "'ended': [seq] (generations ended by the engine: the KV pool is full), 'num_tokens', 'num_preempted'}.")
       .def("commit", &Engine::commit, py::arg("seqs"), py::arg("tokens"), py::arg("finished"),
-           "Hands back the tokens sampled for the last step's rows; finished sequences are ended. Returns "
-           "the sequences that reached max_model_len (also ended).")
+           py::arg("accepted") = std::vector<int64_t>{}, py::arg("drafts") = std::vector<std::vector<int64_t>>{},
+           "Hands back the tokens sampled for the last step's sample rows; finished sequences are ended. "
+           "Speculative decoding: accepted[i] of the proposals seqs[i] had verified come before its token, "
+           "drafts[i] are proposed to follow. Returns the sequences that reached max_model_len (also ended).")
+      .def("rewind", &Engine::rewind, py::arg("seq"), py::arg("keep"), py::arg("tokens"),
+           "Replaces a generation's tokens from position keep on with tokens (a draft model's sequence "
+           "following what its target accepted).")
       .def("has_unfinished", &Engine::has_unfinished)
       .def("stats", [](const Engine& e) {
         EngineStats s = e.stats();

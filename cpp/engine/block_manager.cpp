@@ -42,7 +42,7 @@ const BlockManager::Table& BlockManager::table(int64_t seq) const {
 
 int64_t BlockManager::add_sequence(int64_t domain) {
   Table t;
-  t.last_hash = domain_seed(domain);
+  t.seed = domain_seed(domain);
   seqs_[next_seq_] = t;
   return next_seq_++;
 }
@@ -77,14 +77,13 @@ int64_t BlockManager::adopt_prefix(int64_t seq, const std::vector<int32_t>& toke
   prefix_stats_.query_tokens += std::min<int64_t>(limit, int64_t(tokens.size()));
   if (!prefix_cache_) return 0;
   for (int64_t b = 0; b < adoptable_blocks(tokens, limit); ++b) {
-    uint64_t next = chain_hash(t.last_hash, tokens.data() + b * kBlockSize, kBlockSize);
+    uint64_t next = chain_hash(t.last_hash(), tokens.data() + b * kBlockSize, kBlockSize);
     int32_t block = alloc_.lookup(next);
     if (block < 0) break;
-    t.last_hash = next;
+    t.hashes.push_back(next);
     t.blocks.push_back(block);
   }
-  t.hashed_blocks = int64_t(t.blocks.size());
-  t.length = t.hashed_blocks * kBlockSize;
+  t.length = int64_t(t.blocks.size()) * kBlockSize;
   prefix_stats_.hit_tokens += t.length;
   return t.length;
 }
@@ -108,10 +107,26 @@ void BlockManager::computed(int64_t seq, const int32_t* tokens, int64_t length) 
     throw std::logic_error("BlockManager::computed outside the blocks the sequence holds");
   t.length = length;
   if (!prefix_cache_ || tokens == nullptr) return;
-  for (const int64_t full = length / kBlockSize; t.hashed_blocks < full; ++t.hashed_blocks) {
-    t.last_hash = chain_hash(t.last_hash, tokens + t.hashed_blocks * kBlockSize, kBlockSize);
-    alloc_.register_hash(t.blocks[size_t(t.hashed_blocks)], t.last_hash);
+  for (size_t b = t.hashes.size(); b < size_t(length / kBlockSize); ++b) {
+    t.hashes.push_back(chain_hash(t.last_hash(), tokens + b * kBlockSize, kBlockSize));
+    alloc_.register_hash(t.blocks[b], t.hashes.back());
   }
+}
+
+int64_t BlockManager::truncate(int64_t seq, int64_t length) {
+  Table& t = table(seq);
+  length = std::min(length, t.length);
+  if (length < int64_t(t.hashes.size()) * kBlockSize) {  // back to the start of the cached block it ends in
+    t.hashes.resize(size_t(length / kBlockSize));
+    length = int64_t(t.hashes.size()) * kBlockSize;
+  }
+  const size_t keep = size_t(blocks_for(length));
+  if (keep < t.blocks.size()) {
+    alloc_.release(std::vector<int32_t>(t.blocks.begin() + int64_t(keep), t.blocks.end()));
+    t.blocks.resize(keep);
+  }
+  t.length = length;
+  return length;
 }
 
 }  // namespace ferrum

@@ -58,13 +58,18 @@ class BlockManager {
   // sequence's tokens from position 0, whose newly full blocks are registered in the prefix
   // cache; null registers none.
   void computed(int64_t seq, const int32_t* tokens, int64_t length);
+  // Keeps the K/V of at most the first `length` tokens and releases the blocks beyond them.
+  // A block in the prefix cache is never written again: when `length` ends inside one, the
+  // sequence lets it go and keeps less. Returns the length kept.
+  int64_t truncate(int64_t seq, int64_t length);
 
  private:
   struct Table {
     std::vector<int32_t> blocks;
-    int64_t length = 0;         // tokens whose K/V are in the cache
-    int64_t hashed_blocks = 0;  // leading full blocks registered in the prefix cache
-    uint64_t last_hash = 0;     // chain hash of those blocks (the domain's seed before any)
+    int64_t length = 0;            // tokens whose K/V are in the cache
+    std::vector<uint64_t> hashes;  // chain hash of each leading full block (registered in the cache)
+    uint64_t seed = 0;             // what the first block's hash continues from (the domain's)
+    uint64_t last_hash() const { return hashes.empty() ? seed : hashes.back(); }
   };
   Table& table(int64_t seq);
   const Table& table(int64_t seq) const;

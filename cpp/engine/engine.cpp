@@ -72,21 +72,33 @@ EngineStep Engine::step() {
                      [](const ScheduledChunk& a, const ScheduledChunk& b) { return a.kind < b.kind; });
     std::vector<ForwardItem> items;
     items.reserve(plan.chunks.size());
-    for (const ScheduledChunk& c : plan.chunks) {
+    verify_tokens_.resize(plan.chunks.size());
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      const ScheduledChunk& c = plan.chunks[i];
+      const Sequence& s = sched_.sequence(c.seq);
       ForwardItem f;
       f.kv = c.kv;
-      f.tokens = sched_.sequence(c.seq).tokens.data() + c.start;
+      f.tokens = s.tokens.data() + c.start;
+      if (c.drafted > 0) {  // the sequence's last token, then the proposals it verifies
+        std::vector<int32_t>& v = verify_tokens_[i];
+        v.assign(s.tokens.begin() + c.start, s.tokens.end());
+        v.insert(v.end(), s.draft.begin(), s.draft.begin() + c.drafted);
+        f.tokens = v.data();
+      }
       f.kind = c.kind;
+      f.decode = c.decode;
       f.start = c.start;
       f.count = c.count;
       f.rows_from = c.rows_from;
       f.rows = c.rows;
       items.push_back(f);
+      const int64_t first_row = int64_t(result.row_seqs.size());
       for (int64_t p = c.rows_from; p < c.rows_from + c.rows; ++p) {
         result.row_seqs.push_back(c.seq);
         result.row_positions.push_back(p);
       }
-      if (c.sample) result.sample_rows.push_back(int64_t(result.row_seqs.size()) - 1);
+      // The last token's row; the proposals' rows follow it.
+      if (c.sample) result.sample_rows.push_back(first_row + c.rows - c.drafted - 1);
     }
     ForwardOutput rows = runner_.forward(items);
     result.logits = std::move(rows.logits);
@@ -101,24 +113,37 @@ EngineStep Engine::step() {
 }
 
 std::vector<int64_t> Engine::commit(const std::vector<int64_t>& seqs, const std::vector<int64_t>& sampled,
-                                    const std::vector<bool>& finished) {
+                                    const std::vector<bool>& finished, const std::vector<int64_t>& accepted,
+                                    const std::vector<std::vector<int64_t>>& drafts) {
   if (seqs.size() != sampled.size() || seqs.size() != finished.size())
     throw ValueError("commit needs one token and one finished flag per sequence");
+  if ((!accepted.empty() && accepted.size() != seqs.size()) || (!drafts.empty() && drafts.size() != seqs.size()))
+    throw ValueError("commit needs an accepted count and a draft per sequence, or none");
   const std::vector<int32_t> tokens = admitted(sampled);
+  std::vector<std::vector<int32_t>> proposals(drafts.size());
+  for (size_t i = 0; i < drafts.size(); ++i) proposals[i] = admitted(drafts[i]);
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int64_t> ended;
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (!sched_.contains(seqs[i])) continue;  // aborted since the step
-    generated_++;
+    const int64_t took = accepted.empty() ? 0 : accepted[i];
+    generated_ += 1 + took;
     if (finished[i]) {
       sched_.finish(seqs[i]);
-    } else if (sched_.append_token(seqs[i], tokens[i])) {
+    } else if (sched_.append(seqs[i], took, tokens[i],
+                             drafts.empty() ? std::vector<int32_t>{} : std::move(proposals[i]))) {
       sched_.finish(seqs[i]);
       ended.push_back(seqs[i]);
     }
   }
   note_busy();
   return ended;
+}
+
+void Engine::rewind(int64_t seq, int64_t keep, const std::vector<int64_t>& tokens) {
+  const std::vector<int32_t> admitted_tokens = admitted(tokens);
+  std::lock_guard<std::mutex> lock(mu_);
+  sched_.rewind(seq, keep, admitted_tokens);
 }
 
 bool Engine::has_unfinished() const {

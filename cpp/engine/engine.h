@@ -1,6 +1,7 @@
 // The serving engine: a Scheduler over a ModelRunner, and the only driver of the model. step()
-// schedules and runs one varlen forward and hands back its logits rows, each tagged with its
-// sequence and position: a generation's row to sample from, or rows a score asked for. The
+// schedules and runs one varlen forward and hands back its rows, each tagged with its sequence
+// and position: a generation's row to sample from (then one per proposal it verifies), or rows
+// a score or an embedding asked for. The
 // caller samples (sampling, stop strings and detokenisation live in Python) and hands the
 // tokens back with commit(), saying which sequences are finished so their blocks return to the
 // pool (and, full ones, to the prefix cache); a score ends by itself with its last rows.
@@ -56,11 +57,16 @@ class Engine {
   // Ends a sequence wherever it is (waiting, mid-prefill, decoding); unknown ids are ignored.
   void abort(int64_t seq);
   EngineStep step();
-  // Tokens sampled for the rows of the last step (any subset, any order). A finished sequence
-  // is ended instead of extended. Returns the sequences that thereby reached max_model_len
-  // and were ended too.
+  // Tokens sampled for the sample rows of the last step (any subset, any order). A finished
+  // sequence is ended instead of extended. With speculative decoding, `accepted[i]` of the
+  // proposals seqs[i] had verified come before its token, and `drafts[i]` is proposed to follow
+  // (both empty: none). Returns the sequences that thereby reached max_model_len and were ended.
   std::vector<int64_t> commit(const std::vector<int64_t>& seqs, const std::vector<int64_t>& tokens,
-                              const std::vector<bool>& finished);
+                              const std::vector<bool>& finished, const std::vector<int64_t>& accepted = {},
+                              const std::vector<std::vector<int64_t>>& drafts = {});
+  // Replaces generation `seq`'s tokens from position `keep` on with `tokens` (a draft model's
+  // sequences follow their target's this way).
+  void rewind(int64_t seq, int64_t keep, const std::vector<int64_t>& tokens);
   bool has_unfinished() const;
   EngineStats stats() const;
   int64_t vocab_size() const { return runner_.config().vocab; }
@@ -76,6 +82,7 @@ class Engine {
   ModelRunner& runner_;
   Scheduler sched_;
   int64_t steps_ = 0, generated_ = 0, computed_ = 0;
+  std::vector<std::vector<int32_t>> verify_tokens_;  // a step's last tokens + proposals, per chunk
   bool busy_ = false;
   Clock::time_point busy_since_{};
   double busy_seconds_ = 0;

@@ -131,8 +131,8 @@ ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R, cons
 ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
   const BlockManager& bm = *blocks_;
   if (items.empty()) throw ValueError("a forward needs at least one item");
-  int64_t T = 0, R = 0, G = 0, Rg = 0, Sg = 0, L = 0;
-  bool single_tokens = true;  // every generation item is one token with its one row
+  int64_t T = 0, R = 0, G = 0, Rg = 0, L = 0;
+  bool decodes = true;
   for (size_t i = 0; i < items.size(); ++i) {
     const ForwardItem& it = items[i];
     if (i > 0 && it.kind < items[i - 1].kind)
@@ -143,15 +143,11 @@ ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
     if (it.kind != SeqKind::Generate) continue;
     G += it.count;
     Rg += it.rows;
-    Sg++;
-    single_tokens = single_tokens && it.count == 1 && it.rows == 1;
+    decodes = decodes && it.decode;
   }
   const int64_t Tb = token_bucket(T), S = int64_t(items.size()), Rb = std::max<int64_t>(R, 1);
-  // Padding rows join the last group. With generations alone the split is the whole step, as is
-  // the test of a batch of decodes (padded rows included).
-  StepRows split;
-  if (G == T) split = StepRows{Tb, Rb, Tb == S && Rb == S, Rb};
-  else split = StepRows{G, Rg, G > 0 && single_tokens && G == Sg, L};
+  // Padding rows join the last group: with generations alone, the generation group.
+  const StepRows split = G == T ? StepRows{Tb, Rb, decodes, Rb} : StepRows{G, Rg, G > 0 && decodes, L};
 
   h_ids_.assign(size_t(Tb), 0);
   h_seq_.assign(size_t(Tb), 0);
@@ -239,6 +235,7 @@ std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t
       f.count = int64_t(it.tokens.size());
       f.rows = scoring ? f.count : it.logits == StepItem::Logits::Last ? 1 : 0;
       f.rows_from = f.start + f.count - f.rows;
+      f.decode = !scoring && f.count == 1 && f.rows == 1;
       fwd.push_back(f);
       order.push_back(i);
     }

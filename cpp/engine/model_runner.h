@@ -37,6 +37,10 @@ struct ForwardItem {
   SeqKind kind = SeqKind::Generate;
   int64_t start = 0, count = 0;
   int64_t rows_from = 0, rows = 0;
+  // A generation's next token, with any proposals after it: when every generation item of a
+  // forward is one, their matmuls take the backend's decode path, so a token computes the same
+  // decoded alone, batched or verified with proposals.
+  bool decode = false;
 };
 
 struct ForwardOutput {

@@ -92,7 +92,7 @@ int64_t Scheduler::fitting_tokens(const Sequence& s, int64_t want) const {
   return std::max<int64_t>(0, std::min(want, slots));
 }
 
-void Scheduler::schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out) {
+void Scheduler::schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out, bool decode) {
   blocks_.grow(s.kv, count);
   ScheduledChunk c;
   c.seq = s.id;
@@ -100,7 +100,9 @@ void Scheduler::schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out)
   c.kind = s.kind;
   c.start = s.computed;
   c.count = count;
-  const int64_t end = c.start + count;
+  c.decode = decode;
+  c.drafted = std::max<int64_t>(0, c.start + count - s.length());
+  const int64_t end = c.start + count - c.drafted;  // of the sequence's own tokens
   c.rows_from = std::min(std::max(c.start, s.rows_from), end);
   c.rows = end - c.rows_from;
   if (s.generates() && end == s.length()) {
@@ -109,6 +111,7 @@ void Scheduler::schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out)
       c.rows_from = end - 1;
       c.rows = 1;
     }
+    c.rows += c.drafted;  // each proposal's row follows: what the model says after it
   }
   out->chunks.push_back(c);
   out->num_tokens += count;
@@ -170,9 +173,11 @@ SchedulerOutput Scheduler::schedule() {
       }
       while (fitting_tokens(s, 1) == 0 && preempt_younger(id, &out, &budget)) {
       }
-      const int64_t take = fitting_tokens(s, std::min(s.remaining(), budget));
+      // A decode verifies its proposals as far as they fit: they never preempt anything.
+      const int64_t proposals = decode ? int64_t(s.draft.size()) : 0;
+      const int64_t take = fitting_tokens(s, std::min(s.remaining() + proposals, budget));
       if (take > 0) {
-        schedule_chunk(s, take, &out);
+        schedule_chunk(s, take, &out, decode);
         budget -= take;
       } else if (id == *running_.begin()) {
         // Oldest, nobody younger left to preempt, and still no block: it fills the pool alone.
@@ -198,7 +203,8 @@ std::vector<int64_t> Scheduler::computed(const SchedulerOutput& out) {
     Sequence& s = seq(c.seq);
     if (s.kv != c.kv || s.computed != c.start)
       throw std::logic_error("Scheduler: sequence " + std::to_string(c.seq) + " lost track of its cache");
-    s.computed += c.count;
+    s.computed += c.count - c.drafted;  // proposals count once sampling accepts them
+    s.verified = c.drafted;
     blocks_.computed(s.kv, s.tokens.data(), s.computed);
     s.rows_from = std::max(s.rows_from, s.computed);  // returned: never again, even if recomputed
     if (!s.generates() && s.remaining() == 0) {
@@ -209,12 +215,37 @@ std::vector<int64_t> Scheduler::computed(const SchedulerOutput& out) {
   return scored;
 }
 
-bool Scheduler::append_token(int64_t id, int32_t token) {
+bool Scheduler::append(int64_t id, int64_t accepted, int32_t token, std::vector<int32_t> draft) {
   Sequence& s = seq(id);
   if (!s.generates() || !running_.count(id) || s.remaining() != 0)
     throw ValueError("sequence " + std::to_string(id) + " is not waiting for a sampled token");
+  if (accepted < 0 || accepted > s.verified)
+    throw ValueError("sequence " + std::to_string(id) + " had " + std::to_string(s.verified) +
+                     " proposals verified; " + std::to_string(accepted) + " cannot be accepted");
+  s.tokens.insert(s.tokens.end(), s.draft.begin(), s.draft.begin() + accepted);
+  s.computed += accepted;
+  blocks_.computed(s.kv, s.tokens.data(), s.computed);
+  blocks_.truncate(s.kv, s.computed);  // the rejected proposals' blocks
   s.tokens.push_back(token);
+  // Room for the proposals and for the token sampled after them.
+  draft.resize(size_t(std::clamp<int64_t>(opt_.max_model_len - 1 - s.length(), 0, int64_t(draft.size()))));
+  s.draft = std::move(draft);
+  s.verified = 0;
   return s.length() >= opt_.max_model_len;
+}
+
+void Scheduler::rewind(int64_t id, int64_t keep, const std::vector<int32_t>& tokens) {
+  Sequence& s = seq(id);
+  if (!s.generates() || keep < 1 || keep > s.length() || tokens.empty() ||
+      keep + int64_t(tokens.size()) > opt_.max_model_len)
+    throw ValueError("sequence " + std::to_string(id) + " cannot be rewound to " + std::to_string(keep) +
+                     " tokens and " + std::to_string(tokens.size()) + " new ones");
+  s.tokens.resize(size_t(keep));
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  s.draft.clear();
+  s.verified = 0;
+  s.rows_from = s.length();  // only rows sampled from, from here on
+  if (s.kv >= 0) s.computed = blocks_.truncate(s.kv, std::min(s.computed, keep));
 }
 
 }  // namespace ferrum

@@ -38,7 +38,9 @@ struct ScheduledChunk {
   SeqKind kind = SeqKind::Generate;
   int64_t start = 0, count = 0;
   int64_t rows_from = 0, rows = 0;
-  bool sample = false;  // a generation reaching its last token: its last row is sampled from
+  bool sample = false;  // a generation reaching its last token: that token's row is sampled from
+  bool decode = false;  // a generation's next token (and proposals): nothing else of it is new
+  int64_t drafted = 0;  // of `count`, proposed tokens after the last, verified by their rows
 };
 
 struct SchedulerOutput {
@@ -69,7 +71,16 @@ class Scheduler {
   std::vector<int64_t> computed(const SchedulerOutput& out);
   // Appends a token sampled for generation `seq` (which must be waiting for one); true when the
   // sequence now holds max_model_len tokens and has to end.
-  bool append_token(int64_t seq, int32_t token);
+  bool append_token(int64_t seq, int32_t token) { return append(seq, 0, token, {}); }
+  // What sampling decided after a step computed generation `seq`'s last token: the first
+  // `accepted` of the proposals it verified (their K/V are already in the cache) and `token`
+  // after them; `draft` is proposed to follow (verified by the next step, as far as the budget,
+  // the pool and max_model_len allow). Blocks taken for rejected proposals are released. True
+  // when the sequence now holds max_model_len tokens and has to end.
+  bool append(int64_t seq, int64_t accepted, int32_t token, std::vector<int32_t> draft);
+  // Replaces generation `seq`'s tokens from position `keep` on with `tokens` (a draft model's
+  // sequence following what its target accepted): K/V beyond keep are dropped.
+  void rewind(int64_t seq, int64_t keep, const std::vector<int32_t>& tokens);
 
   bool contains(int64_t seq) const { return seqs_.count(seq) != 0; }
   const Sequence& sequence(int64_t seq) const;
@@ -84,7 +95,7 @@ class Scheduler {
   int64_t enqueue(Sequence s);
   // Most of `want` next tokens of s whose blocks fit in what is free now.
   int64_t fitting_tokens(const Sequence& s, int64_t want) const;
-  void schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out);
+  void schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out, bool decode = false);
   // Preempts the youngest running sequence younger than `than`; false when there is none.
   bool preempt_younger(int64_t than, SchedulerOutput* out, int64_t* budget);
   bool try_admit(Sequence& s, int64_t budget, SchedulerOutput* out);

@@ -26,6 +26,11 @@ struct Sequence {
   int64_t rows_from = 0;
   int64_t kv = -1;               // BlockManager sequence while it holds blocks, else -1
   int64_t preemptions = 0;
+  // Speculative decoding: tokens proposed to follow a generation's last token, verified by the
+  // step that computes it; `verified` of them have K/V written after the computed tokens since,
+  // waiting for sampling to accept some (Scheduler::append).
+  std::vector<int32_t> draft;
+  int64_t verified = 0;
 
   bool generates() const { return kind == SeqKind::Generate; }
   int64_t length() const { return int64_t(tokens.size()); }

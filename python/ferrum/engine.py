@@ -20,6 +20,7 @@ import numpy as np
 from . import _core
 from .outputs import CompletionDelta, RequestDelta, RequestOutput
 from .sampling import Sampler, SamplingParams, SamplingState
+from .speculative import DraftModel, Speculation, SpeculativeConfig, ngram_proposal
 from .stop import RequestProgress
 from .tokenizer import IncrementalDecoder, Tokenizer
 
@@ -34,6 +35,8 @@ class _Completion:
     state: SamplingState
     progress: RequestProgress
     decoder: IncrementalDecoder
+    prompt_ids: List[int]
+    spec: Optional[Speculation] = None  # None: this completion does not speculate
 
 
 def token_ids_of(ids) -> List[int]:
@@ -78,8 +81,12 @@ class _Request:
 
 
 class Engine:
+    """speculative: proposals to verify each decode step (a SpeculativeConfig); draft_model: the
+    draft model's engine when the config names one."""
+
     def __init__(self, runner, tokenizer: Tokenizer, max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 512):
+                 max_num_batched_tokens: int = 512, speculative: Optional[SpeculativeConfig] = None,
+                 draft_model: Optional[DraftModel] = None):
         for name, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -88,6 +95,9 @@ class Engine:
         self.core = _core.Engine(runner, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens)
         self.sampler = Sampler()
+        self.speculative = speculative
+        self.draft_model = draft_model
+        self.spec_proposed = self.spec_accepted = 0  # proposals verified, and accepted
         self._requests: Dict[str, _Request] = {}
         self._by_seq: Dict[int, _Completion] = {}
         self._consumers: Dict[int, RowConsumer] = {}  # scores' and embeddings' rows
@@ -109,9 +119,11 @@ class Engine:
                 seq = self.core.add_sequence(prompt_ids)
                 progress = RequestProgress(params, self.tokenizer.eos_token_ids, index=i)
                 state = SamplingState(params, prompt_ids, index=i, output_token_ids=progress.token_ids)
+                spec = (Speculation(self.speculative.num_speculative_tokens)
+                        if self.speculative and params.speculative_decoding else None)
                 req.completions.append(_Completion(
                     request_id, i, seq, state, progress,
-                    IncrementalDecoder(self.tokenizer, params.skip_special_tokens)))
+                    IncrementalDecoder(self.tokenizer, params.skip_special_tokens), prompt_ids, spec))
         except BaseException:
             for c in req.completions:
                 self.core.abort(c.seq)
@@ -130,6 +142,7 @@ class Engine:
         for c in req.completions:
             self.core.abort(c.seq)
             self._by_seq.pop(c.seq, None)
+            self._release_draft(c)
             if not c.progress.finished:
                 req.note(c, c.progress.finish("abort"))
         return self._delta(req)
@@ -165,23 +178,126 @@ class Engine:
         # (a row whose request another thread aborted meanwhile is dropped)
         rows = [int(i) for i in out["sample_rows"] if int(out["seqs"][i]) in self._by_seq]
         if rows:
-            seqs = [int(out["seqs"][i]) for i in rows]
-            comps = [self._by_seq[s] for s in seqs]
-            logits = out["logits"] if len(rows) == len(out["logits"]) else out["logits"][np.asarray(rows)]
-            result = self.sampler.sample(logits, [c.state for c in comps])
-            tokens = [int(t) for t in result.token_ids]
-            finished = []
-            for c, tok, lp in zip(comps, tokens, result.logprobs):
-                emit, done, _ = c.progress.append(tok, c.decoder.push(tok), lp)
-                finished.append(done)
-                req = self._requests[c.request_id]
-                req.note(c, emit, tok)
-                touched[req.request_id] = req
-                if done:
-                    del self._by_seq[c.seq]
-            for seq in self.core.commit(seqs, tokens, finished):  # reached max_model_len
-                self._end(seq, "length", touched)
+            self._advance_completions(out, rows, touched)
         return [self._delta(req) for req in touched.values()]
+
+    def _advance_completions(self, out: dict, rows: List[int], touched: Dict[str, _Request]) -> None:
+        """Samples (and verifies proposals) for the completions whose rows these are, emits what
+        they produce, proposes their next tokens and hands it all back to the engine."""
+        seqs = out["seqs"]
+        entries = []  # (completion, its sample row, proposals verified after it)
+        for i in rows:
+            c = self._by_seq[int(seqs[i])]
+            verified = 0
+            if c.spec is not None:
+                while i + 1 + verified < len(seqs) and seqs[i + 1 + verified] == c.seq:
+                    verified += 1
+            entries.append((c, i, verified))
+        self.spec_proposed += sum(v for _, _, v in entries)
+        results = self._sample_and_emit(out["logits"], entries, touched)
+        committed, tokens, finished, accepted, going_on = [], [], [], [], []
+        for (c, _, verified), (token, taken, done) in zip(entries, results):
+            committed.append(c.seq)
+            tokens.append(token)
+            finished.append(done)
+            accepted.append(taken)
+            if done:
+                del self._by_seq[c.seq]
+                self._release_draft(c)
+            elif c.spec is not None:
+                c.spec.adapt(verified, taken, self.speculative.num_speculative_tokens)
+                going_on.append(c)
+        if self.speculative is None:
+            ended = self.core.commit(committed, tokens, finished)
+        else:
+            self._propose(going_on)
+            drafts = [c.spec.draft if c.spec is not None else [] for c, _, _ in entries]
+            ended = self.core.commit(committed, tokens, finished, accepted, drafts)
+        for seq in ended:  # reached max_model_len
+            self._end(seq, "length", touched)
+
+    def _sample_and_emit(self, logits: np.ndarray, entries, touched: Dict[str, _Request]) -> List[tuple]:
+        """Decides each entry's tokens row by row (its sample row, then one per verified proposal
+        while they are accepted), emitting each as it is decided (penalties see the history so
+        far). Returns per entry (its last token, proposals accepted before it, finished)."""
+        results: List[Optional[tuple]] = [None] * len(entries)
+        greedy_tokens = None  # plain greedy verification: every row's argmax at once
+        if any(v for _, _, v in entries) and all(c.state.params.plain_greedy for c, _, _ in entries):
+            needed = np.concatenate([np.arange(i, i + v + 1) for _, i, v in entries])
+            greedy_tokens = np.zeros(len(logits), dtype=np.int64)
+            greedy_tokens[needed] = np.argmax(logits[needed], axis=1)
+        active, j = list(range(len(entries))), 0
+        while active:
+            rows = np.array([entries[e][1] + j for e in active])
+            states = [entries[e][0].state for e in active]
+            proposals = [entries[e][0].spec.draft[j] if j < entries[e][2] else None for e in active]
+            if greedy_tokens is not None:
+                tokens, logprobs = greedy_tokens[rows], [None] * len(active)
+                taken = [x is not None and int(t) == x for t, x in zip(tokens, proposals)]
+            elif all(x is None for x in proposals):
+                rows_logits = logits if len(rows) == len(logits) else logits[rows]
+                result = self.sampler.sample(rows_logits, states)
+                tokens, logprobs, taken = result.token_ids, result.logprobs, [False] * len(active)
+            else:
+                drafts = [self._draft_distribution(entries[e][0], j) for e in active]
+                tokens, taken, logprobs = self.sampler.verify(logits[rows], states, proposals, drafts)
+            still = []
+            for e, token, ok, lp in zip(active, tokens, taken, logprobs):
+                c = entries[e][0]
+                token = int(token)
+                emit, done, _ = c.progress.append(token, c.decoder.push(token), lp)
+                req = self._requests[c.request_id]
+                req.note(c, emit, token)
+                touched[req.request_id] = req
+                self.spec_accepted += bool(ok)
+                if ok and not done:
+                    still.append(e)
+                else:
+                    results[e] = (token, j, done)
+            active, j = still, j + 1
+        return results
+
+    @staticmethod
+    def _draft_distribution(c: _Completion, j: int) -> Optional[np.ndarray]:
+        q = c.spec.q
+        return None if q is None or j >= len(q) else q[j]
+
+    def _propose(self, completions: List[_Completion]) -> None:
+        """Each completion's proposals for the next step (its tokens so far just decided)."""
+        spec = self.speculative
+        wants = []
+        for c in completions:
+            params = c.state.params
+            k = c.spec.k
+            if params.max_tokens is not None:  # no more than the request still takes
+                k = min(k, params.max_tokens - len(c.progress.token_ids))
+            c.spec.draft, c.spec.q = [], None
+            if k > 0:
+                wants.append((c, k))
+        if spec.method == "ngram":
+            for c, k in wants:
+                history = np.asarray(c.prompt_ids + c.progress.token_ids, dtype=np.int64)
+                c.spec.draft = ngram_proposal(history, k, spec.prompt_lookup_max, spec.prompt_lookup_min)
+        elif wants:
+            proposals = self.draft_model.propose(
+                [(c.seq, c.prompt_ids + c.progress.token_ids, k) for c, k in wants], self._sample_draft)
+            for c, _ in wants:
+                draft, qs = proposals.get(c.seq, ([], []))
+                c.spec.draft = draft
+                c.spec.q = None if all(q is None for q in qs) else qs
+
+    def _sample_draft(self, target_seqs: List[int], logits: np.ndarray):
+        """Draws proposals from the draft model's rows as each completion samples (greedy ones
+        take the argmax; the others keep the distribution each proposal was drawn from)."""
+        states = [self._by_seq[s].state for s in target_seqs]
+        if all(st.params.greedy for st in states):
+            return np.argmax(logits, axis=1), [None] * len(states)
+        dists = self.sampler.distribution(logits, states)
+        return self.sampler.draw(dists, states), [None if st.params.greedy else d for st, d in zip(states, dists)]
+
+    def _release_draft(self, c: _Completion) -> None:
+        if self.draft_model is not None:
+            self.draft_model.release(c.seq)
 
     def _hand_out_rows(self, out: dict) -> None:
         """Hands each score or embedding its rows of this step (one contiguous run each: logits
@@ -204,6 +320,7 @@ class Engine:
         if seq in self._consumers:  # a score fits the pool whole by admission: never ended
             raise RuntimeError(f"the engine ended score sequence {seq}")
         c = self._by_seq.pop(seq)
+        self._release_draft(c)
         req = self._requests[c.request_id]
         req.note(c, c.progress.finish(reason))
         touched[req.request_id] = req
@@ -223,4 +340,6 @@ class Engine:
         st["prefix_cache_hit_rate"] = st.get("prefix_hit_tokens", 0) / q if q else 0.0
         busy = st["busy_seconds"]
         st["generation_tokens_per_s"] = st["generated_tokens"] / busy if busy > 0 else 0.0
+        st["spec_proposed_tokens"], st["spec_accepted_tokens"] = self.spec_proposed, self.spec_accepted
+        st["spec_acceptance_rate"] = self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0
         return st

@@ -14,6 +14,7 @@ from .engine import Engine, RowConsumer, token_ids_of
 from .outputs import RequestDelta, RequestOutput
 from .sampling import SamplingParams
 from .scoring import LogitsCollector, LogprobCollector, TokenLogprobs
+from .speculative import DraftModel, SpeculativeConfig
 from .tokenizer import Tokenizer
 
 PromptType = Union[str, Sequence[str], None]
@@ -31,6 +32,10 @@ class LLM:
     enable_prefix_caching: reuse the KV blocks of earlier prompts' full 16-token blocks.
     max_num_seqs / max_num_batched_tokens: at most this many sequences run at once and this
       many tokens (decodes plus prompt chunks) go into one forward.
+    speculative_config: speculative decoding, as vLLM configures it: {"method": "ngram",
+      "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2} or
+      {"model": DRAFT_PATH, "num_speculative_tokens": 5}; a request may turn it off
+      (SamplingParams(speculative_decoding=False)).
 
     ``generate`` runs a list of prompts concurrently; ``stream`` yields one completion's text;
     ``add_request`` / ``step`` / ``abort`` / ``has_unfinished`` serve requests that arrive at
@@ -43,7 +48,7 @@ class LLM:
                  kv_cache_tokens: Optional[int] = None, kv_cache_memory: Optional[int] = None,
                  kv_cache_memory_fraction: Optional[float] = None,
                  enable_prefix_caching: bool = True, max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 512):
+                 max_num_batched_tokens: int = 512, speculative_config: Union[dict, str, None] = None):
         if kv_dtype not in ("f16", "f32", "int8"):
             raise ValueError(f"kv_dtype must be 'f16', 'f32' or 'int8', got {kv_dtype!r}")
         for name, v in (("num_threads", num_threads), ("max_model_len", max_model_len),
@@ -68,7 +73,12 @@ class LLM:
                 kv_cache_bytes=kv_cache_memory or 0, kv_cache_fraction=float(fraction or 0),
                 prefix_cache=enable_prefix_caching, progress=progress)
         self.tokenizer = _load_tokenizer(path, self.runner.format, tokenizer)
-        self.engine = Engine(self.runner, self.tokenizer, max_num_seqs, max_num_batched_tokens)
+        speculative = SpeculativeConfig.parse(speculative_config)
+        draft = None
+        if speculative is not None and speculative.method == "draft_model":
+            draft = DraftModel(speculative.model, self.runner, device, num_threads or 0, max_num_seqs,
+                               max_num_batched_tokens)
+        self.engine = Engine(self.runner, self.tokenizer, max_num_seqs, max_num_batched_tokens, speculative, draft)
         # Deltas of requests that generate() / stream() drive, until they pick them up; and of
         # requests added with add_request(), until step() hands them out.
         self._mailboxes: Dict[str, List[RequestDelta]] = {}

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -70,6 +70,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: Optional[int] = None
     skip_special_tokens: bool = True
+    # With an LLM configured for speculative decoding: False decodes this request plainly.
+    speculative_decoding: bool = True
 
     def __post_init__(self) -> None:
         def fail(message: str):
@@ -98,6 +100,8 @@ class SamplingParams:
             fail(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
         if self.seed is not None and not _is_int(self.seed):
             fail(f"seed must be None or an integer, got {self.seed!r}")
+        if not isinstance(self.speculative_decoding, bool):
+            fail(f"speculative_decoding must be True or False, got {self.speculative_decoding!r}")
 
         self.stop = self._normalise_stop(self.stop, fail)
         if self.stop_token_ids is None:
@@ -291,6 +295,57 @@ class Sampler:
             token_ids[random_rows] = self._inverse_cdf(probs, uniforms)
 
         return SampleResult(token_ids, self._gather_logprobs(logits, token_ids, params))
+
+    def distribution(self, logits: np.ndarray, requests: Sequence[SamplingState]) -> np.ndarray:
+        """float64 [B, V]: what ``sample`` draws each row from (greedy rows: all on the argmax)."""
+        work = self.process_logits(logits, requests)
+        params = [state.params for state in requests]
+        probs = np.zeros_like(work)
+        greedy = np.array([p.greedy for p in params], dtype=bool)
+        probs[np.flatnonzero(greedy), np.argmax(work[greedy], axis=1)] = 1.0
+        random_rows = np.flatnonzero(~greedy)
+        if random_rows.size:
+            temperature = np.array([params[i].temperature for i in random_rows])[:, None]
+            probs[random_rows] = self._filtered_probs(work[random_rows] / temperature,
+                                                      [params[i] for i in random_rows])
+        return probs
+
+    def draw(self, probs: np.ndarray, requests: Sequence[SamplingState]) -> np.ndarray:
+        """One token per row of ``distribution``'s output, with each request's generator."""
+        uniforms = np.array([state.generator.random() for state in requests])
+        return self._inverse_cdf(probs, uniforms)
+
+    def verify(self, logits: np.ndarray, requests: Sequence[SamplingState], proposals: Sequence[Optional[int]],
+               drafts: Sequence[Optional[np.ndarray]]) -> Tuple[np.ndarray, np.ndarray, List[Optional[TokenLogprobs]]]:
+        """Speculative decoding: per row, the token the request produces there when `proposals`
+        (None: no proposal) may be taken. A greedy row takes a proposal equal to its argmax; a
+        random row takes x with probability min(1, p(x) / q(x)), q being the distribution x was
+        drawn from (`drafts`; None: x was proposed surely, as prompt lookup does), and on
+        rejection draws from norm(max(0, p - q)): the token follows p either way. Returns the
+        tokens, whether each is the proposal, and their logprobs (as ``sample``'s)."""
+        logits = np.asarray(logits)
+        probs = self.distribution(logits, requests)
+        params = [state.params for state in requests]
+        tokens = np.argmax(probs, axis=1)
+        for row, (state, x, q) in enumerate(zip(requests, proposals, drafts)):
+            p = probs[row]
+            if state.params.greedy:
+                continue  # the argmax: the proposal exactly when it equals it
+            if x is None:
+                tokens[row] = self._inverse_cdf(p[None], np.array([state.generator.random()]))[0]
+            elif state.generator.random() < min(1.0, p[x] / (1.0 if q is None else max(q[x], 1e-300))):
+                tokens[row] = x
+            else:
+                residual = p.copy()
+                if q is None:
+                    residual[x] = 0.0
+                else:
+                    residual = np.maximum(residual - q, 0.0)
+                if not residual.sum() > 0:  # p == q to rounding: nothing left but p itself
+                    residual = p
+                tokens[row] = self._inverse_cdf(residual[None], np.array([state.generator.random()]))[0]
+        accepted = np.array([x is not None and int(t) == x for t, x in zip(tokens, proposals)], dtype=bool)
+        return tokens.astype(np.int64), accepted, self._gather_logprobs(logits, tokens, params)
 
     def process_logits(self, logits: np.ndarray, requests: Sequence[SamplingState]) -> np.ndarray:
         """logit_bias, then repetition, then presence/frequency penalties.

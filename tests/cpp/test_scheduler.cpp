@@ -410,3 +410,134 @@ TEST(Scheduler, AGenerationAskingForItsPromptRowsGetsEachOnceThenItsSampleRows) 
     }
   }
 }
+
+TEST(Scheduler, ProposalsAreVerifiedWithTheLastTokenAndOnlyAcceptedOnesStay) {
+  Harness h(64, 4, 64, 4096, /*prefix=*/true);
+  const int64_t a = h.add(15, 100, 2);
+  SchedulerOutput s = h.sched.schedule();  // the prompt
+  h.sched.computed(s);
+  const std::vector<int32_t> draft = {201, 202, 203, 204, 205};
+  EXPECT_FALSE(h.sched.append(a, 0, 100, draft));  // token 100 at position 15, five proposals after it
+  s = h.sched.schedule();
+  ASSERT_EQ(s.chunks.size(), 1u);
+  const ScheduledChunk c = s.chunks[0];
+  EXPECT_TRUE(c.decode && c.sample);
+  EXPECT_EQ(c.start, 15);
+  EXPECT_EQ(c.count, 6);
+  EXPECT_EQ(c.drafted, 5);
+  EXPECT_EQ(c.rows_from, 15);  // the last token's row, then each proposal's
+  EXPECT_EQ(c.rows, 6);
+  EXPECT_EQ(h.blocks.blocks(c.kv).size(), 2u);  // blocks for the proposals too
+  h.sched.computed(s);
+  EXPECT_EQ(h.sched.sequence(a).computed, 16);  // proposals count once accepted
+  EXPECT_THROW(h.sched.append(a, 6, 7, {}), ValueError);  // only five were verified
+  EXPECT_FALSE(h.sched.append(a, 2, 300, {401}));  // 201, 202 accepted, then 300
+  const Sequence& seq = h.sched.sequence(a);
+  EXPECT_EQ(seq.length(), 19);
+  EXPECT_EQ(seq.computed, 18);
+  EXPECT_EQ(std::vector<int32_t>(seq.tokens.end() - 4, seq.tokens.end()), (std::vector<int32_t>{100, 201, 202, 300}));
+  EXPECT_EQ(h.blocks.length(seq.kv), 18);
+  EXPECT_EQ(h.blocks.blocks(seq.kv).size(), 2u);
+  // A proposal is never cached: a prompt running into the rejected 203 shares block 0 only.
+  for (int i = 0; i < 20; ++i) {  // fill block 1 with accepted tokens
+    s = h.sched.schedule();
+    h.sched.computed(s);
+    h.sched.append(a, 0, 500 + i, {203, 204});
+  }
+  std::vector<int32_t> prompt(h.sched.sequence(a).tokens.begin(), h.sched.sequence(a).tokens.begin() + 18);
+  prompt.insert(prompt.end(), {203, 204, 205});
+  prompt.resize(40, 9);
+  const int64_t b = h.sched.add(prompt);
+  s = h.sched.schedule();
+  for (const ScheduledChunk& ch : s.chunks)
+    if (ch.seq == b) {
+      EXPECT_EQ(ch.start, 16);
+    }
+  h.sched.computed(s);
+  h.sched.finish(a);
+  h.sched.finish(b);
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
+
+TEST(Scheduler, RandomAcceptRejectAndAbortKeepBlockAccountingExact) {
+  std::mt19937 rng(11);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const int64_t num_blocks = 20, budget = 24, max_len = 120;
+  Harness h(num_blocks, 5, budget, max_len, /*prefix=*/true);
+  int added = 0;
+  int64_t verified = 0;
+  for (int step = 0; step < 20000 && (added < 150 || h.sched.has_unfinished()); ++step) {
+    while (added < 150 && h.sched.waiting().size() < 3) {
+      h.add(uniform(1, 60), uniform(1, 50), 1 + 3 * uniform(0, 2));
+      added++;
+    }
+    if (!h.sched.running().empty() && uniform(0, 30) == 0) {
+      auto it = h.sched.running().begin();
+      std::advance(it, uniform(0, int(h.sched.running().size()) - 1));
+      h.sched.finish(*it);
+    }
+    const SchedulerOutput s = h.sched.schedule();
+    EXPECT_LE(s.num_tokens, budget);
+    h.sched.computed(s);
+    for (const ScheduledChunk& c : s.chunks) {
+      if (!c.sample) continue;
+      verified += c.drafted;
+      const Sequence& q = h.sched.sequence(c.seq);
+      EXPECT_EQ(q.verified, c.drafted);
+      EXPECT_LE(q.length() + c.drafted + 1, max_len);
+      std::vector<int32_t> draft(size_t(uniform(0, 6)));
+      for (int32_t& t : draft) t = uniform(3, 400);
+      const int64_t accepted = uniform(0, int(c.drafted));
+      h.generated[c.seq] += accepted + 1;
+      if (h.generated[c.seq] >= h.max_tokens[c.seq] || h.sched.append(c.seq, accepted, 7, draft)) {
+        h.sched.finish(c.seq);
+      }
+    }
+    std::set<int32_t> held;
+    for (int64_t id : h.sched.running()) {
+      const Sequence& q = h.sched.sequence(id);
+      EXPECT_EQ(h.blocks.length(q.kv), q.computed);
+      // Exactly the blocks of the computed tokens, or those plus the proposals being verified.
+      const int64_t n = int64_t(h.blocks.blocks(q.kv).size());
+      EXPECT_TRUE(n == BlockManager::blocks_for(q.computed) || n == BlockManager::blocks_for(q.computed + q.verified))
+          << n << " blocks for " << q.computed << " + " << q.verified;
+      for (int32_t b : h.blocks.blocks(q.kv)) held.insert(b);
+    }
+    EXPECT_EQ(int64_t(held.size()), h.blocks.num_used());
+  }
+  EXPECT_GT(verified, 100);
+  EXPECT_FALSE(h.sched.has_unfinished());
+  EXPECT_EQ(h.blocks.num_used(), 0);
+  EXPECT_EQ(h.blocks.num_sequences(), 0);
+}
+
+TEST(Scheduler, RewindReplacesTheTailAndNeverWritesACachedBlock) {
+  Harness h(64, 4, 64, 4096, /*prefix=*/true);
+  const int64_t a = h.add(40, 100, 5);
+  SchedulerOutput s = h.sched.schedule();
+  h.sched.computed(s);
+  h.sched.append_token(a, 77);  // 41 tokens, 40 computed, blocks 0 and 1 cached
+  h.sched.rewind(a, 36, {88, 89});  // inside block 2, which is not cached: K/V kept up to 36
+  EXPECT_EQ(h.sched.sequence(a).computed, 36);
+  h.sched.rewind(a, 30, {88, 89});  // inside cached block 1: back to its start
+  const Sequence& q = h.sched.sequence(a);
+  EXPECT_EQ(q.length(), 32);
+  EXPECT_EQ(q.tokens[30], 88);
+  EXPECT_EQ(q.computed, 16);
+  EXPECT_EQ(h.blocks.length(q.kv), 16);
+  EXPECT_EQ(h.blocks.blocks(q.kv).size(), 1u);
+  EXPECT_EQ(h.blocks.num_cached(), 2);  // block 1 stays cached for whoever shares its prefix
+  s = h.sched.schedule();
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].start, 16);
+  EXPECT_EQ(s.chunks[0].count, 16);
+  EXPECT_TRUE(s.chunks[0].sample);
+  EXPECT_EQ(s.chunks[0].rows, 1);
+  h.sched.computed(s);
+  h.sched.rewind(a, 32, {90});  // the K/V of all 32 kept
+  EXPECT_EQ(h.sched.sequence(a).computed, 32);
+  EXPECT_THROW(h.sched.rewind(a, 0, {1}), ValueError);
+  EXPECT_THROW(h.sched.rewind(a, 10, {}), ValueError);
+  h.sched.finish(a);
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
