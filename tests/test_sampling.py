@@ -466,3 +466,31 @@ def test_pooled_top_k_top_p_matches_a_full_sort():
         expected = reference_probs(logits[row], top_k=int(top_k[row]), top_p=float(top_p[row])) > 0
         np.testing.assert_array_equal(np.isfinite(full[row]), expected)
     assert 1 < np.isfinite(full).sum(axis=1).min() and np.isfinite(full).sum(axis=1).max() > 128
+
+
+def test_logits_processors_see_the_history_and_shape_the_draw():
+    seen = []
+
+    def only_even_after_history(output_ids, logits):
+        seen.append(list(output_ids))
+        out = logits.copy()
+        out[1::2] = -np.inf
+        return out
+
+    def three_args(prompt_ids, output_ids, logits):
+        assert list(prompt_ids) == [4, 5]
+        out = np.full_like(logits, -np.inf)
+        out[len(output_ids) + 2] = 0.0  # forces a token of its own choosing
+        return out
+
+    rng = np.random.default_rng(0)
+    state = SamplingState(SamplingParams(temperature=1.0, seed=3, logits_processors=[only_even_after_history]))
+    forced = SamplingState(SamplingParams(temperature=0.0, logits_processors=[three_args]), [4, 5])
+    for step in range(5):
+        result = Sampler().sample(rng.normal(size=(2, 50)).astype(np.float32), [state, forced])
+        assert result.token_ids[0] % 2 == 0 and result.token_ids[1] == step + 2
+        state.append(int(result.token_ids[0]))
+        forced.append(int(result.token_ids[1]))
+    assert seen[-1] == state.output_token_ids[:-1]
+    with pytest.raises(ValueError):
+        SamplingParams(logits_processors=[5])

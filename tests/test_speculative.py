@@ -210,3 +210,20 @@ def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path):
     other = make_model("llama", "tiny", format="hf", seed=1, vocab_size=300, out=tmp_path / "other")
     with pytest.raises(ValueError, match="vocabulary"):
         make_llm({"model": str(other), "num_speculative_tokens": 3})
+
+
+def test_logits_processors_apply_to_every_verified_row(spec, plain):
+    """A processor that bans the token plain decoding would give after each 7 makes outputs
+    differ from `plain`; with speculation they still equal decoding without it."""
+    def ban_after_seven(output_ids, logits):
+        out = logits.copy()
+        if output_ids and output_ids[-1] % 7 == 0:
+            out[int(np.argmax(logits))] = -np.inf
+        return out
+
+    params = ferrum.SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logits_processors=[ban_after_seven])
+    want = greedy_tokens(make_llm(), prompts(8), params)
+    assert want != plain[:8]
+    llm = make_llm(spec)
+    assert greedy_tokens(llm, prompts(8), params) == want
+    assert llm.stats()["spec_proposed_tokens"] > 0

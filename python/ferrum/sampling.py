@@ -2,7 +2,7 @@
 
 Semantics follow vLLM (v1) unless noted:
 
-* Processing order per row: logit_bias -> repetition penalty -> presence /
+* Processing order per row: logits_processors -> logit_bias -> repetition penalty -> presence /
   frequency penalties -> (greedy rows: argmax here) -> temperature -> top-k ->
   top-p -> min-p -> draw from the renormalised distribution.
   (vLLM v1 runs min-p before top-k/top-p; we apply it last, on the
@@ -25,10 +25,11 @@ Pure numpy: importable without the compiled ``ferrum._core``.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -70,6 +71,10 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: Optional[int] = None
     skip_special_tokens: bool = True
+    # Callables f(output_token_ids, logits) -> logits (or f(prompt_token_ids, output_token_ids,
+    # logits)), applied in order to each step's raw logits row (float64, length vocab) before
+    # logit_bias and the penalties, as vLLM's logits_processors.
+    logits_processors: Optional[List[Callable]] = None
     # With an LLM configured for speculative decoding: False decodes this request plainly.
     speculative_decoding: bool = True
 
@@ -100,6 +105,11 @@ class SamplingParams:
             fail(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
         if self.seed is not None and not _is_int(self.seed):
             fail(f"seed must be None or an integer, got {self.seed!r}")
+        if self.logits_processors is not None:
+            if not isinstance(self.logits_processors, (list, tuple)) or not all(
+                    callable(f) for f in self.logits_processors):
+                fail("logits_processors must be a list of callables")
+            self.logits_processors = list(self.logits_processors)
         if not isinstance(self.speculative_decoding, bool):
             fail(f"speculative_decoding must be True or False, got {self.speculative_decoding!r}")
 
@@ -142,7 +152,8 @@ class SamplingParams:
     @property
     def plain_greedy(self) -> bool:
         """Greedy on the raw logits: no logits processor, no logprobs to report."""
-        return (self.greedy and not self.logit_bias and self.repetition_penalty == 1.0
+        return (self.greedy and not self.logit_bias and not self.logits_processors
+                and self.repetition_penalty == 1.0
                 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
                 and self.logprobs is None)
 
@@ -357,6 +368,7 @@ class Sampler:
         logits = np.asarray(logits)
         self._check_shape(logits, requests)
         work = logits.astype(np.float64, copy=True)
+        self._apply_logits_processors(work, requests)
         self._apply_logit_bias(work, [state.params for state in requests])
         self._apply_penalties(work, requests)
         return work
@@ -368,6 +380,20 @@ class Sampler:
                              f"got shape {logits.shape}")
 
     # -- logits processors (all edit ``work`` in place) --------------------
+
+    @staticmethod
+    def _apply_logits_processors(work: np.ndarray, requests: Sequence[SamplingState]) -> None:
+        for row, state in enumerate(requests):
+            for f in state.params.logits_processors or ():
+                try:  # (prompt_token_ids, output_token_ids, logits) when it takes three
+                    n_args = len(inspect.signature(f).parameters)
+                except (TypeError, ValueError):
+                    n_args = 2
+                args = ((list(state.prompt_token_ids),) if n_args == 3 else ()) + (list(state.output_token_ids),)
+                out = np.asarray(f(*args, work[row]), dtype=np.float64)
+                if out.shape != work[row].shape:
+                    raise ValueError(f"a logits processor returned shape {out.shape}, not {work[row].shape}")
+                work[row] = out
 
     @staticmethod
     def _apply_logit_bias(work: np.ndarray, params: Sequence[SamplingParams]) -> None:
