@@ -294,7 +294,7 @@ class _StepSpy:
         return getattr(self.core, name)
 
     def step(self):
-        scores, generations = set(self.engine._consumers), set(self.engine._by_seq)
+        scores, generations = set(self.engine._scores), set(self.engine._by_seq)
         out = self.core.step()
         seqs = {int(s) for s in out["seqs"]}
         self.shared_steps += bool(seqs & scores) and bool(seqs & generations)
@@ -355,3 +355,21 @@ def test_one_llm_called_from_several_threads():
         assert got["a"] + got["b"] == want and got["stream"] == want_stream
         np.testing.assert_allclose(got["score"], want_scores, rtol=0, atol=2e-5)
     assert_pool_empty(llm)
+
+
+def test_prompt_logprobs_match_teacher_forced_scores(device):
+    """SamplingParams(prompt_logprobs=k) on an f32 model: each prompt token's logprob equals
+    token_logprobs', chunked over steps or not, and asking for them changes no output."""
+    ids = prompts(1, seed=12)[0]
+    want = make_llm(device).token_logprobs(ids, start=1)
+    params = ferrum.SamplingParams(max_tokens=8, temperature=0, prompt_logprobs=3, n=2, ignore_eos=True)
+    for budget in (512, 7):
+        llm = make_llm(device, max_num_batched_tokens=budget)
+        out = llm.generate(prompt_token_ids=[ids], sampling_params=params)[0]
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+        got = [entry[t].logprob for entry, t in zip(out.prompt_logprobs[1:], ids[1:])]
+        np.testing.assert_allclose(got, want.logprobs, rtol=0, atol=2e-5)
+        assert all(3 <= len(entry) <= 4 for entry in out.prompt_logprobs[1:])
+        plain = greedy_tokens(llm, [ids], ferrum.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
+        assert [o.token_ids for o in out.outputs] == [plain, plain]
+        assert_pool_empty(llm)

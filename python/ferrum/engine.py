@@ -66,11 +66,13 @@ class _Request:
     prompt_ids: List[int]
     completions: List[_Completion]
     deltas: Dict[int, CompletionDelta] = field(default_factory=dict)  # this step's, by index
+    prompt_logprobs: Optional[list] = None  # filled as the first completion's prompt is computed
 
     def output(self) -> RequestOutput:
         outs = [c.progress.to_output() for c in self.completions]
         return RequestOutput(self.request_id, self.prompt, list(self.prompt_ids), outs,
-                             finished=all(c.progress.finished for c in self.completions))
+                             finished=all(c.progress.finished for c in self.completions),
+                             prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs))
 
     def note(self, c: _Completion, text: str, token: Optional[int] = None) -> None:
         d = self.deltas.setdefault(c.index, CompletionDelta(c.index, "", []))
@@ -100,7 +102,8 @@ class Engine:
         self.spec_proposed = self.spec_accepted = 0  # proposals verified, and accepted
         self._requests: Dict[str, _Request] = {}
         self._by_seq: Dict[int, _Completion] = {}
-        self._consumers: Dict[int, RowConsumer] = {}  # scores' and embeddings' rows
+        self._consumers: Dict[int, RowConsumer] = {}  # rows of scores, embeddings and prompts
+        self._scores: set = set()  # score and embedding sequences still running
         self._ids = itertools.count()
 
     # ---- requests ----
@@ -114,9 +117,12 @@ class Engine:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         req = _Request(request_id, prompt, prompt_ids, [])
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = [None] * len(prompt_ids)
         try:
             for i in range(params.n):
-                seq = self.core.add_sequence(prompt_ids)
+                # The first completion returns its prompt's rows: each predicts the next prompt token.
+                seq = self.core.add_sequence(prompt_ids, 0 if i == 0 and req.prompt_logprobs is not None else -1)
                 progress = RequestProgress(params, self.tokenizer.eos_token_ids, index=i)
                 state = SamplingState(params, prompt_ids, index=i, output_token_ids=progress.token_ids)
                 spec = (Speculation(self.speculative.num_speculative_tokens)
@@ -130,8 +136,17 @@ class Engine:
             raise
         for c in req.completions:
             self._by_seq[c.seq] = c
+        if req.prompt_logprobs is not None:
+            self._consumers[req.completions[0].seq] = self._prompt_logprobs_consumer(req, params.prompt_logprobs)
         self._requests[request_id] = req
         return request_id
+
+    def _prompt_logprobs_consumer(self, req: _Request, top: int) -> RowConsumer:
+        def consume(positions: np.ndarray, logits: np.ndarray) -> None:
+            following = [req.prompt_ids[p + 1] for p in positions]
+            for p, entry in zip(positions, self.sampler.prompt_logprobs(logits, following, top)):
+                req.prompt_logprobs[p + 1] = entry
+        return consume
 
     def abort(self, request_id: str) -> Optional[RequestDelta]:
         """Ends a request wherever it is (waiting, mid-prompt, decoding) and frees its blocks.
@@ -142,7 +157,7 @@ class Engine:
         for c in req.completions:
             self.core.abort(c.seq)
             self._by_seq.pop(c.seq, None)
-            self._release_draft(c)
+            self._release(c)
             if not c.progress.finished:
                 req.note(c, c.progress.finish("abort"))
         return self._delta(req)
@@ -154,14 +169,16 @@ class Engine:
         ``score_finished(seq)`` tells when it is done. ValueError when it could never run."""
         seq = self.core.add_score(token_ids, rows_from, embed)
         self._consumers[seq] = consume
+        self._scores.add(seq)
         return seq
 
     def score_finished(self, seq: int) -> bool:
-        return seq not in self._consumers
+        return seq not in self._scores
 
     def abort_score(self, seq: int) -> None:
         self.core.abort(seq)
         self._consumers.pop(seq, None)
+        self._scores.discard(seq)
 
     def has_unfinished(self) -> bool:
         return self.core.has_unfinished()
@@ -203,7 +220,7 @@ class Engine:
             accepted.append(taken)
             if done:
                 del self._by_seq[c.seq]
-                self._release_draft(c)
+                self._release(c)
             elif c.spec is not None:
                 c.spec.adapt(verified, taken, self.speculative.num_speculative_tokens)
                 going_on.append(c)
@@ -295,7 +312,9 @@ class Engine:
         dists = self.sampler.distribution(logits, states)
         return self.sampler.draw(dists, states), [None if st.params.greedy else d for st, d in zip(states, dists)]
 
-    def _release_draft(self, c: _Completion) -> None:
+    def _release(self, c: _Completion) -> None:
+        """What a completion holds beside its sequence: its draft's sequence, its rows' consumer."""
+        self._consumers.pop(c.seq, None)
         if self.draft_model is not None:
             self.draft_model.release(c.seq)
 
@@ -303,24 +322,28 @@ class Engine:
         """Hands each score or embedding its rows of this step (one contiguous run each: logits
         rows first, then hidden-state rows)."""
         seqs, logit_rows = out["seqs"], len(out["logits"])
+        sampled = set(out["sample_rows"].tolist())
         i = 0
         while i < len(seqs):
             j = i + 1
-            while j < len(seqs) and seqs[j] == seqs[i]:
+            while j < len(seqs) and seqs[j] == seqs[i] and j not in sampled:
                 j += 1
             consume = self._consumers.get(int(seqs[i]))
-            if consume is not None:
+            if consume is not None and i not in sampled:  # a generation's prompt rows come before its sample row
                 rows = out["logits"][i:j] if i < logit_rows else out["hidden"][i - logit_rows:j - logit_rows]
                 consume(out["positions"][i:j], rows)
+            while j < len(seqs) and seqs[j] == seqs[i]:  # the sample row and any proposals' rows
+                j += 1
             i = j
         for seq in out["scored"]:
             self._consumers.pop(seq, None)
+            self._scores.discard(seq)
 
     def _end(self, seq: int, reason: str, touched: Dict[str, _Request]) -> None:
-        if seq in self._consumers:  # a score fits the pool whole by admission: never ended
+        if seq in self._scores:  # a score fits the pool whole by admission: never ended
             raise RuntimeError(f"the engine ended score sequence {seq}")
         c = self._by_seq.pop(seq)
-        self._release_draft(c)
+        self._release(c)
         req = self._requests[c.request_id]
         req.note(c, c.progress.finish(reason))
         touched[req.request_id] = req

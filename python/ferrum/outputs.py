@@ -57,6 +57,9 @@ class RequestOutput:
     prompt_token_ids: List[int]
     outputs: List[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+    # SamplingParams(prompt_logprobs=k): None for the first prompt token (nothing predicts it),
+    # then each prompt token's Logprob and the k most likely tokens at its position.
+    prompt_logprobs: Optional[List[Optional[StepLogprobs]]] = None
 
 
 @dataclass

@@ -70,6 +70,7 @@ class SamplingParams:
     stop_token_ids: Optional[List[int]] = None
     ignore_eos: bool = False
     logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     # Callables f(output_token_ids, logits) -> logits (or f(prompt_token_ids, output_token_ids,
     # logits)), applied in order to each step's raw logits row (float64, length vocab) before
@@ -101,8 +102,10 @@ class SamplingParams:
             value = getattr(self, name)
             if not _is_real(value) or not -2.0 <= value <= 2.0:
                 fail(f"{name} must be in [-2, 2], got {value!r}")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
-            fail(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 0):
+                fail(f"{name} must be None or an integer >= 0, got {value!r}")
         if self.seed is not None and not _is_int(self.seed):
             fail(f"seed must be None or an integer, got {self.seed!r}")
         if self.logits_processors is not None:
@@ -490,6 +493,13 @@ class Sampler:
         return chosen
 
     # -- logprobs ------------------------------------------------------------
+
+    def prompt_logprobs(self, logits: np.ndarray, next_ids: Sequence[int], top: int) -> List[StepLogprobs]:
+        """Per row of raw logits: the log-probability of the token that came next, and the `top`
+        most likely ones (vLLM's prompt_logprobs entries)."""
+        params = [SamplingParams(logprobs=top)] * len(next_ids)
+        picked = self._gather_logprobs(np.asarray(logits), np.asarray(next_ids, dtype=np.int64), params)
+        return [lp.as_step_logprobs() for lp in picked]
 
     @staticmethod
     def _gather_logprobs(raw_logits: np.ndarray, token_ids: np.ndarray,
