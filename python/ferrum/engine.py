@@ -252,7 +252,8 @@ class Engine:
                 tokens, logprobs = greedy_tokens[rows], [None] * len(active)
                 taken = [x is not None and int(t) == x for t, x in zip(tokens, proposals)]
             elif all(x is None for x in proposals):
-                rows_logits = logits if len(rows) == len(logits) else logits[rows]
+                every_row = len(rows) == len(logits) and rows[-1] == len(logits) - 1  # rows ascend
+                rows_logits = logits if every_row else logits[rows]
                 result = self.sampler.sample(rows_logits, states)
                 tokens, logprobs, taken = result.token_ids, result.logprobs, [False] * len(active)
             else:

@@ -1,0 +1,141 @@
+"""Speculative decoding: single-stream decode tokens/s with and without it, side by side.
+
+usage: python bench/spec_bench.py [--what lookup|draft|all] [-n 128] [-t 2] [-r 3] [--out FILE.json]
+
+- lookup: prompt lookup (ngram) on SmolLM2-135M-Instruct Q4_1, on prompts with repeated spans
+  and on prompts with nothing to look up (bench/spec_prompts.json), against the same model
+  without speculation, and against llama.cpp's prompt lookup (LlamaPromptLookupDecoding, in the
+  peer's own venv) with and without it.
+- draft: the model's F16 requantization as the target, the Q4_1 file as its draft, on chat
+  prompts; reports the effective bandwidth (target bytes a token x tokens/s) against a plain
+  read of memory, i.e. how far past the decode roof it gets.
+
+Every prompt is greedy, chat-templated, `-n` tokens; decode tokens/s counts from the first
+generated token to the last. Runs alternate (plain, speculative, plain, ...) in one process so
+both meet the same memory phases; outputs are checked equal token for token.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEER_VENV = os.path.join(os.environ.get("FERRUM_PEER_DIR", os.path.expanduser("~/.cache/ferrum-peer/llama-cpp-python")),
+                         "venv", "bin", "python")
+NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def decode_rate(llm, prompt_ids, n):
+    """Decode tokens/s of one greedy request (from its first token to its last) and its tokens."""
+    import ferrum
+    rid = llm.add_request(prompt_ids, ferrum.SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
+    first = None
+    while llm.has_unfinished():
+        for d in llm.step():
+            if first is None and d.outputs and d.outputs[0].token_ids:
+                first = (time.perf_counter(), len(d.outputs[0].token_ids))
+            if d.finished:
+                done, out = time.perf_counter(), d.output.outputs[0].token_ids
+    assert d.request_id == rid
+    return (len(out) - first[1]) / (done - first[0]), out
+
+
+def side_by_side(plain, spec, prompts, n, reps):
+    rows = []
+    for text in prompts:
+        ids = plain.tokenizer.encode(plain.tokenizer.apply_chat_template([{"role": "user", "content": text}]))
+        rates = {"plain": [], "spec": []}
+        outs = {}
+        for _ in range(reps):
+            for name, llm in (("plain", plain), ("spec", spec)):
+                rate, outs[name] = decode_rate(llm, ids, n)
+                rates[name].append(rate)
+        rows.append({"prompt": text[:60], "prompt_ids": ids, "plain_tok_s": statistics.median(rates["plain"]),
+                     "spec_tok_s": statistics.median(rates["spec"]), "equal": outs["plain"] == outs["spec"]})
+        rows[-1]["speedup"] = rows[-1]["spec_tok_s"] / rows[-1]["plain_tok_s"]
+    return rows
+
+
+def llamacpp_lookup(model, rows, n, threads):
+    """llama.cpp's decode tokens/s without and with LlamaPromptLookupDecoding on the same prompt ids."""
+    script = os.path.join(HERE, "llamacpp_lookup.py")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump([r["prompt_ids"] for r in rows], f)
+    out = subprocess.run([PEER_VENV, script, model, f.name, str(n), str(threads)], capture_output=True, text=True,
+                         check=True).stdout
+    os.unlink(f.name)
+    for r, peer in zip(rows, json.loads(out.strip().splitlines()[-1])):
+        r.update({"llamacpp_tok_s": peer["plain"], "llamacpp_lookup_tok_s": peer["lookup"]})
+
+
+def summary(name, rows):
+    geo = lambda xs: statistics.geometric_mean(xs)
+    line = {"set": name, "speedup_geomean": geo([r["speedup"] for r in rows]),
+            "all_equal": all(r["equal"] for r in rows),
+            "plain_tok_s": geo([r["plain_tok_s"] for r in rows]), "spec_tok_s": geo([r["spec_tok_s"] for r in rows])}
+    if "llamacpp_tok_s" in rows[0]:
+        line["llamacpp_tok_s"] = geo([r["llamacpp_tok_s"] for r in rows])
+        line["llamacpp_lookup_tok_s"] = geo([r["llamacpp_lookup_tok_s"] for r in rows])
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in line.items()}))
+    return line
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--what", choices=["lookup", "draft", "all"], default="all")
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("-t", type=int, default=2)
+    ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
+    import ferrum
+    from ferrum.models import default_model_path
+    prompts = json.load(open(os.path.join(HERE, "spec_prompts.json")))
+    q4_1 = str(default_model_path())
+    result = {"threads": a.t, "n": a.n, "load_at_start": [round(x, 2) for x in os.getloadavg()]}
+    if a.what in ("lookup", "all"):
+        plain = ferrum.LLM(q4_1, num_threads=a.t)
+        spec = ferrum.LLM(q4_1, num_threads=a.t, speculative_config=NGRAM)
+        for name in ("repeated", "novel"):
+            rows = side_by_side(plain, spec, prompts[name], a.n, a.r)
+            if os.path.exists(PEER_VENV):
+                llamacpp_lookup(q4_1, rows, a.n, a.t)
+            result[f"lookup_{name}"] = {"rows": rows, "summary": summary(f"lookup {name}", rows)}
+    if a.what in ("draft", "all"):
+        from moe_bench import measure_bandwidth_gbs
+        f16 = f16_target(q4_1)
+        plain = ferrum.LLM(f16, num_threads=a.t)
+        spec = ferrum.LLM(f16, num_threads=a.t, speculative_config={"model": q4_1, "num_speculative_tokens": 5})
+        rows = side_by_side(plain, spec, prompts["chat"], a.n, a.r)
+        line = summary("draft model", rows)
+        roof = measure_bandwidth_gbs(a.t)
+        target_gb = os.path.getsize(f16) / 1e9
+        line.update({"read_gbs": roof, "decode_roof_tok_s": roof / target_gb,
+                     "spec_vs_roof": line["spec_tok_s"] / (roof / target_gb)})
+        print(f"decode roof of the F16 target: {roof / target_gb:.1f} tok/s ({roof:.1f} GB/s over {target_gb:.3f} GB); "
+              f"speculative: {line['spec_tok_s'] / (roof / target_gb):.2f}x the roof")
+        result["draft"] = {"rows": rows, "summary": line}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def f16_target(q4_1):
+    """SmolLM2-135M-Instruct requantized to F16 (made once, next to the Q4_1 file)."""
+    out = os.path.join(os.path.dirname(q4_1), "SmolLM2-135M-Instruct.F16.gguf")
+    if not os.path.exists(out):
+        from ferrum.tools.gguf_weights import read_gguf_model
+        from ferrum.tools.make_model import from_dequantized
+        cfg, weights = read_gguf_model(q4_1)
+        tok = os.path.join(HERE, "..", "..", "shared", "models", "tokenizers", "smollm2-135m-instruct")
+        from_dequantized(weights, cfg, format="gguf", dtype="f16", out=out, tokenizer=tok)
+    return out
+
+
+if __name__ == "__main__":
+    main()
