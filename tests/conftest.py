@@ -54,3 +54,14 @@ def smollm2_hf(smollm2_path):
     from transformers import AutoModelForCausalLM
     d, f = os.path.split(smollm2_path)
     return AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+
+
+def greedy_tokens(llm, prompt_ids, params):
+    """The first completion's token ids of each prompt, generated together."""
+    return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompt_ids, sampling_params=params)]
+
+
+def assert_pool_empty(llm):
+    """Nothing runs or waits, and every KV block is free (full ones may stay cached)."""
+    st = llm.stats()
+    assert st["kv_blocks_used"] == 0 and st["sequences"] == 0 and st["running"] == 0 and st["waiting"] == 0

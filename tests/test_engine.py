@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import ferrum
-from conftest import STORIES_FORMATS
+import conftest
+from conftest import STORIES_FORMATS, assert_pool_empty
 
 GREEDY = ferrum.SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
@@ -28,12 +29,7 @@ def prompts(n, seed=0):
 
 
 def greedy_tokens(llm, ps, params=GREEDY):
-    return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=ps, sampling_params=params)]
-
-
-def assert_pool_empty(llm):
-    st = llm.stats()
-    assert st["kv_blocks_used"] == 0 and st["sequences"] == 0 and st["running"] == 0 and st["waiting"] == 0
+    return conftest.greedy_tokens(llm, ps, params)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import ferrum
-from conftest import STORIES_FORMATS
+import conftest
+from conftest import STORIES_FORMATS, assert_pool_empty
 from ferrum.speculative import SpeculativeConfig, ngram_proposal
 from ferrum.tools.gguf_weights import read_gguf_model
 from ferrum.tools.make_model import from_dequantized, make_model
@@ -56,12 +57,7 @@ GREEDY = ferrum.SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 
 
 def greedy_tokens(llm, ps, params=GREEDY):
-    return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=ps, sampling_params=params)]
-
-
-def assert_pool_empty(llm):
-    st = llm.stats()
-    assert st["kv_blocks_used"] == 0 and st["sequences"] == 0 and st["running"] == 0 and st["waiting"] == 0
+    return conftest.greedy_tokens(llm, ps, params)
 
 
 @pytest.fixture(scope="module")
