@@ -63,7 +63,29 @@ def test_linear(backend, rng, dtype, tokens, k, n, bias):
     assert R.nmse(run(False), ref) < (BF16_ACT_TOL if rounds else F32_TOL)
 
 
-@pytest.mark.parametrize("dtype", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"])
+SCORING_DTYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q6_k"]
+
+
+def quantized_weight(be, rng, dtype, n, k):
+    """A random [n, k] weight in dtype on be, and its dequantized values as float64."""
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    raw = [_core.quant.quantize(dtype, row) for row in w]
+    values = np.stack([_core.quant.dequantize(dtype, r, k) for r in raw]).astype(np.float64)
+    return be.tensor_raw(np.concatenate(raw), dtype, [n, k]), values
+
+
+def linear_rows(be, x, w, n, float_activations):
+    """x @ w.T through a stream marked (or not) as a scoring step."""
+    s = be.stream()
+    s.float_activations = float_activations
+    out = be.empty("f32", [len(x), n])
+    be.linear(be.tensor(x), w, None, out, stream=s)
+    s.submit()
+    s.sync()
+    return out.numpy()
+
+
+@pytest.mark.parametrize("dtype", SCORING_DTYPES)
 @pytest.mark.parametrize("tokens", [3, 33])
 def test_quantized_linear_float_activations_for_scoring(backend, rng, dtype, tokens):
     """A stream marked float_activations (a scoring step) keeps f32 activations for quantized
@@ -71,23 +93,27 @@ def test_quantized_linear_float_activations_for_scoring(backend, rng, dtype, tok
     Unmarked, the CPU may quantize activations to 8 bits (dot kernels, int8 GEMM)."""
     k, n = 256, 40
     x = rng.standard_normal((tokens, k)).astype(np.float32)
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    raw = np.concatenate([_core.quant.quantize(dtype, row) for row in w])
-    W = backend.tensor_raw(raw, dtype, [n, k])
-    ref = x.astype(np.float64) @ np.stack([_core.quant.dequantize(dtype, _core.quant.quantize(dtype, r), k)
-                                           for r in w]).astype(np.float64).T
+    W, wref = quantized_weight(backend, rng, dtype, n, k)
+    ref = x.astype(np.float64) @ wref.T
+    assert R.nmse(linear_rows(backend, x, W, n, True), ref) < F32_TOL
+    assert R.nmse(linear_rows(backend, x, W, n, False), ref) < 3e-4
 
-    def run(float_activations):
-        s = backend.stream()
-        s.float_activations = float_activations
-        out = backend.empty("f32", [tokens, n])
-        backend.linear(backend.tensor(x), W, None, out, stream=s)
-        s.submit()
-        s.sync()
-        return out.numpy()
 
-    assert R.nmse(run(True), ref) < F32_TOL
-    assert R.nmse(run(False), ref) < 3e-4
+@pytest.mark.parametrize("dtype", SCORING_DTYPES)
+def test_float_activations_one_row_as_exact_as_many(backend, rng, dtype):
+    """A one-row matmul recorded for scoring keeps f32 activations too (a decode's row would be
+    quantized to 8 bits): each row alone is as close to the f32 reference as the rows of one
+    many-row scoring call, and equals that call's row to f32 accuracy."""
+    k, n, tokens = 256, 40, 5
+    x = rng.standard_normal((tokens, k)).astype(np.float32)
+    W, wref = quantized_weight(backend, rng, dtype, n, k)
+    ref = x.astype(np.float64) @ wref.T
+    many = linear_rows(backend, x, W, n, True)
+    assert R.nmse(many, ref) < F32_TOL
+    for t in range(tokens):
+        alone = linear_rows(backend, x[t:t + 1], W, n, True)[0]
+        assert R.nmse(alone, ref[t]) < F32_TOL
+        assert R.nmse(alone, many[t]) < F32_TOL
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])

@@ -11,8 +11,9 @@
 //     a tile; f32 activations) on AVX512_BF16 CPUs; elsewhere f32 weights go to sgemm on each
 //     thread's slice of N; other types are dequantized a tile of rows at a time into
 //     per-thread scratch, then sgemm. Two to eight rows of f32 weights: sgemm.
-//   - a scoring step (Stream::float_activations) never quantizes activations: every matmul of
-//     more than one row is dequantize + sgemm, so scores agree with a float reference.
+//   - a scoring step (Stream::float_activations) never quantizes activations: every matmul over
+//     weights whose kernels would is dequantize + sgemm, one row or many, so scores agree with a
+//     float reference.
 // Weights in the R16 layouts (pack_weight) take the same paths; threads split them at 16-row
 // group starts.
 #include <cblas.h>
@@ -70,7 +71,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const quant::DotKernel* kernel = &quant::dot_kernel(w.dtype);
   const bool decodes = T <= std::min(s.decode_rows, kMaxDecodeRows);
   const bool many_rows = T > kMaxDotTokens && !decodes;
-  const bool float_act = s.float_activations && T > 1 && kernel->act_type != DType::F32;
+  const bool float_act = s.float_activations && kernel->act_type != DType::F32;
   // Never in a scoring step, also where the dot kernel takes f32 (bf16 weights: bf16 activations).
   const quant::DotBatchFn gemm = many_rows && !s.float_activations ? quant::gemm_kernel(w.dtype) : nullptr;
   if ((many_rows && !gemm) || float_act || (w.dtype == DType::F32 && T > 1 && !gemm)) {

@@ -76,11 +76,12 @@ struct MoePrep {
 struct MoeScratch {
   bool small = false;       // few pairs: every thread plans and quantizes for itself
   bool decodes = false;     // a batch of decodes: no expert runs as sgemm
+  bool float_acts = false;  // a scoring step: every expert runs as sgemm (f32 activations)
   int64_t max_dot_pairs = kMaxDotPairs;
   // gate, up and down batched kernels (all or none); an expert with >= 2 pairs on the dot
   // path uses them (one pair is faster on the row kernel)
   quant::DotBatchFn batch_gate = nullptr, batch_up = nullptr, batch_down = nullptr;
-  bool gemm(int64_t pairs) const { return !decodes && pairs > max_dot_pairs; }
+  bool gemm(int64_t pairs) const { return float_acts || (!decodes && pairs > max_dot_pairs); }
   bool batched(int64_t pairs) const { return batch_gate && pairs >= 2 && !gemm(pairs); }
   MoePrep shared;
   std::vector<MoePrep> own;      // per thread, small calls
@@ -184,13 +185,15 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
   const size_t aq_bytes = dtype_bytes(kd->act_type, I);
   const size_t gate_bytes = size_t(I) * gate.row_bytes(), up_bytes = size_t(I) * up.row_bytes();
   const size_t down_bytes = size_t(H) * down.row_bytes();
-  const bool quant_gate = kg->act_type != DType::F32;
-  const bool quant_up = ku->act_type != DType::F32 && ku->act_type != kg->act_type;  // else shares x_gate
-  const bool quant_act = kd->act_type != DType::F32;
+  const bool float_acts = s.float_activations;
+  const bool quant_gate = !float_acts && kg->act_type != DType::F32;
+  const bool quant_up = !float_acts && ku->act_type != DType::F32 && ku->act_type != kg->act_type;  // else shares x_gate
+  const bool quant_act = !float_acts && kd->act_type != DType::F32;
 
   auto sc = std::make_shared<MoeScratch>();
   sc->decodes = T <= std::min(s.decode_rows, kMaxDecodeRows);
-  sc->small = P <= kMaxDotPairs;
+  sc->float_acts = float_acts;
+  sc->small = !float_acts && P <= kMaxDotPairs;
   // The batched kernels take their activation rows at one stride: gate and up must share x's
   // quantized rows (x_pairs).
   if (kg->act_type == ku->act_type && quant_gate) {
