@@ -8,7 +8,6 @@
 
 #include "quant/kernels.h"
 #include "quant/legacy_gemm_avx512.h"
-#include "quant/repack.h"
 
 namespace ferrum::quant::detail {
 
@@ -390,7 +389,7 @@ DotBatchFn avx512_dot_batch(DType t) {
     case DType::Q5_0: return dot_batch_legacy<BlockQ5_0, 5, 4, false>;
     case DType::Q5_1: return dot_batch_legacy<BlockQ5_1, 5, 0, true>;
     case DType::Q8_0: return dot_batch_legacy<BlockQ8_0, 8, 7, false>;
-    default: return avx512_r16_gemm(t);
+    default: return nullptr;
   }
 }
 
@@ -401,7 +400,7 @@ DotBatchFn avx512_gemm(DType t) {
     case DType::Q5_0: return gemm_legacy<BlockQ5_0, 5, 4, false>;
     case DType::Q5_1: return gemm_legacy<BlockQ5_1, 5, 0, true>;
     case DType::Q8_0: return gemm_legacy<BlockQ8_0, 8, 7, false>;
-    default: return is_r16(t) ? avx512_r16_gemm(t) : avx512_gemm_kquant(t);
+    default: return avx512_gemm_kquant(t);
   }
 }
 
@@ -415,7 +414,7 @@ DotRowsFn avx512_dot_rows(DType t) {
     case DType::Q4_K: return for_each_row<dot_k4<false, BlockQ4_K>>;
     case DType::Q5_K: return for_each_row<dot_k4<true, BlockQ5_K>>;
     case DType::Q6_K: return for_each_row<dot_q6_k>;
-    default: return avx512_r16_dot_rows(t);
+    default: return nullptr;
   }
 }
 

@@ -656,36 +656,36 @@ FERRUM_AVX512 void dot_rows_r16_kquant(int64_t n, const void* w, size_t w_row_by
 
 DotRowsFn avx512_r16_dot_rows(DType t) {
   switch (t) {
-    case DType::Q4_0_R16: return dot_rows_r16<R16Q4_0>;
-    case DType::Q4_1_R16: return dot_rows_r16<R16Q4_1>;
-    case DType::Q5_0_R16: return dot_rows_r16<R16Q5_0>;
-    case DType::Q5_1_R16: return dot_rows_r16<R16Q5_1>;
-    case DType::Q8_0_R16: return dot_rows_r16<R16Q8_0>;
-    case DType::IQ4_NL_R16: return dot_rows_r16<R16IQ4_NL>;
-    case DType::Q4_K_R16: return dot_rows_r16_kquant<K4R16<false>>;
-    case DType::Q5_K_R16: return dot_rows_r16_kquant<K4R16<true>>;
-    case DType::Q6_K_R16: return dot_rows_r16_kquant<Q6R16>;
-    case DType::Q2_K_R16: return dot_rows_r16_kquant<K2R16<false>>;
-    case DType::Q3_K_R16: return dot_rows_r16_kquant<K2R16<true>>;
-    case DType::IQ4_XS_R16: return dot_rows_r16_kquant<XsR16>;
+    case DType::Q4_0: return dot_rows_r16<R16Q4_0>;
+    case DType::Q4_1: return dot_rows_r16<R16Q4_1>;
+    case DType::Q5_0: return dot_rows_r16<R16Q5_0>;
+    case DType::Q5_1: return dot_rows_r16<R16Q5_1>;
+    case DType::Q8_0: return dot_rows_r16<R16Q8_0>;
+    case DType::IQ4_NL: return dot_rows_r16<R16IQ4_NL>;
+    case DType::Q4_K: return dot_rows_r16_kquant<K4R16<false>>;
+    case DType::Q5_K: return dot_rows_r16_kquant<K4R16<true>>;
+    case DType::Q6_K: return dot_rows_r16_kquant<Q6R16>;
+    case DType::Q2_K: return dot_rows_r16_kquant<K2R16<false>>;
+    case DType::Q3_K: return dot_rows_r16_kquant<K2R16<true>>;
+    case DType::IQ4_XS: return dot_rows_r16_kquant<XsR16>;
     default: return avx512_float_r16_dot_rows(t);
   }
 }
 
 DotBatchFn avx512_r16_gemm(DType t) {
   switch (t) {
-    case DType::Q4_0_R16: return gemm_r16<R16Q4_0>;
-    case DType::Q4_1_R16: return gemm_r16<R16Q4_1>;
-    case DType::Q5_0_R16: return gemm_r16<R16Q5_0>;
-    case DType::Q5_1_R16: return gemm_r16<R16Q5_1>;
-    case DType::Q8_0_R16: return gemm_r16<R16Q8_0>;
-    case DType::IQ4_NL_R16: return gemm_r16<R16IQ4_NL>;
-    case DType::Q4_K_R16: return gemm_r16_kquant<K4R16<false>>;
-    case DType::Q5_K_R16: return gemm_r16_kquant<K4R16<true>>;
-    case DType::Q6_K_R16: return gemm_r16_kquant<Q6R16>;
-    case DType::Q2_K_R16: return gemm_r16_kquant<K2R16<false>>;
-    case DType::Q3_K_R16: return gemm_r16_kquant<K2R16<true>>;
-    case DType::IQ4_XS_R16: return gemm_r16_kquant<XsR16>;
+    case DType::Q4_0: return gemm_r16<R16Q4_0>;
+    case DType::Q4_1: return gemm_r16<R16Q4_1>;
+    case DType::Q5_0: return gemm_r16<R16Q5_0>;
+    case DType::Q5_1: return gemm_r16<R16Q5_1>;
+    case DType::Q8_0: return gemm_r16<R16Q8_0>;
+    case DType::IQ4_NL: return gemm_r16<R16IQ4_NL>;
+    case DType::Q4_K: return gemm_r16_kquant<K4R16<false>>;
+    case DType::Q5_K: return gemm_r16_kquant<K4R16<true>>;
+    case DType::Q6_K: return gemm_r16_kquant<Q6R16>;
+    case DType::Q2_K: return gemm_r16_kquant<K2R16<false>>;
+    case DType::Q3_K: return gemm_r16_kquant<K2R16<true>>;
+    case DType::IQ4_XS: return gemm_r16_kquant<XsR16>;
     default: return nullptr;
   }
 }

@@ -98,8 +98,8 @@ FERRUM_AVX512 void dot_rows_float_r16(int64_t n, const void* w, size_t w_row_byt
 
 DotRowsFn avx512_float_r16_dot_rows(DType t) {
   switch (t) {
-    case DType::F16_R16: return dot_rows_float_r16<F16Block>;
-    case DType::BF16_R16: return dot_rows_float_r16<BF16Block>;
+    case DType::F16: return dot_rows_float_r16<F16Block>;
+    case DType::BF16: return dot_rows_float_r16<BF16Block>;
     default: return nullptr;
   }
 }

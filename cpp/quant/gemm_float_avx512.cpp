@@ -189,13 +189,18 @@ FERRUM_AVX512_BF16 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64
 
 }  // namespace
 
-DotBatchFn avx512_float_gemm(DType weight_type) {
+DotBatchFn avx512_float_gemm(DType weight_type, WeightLayout layout) {
+  if (layout == WeightLayout::R16) {
+    switch (weight_type) {
+      case DType::BF16: return gemm<Bf16, true>;
+      case DType::F16: return gemm<F16, true>;
+      default: return nullptr;
+    }
+  }
   switch (weight_type) {
     case DType::BF16: return gemm<Bf16, false>;
     case DType::F16: return gemm<F16, false>;
     case DType::F32: return gemm<F32, false>;
-    case DType::BF16_R16: return gemm<Bf16, true>;
-    case DType::F16_R16: return gemm<F16, true>;
     default: return nullptr;
   }
 }

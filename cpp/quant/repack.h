@@ -1,5 +1,6 @@
-// The CPU backend's row-interleaved layouts (DType *_R16) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
-// IQ4_XS, every k-quant (Q2_K .. Q6_K), F16 and BF16 weight.
+// The CPU backend's row-interleaved layout (WeightLayout::R16) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// IQ4_NL, IQ4_XS, every k-quant (Q2_K .. Q6_K), F16 and BF16 weights. A weight in it keeps its
+// file type (DType); the layout is recorded beside it (the CPU backend's storage).
 //
 // Batched decode and prefill dot 16 weight rows at once, one per 32-bit lane, so they need each
 // block's quants as "bytes 4k..4k+3 of 16 rows" registers and its scales as 16-lane vectors.
@@ -62,17 +63,17 @@ inline constexpr std::array<uint8_t, 52> kQ6KSlots = [] {
   return slot;
 }();
 
-// The R16 form of a file type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, F16,
-// BF16), or t itself when it has none.
-DType r16_type(DType t);
-bool is_r16(DType t);
-// The file type an R16 type interleaves; t itself for the others.
-DType r16_source(DType t);
+// Whether type t has an R16 layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS,
+// F16, BF16).
+bool has_r16_layout(DType t);
+// Elements of one block of type t in the R16 layout (a row holds whole blocks): the file's
+// block, or 32 for F16 / BF16, whose rows go in 64-byte blocks.
+int64_t r16_block_elems(DType t);
 
-// rows (a multiple of 16) rows of n elements of file type t at src -> r16_type(t) at dst (the
-// same number of bytes; no overlap).
+// rows (a multiple of 16) rows of n elements of type t at src, in the file's layout -> the R16
+// layout at dst (the same number of bytes; no overlap).
 void repack_r16(DType t, const void* src, void* dst, int64_t rows, int64_t n);
-// Row r of the R16 matrix at w (rows of n elements), back in its file type's layout at dst.
+// Row r of the R16 matrix of type t at w (rows of n elements), back in the file's layout at dst.
 void unpack_r16_row(DType t, const void* w, int64_t r, int64_t n, void* dst);
 
 }  // namespace ferrum::quant

@@ -54,8 +54,8 @@ inline bool my_range(int64_t n, int ith, int nth, int64_t* b, int64_t* e) {
 }  // namespace
 
 CpuStorage::CpuStorage(Backend* b, size_t n) : Storage(b, n), data(aligned_bytes(n)), owned(true) {}
-CpuStorage::CpuStorage(Backend* b, size_t n, void* d, std::shared_ptr<const void> keep)
-    : Storage(b, n), data(d), owned(false), keepalive(std::move(keep)) {}
+CpuStorage::CpuStorage(Backend* b, size_t n, void* d, std::shared_ptr<const void> keep, quant::WeightLayout l)
+    : Storage(b, n), data(d), owned(false), keepalive(std::move(keep)), layout(l) {}
 CpuStorage::~CpuStorage() {
   if (owned) free_bytes(data, bytes);
 }
@@ -138,7 +138,6 @@ bool CpuBackend::supports(Op op, DType w) const {
     case Op::Embedding:
     case Op::Linear:
     case Op::MoeExperts:
-      w = quant::r16_source(w);
       return w == DType::F32 || w == DType::F16 || w == DType::BF16 || is_quantized(w);
     default:
       return true;
@@ -199,15 +198,15 @@ void CpuBackend::upload(const Tensor& dst, const void* src, size_t bytes) {
 Tensor CpuBackend::pack_weight(const Tensor& w, const Consumed& consumed) {
   check_host(w);
   if (w.shape.size() != 2) return w;
-  DType dtype = quant::r16_type(w.dtype);
-  if (dtype != w.dtype && (w.dim(0) % quant::kR16Rows != 0 || w.cols() % dtype_info(dtype).block_elems != 0 ||
-                           !quant::gemm_kernel(dtype)))
-    dtype = w.dtype;
+  using quant::WeightLayout;
+  const bool r16 = quant::has_r16_layout(w.dtype) && w.dim(0) % quant::kR16Rows == 0 &&
+                   w.cols() % quant::r16_block_elems(w.dtype) == 0 && quant::gemm_kernel(w.dtype, WeightLayout::R16);
   Tensor t;
-  t.dtype = dtype;
+  t.dtype = w.dtype;
   t.shape = w.shape;
   WeightArena::Block block = weights_.allocate(t.nbytes());
-  t.storage = std::make_shared<CpuStorage>(this, t.nbytes(), block.data, std::move(block.region));
+  t.storage = std::make_shared<CpuStorage>(this, t.nbytes(), block.data, std::move(block.region),
+                                           r16 ? WeightLayout::R16 : WeightLayout::Plain);
   // In chunks of rows, each handed back once copied (a tied 49152-row embedding is 30 MB).
   constexpr int64_t kChunkRows = 64 * quant::kR16Rows;
   const size_t rb = w.row_bytes();
@@ -215,10 +214,10 @@ Tensor CpuBackend::pack_weight(const Tensor& w, const Consumed& consumed) {
     const int64_t rows = std::min(kChunkRows, w.dim(0) - r);
     const char* src = host_ptr<char>(w) + size_t(r) * rb;
     char* dst = host_ptr<char>(t) + size_t(r) * rb;
-    if (dtype == w.dtype)
-      std::memcpy(dst, src, size_t(rows) * rb);
-    else
+    if (r16)
       quant::repack_r16(w.dtype, src, dst, rows, w.cols());
+    else
+      std::memcpy(dst, src, size_t(rows) * rb);
     if (consumed) consumed(src, size_t(rows) * rb);
   }
   return t;
@@ -247,7 +246,7 @@ void CpuBackend::embedding(Stream& s, const Tensor& ids, const Tensor& table, co
         std::memset(o, 0, size_t(h) * 4);
         continue;
       }
-      quant::dequantize_rows(table.dtype, rows, id[t], 1, h, o);
+      quant::dequantize_rows(table.dtype, layout_of(table), rows, id[t], 1, h, o);
     }
   });
 }

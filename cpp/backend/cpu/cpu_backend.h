@@ -9,21 +9,30 @@
 #include "backend/backend.h"
 #include "backend/cpu/weight_arena.h"
 #include "core/thread_pool.h"
+#include "quant/quant.h"
 
 namespace ferrum {
 
 struct CpuStorage : Storage {
-  CpuStorage(Backend* b, size_t n);                                                // owns memory
-  CpuStorage(Backend* b, size_t n, void* data, std::shared_ptr<const void> keep);  // wraps
+  CpuStorage(Backend* b, size_t n);  // owns memory
+  CpuStorage(Backend* b, size_t n, void* data, std::shared_ptr<const void> keep,
+             quant::WeightLayout layout = quant::WeightLayout::Plain);  // wraps
   ~CpuStorage() override;
   void* data;
   bool owned;
   std::shared_ptr<const void> keepalive;
+  // How the weight rows in this storage lie: the file's layout, or the R16 interleaving
+  // pack_weight chose (the tensors' dtype stays the file's; the kernels follow both).
+  quant::WeightLayout layout = quant::WeightLayout::Plain;
 };
 
 template <typename T>
 inline T* host_ptr(const Tensor& t) {
   return reinterpret_cast<T*>(static_cast<char*>(static_cast<CpuStorage*>(t.storage.get())->data) + t.offset);
+}
+
+inline quant::WeightLayout layout_of(const Tensor& t) {
+  return static_cast<const CpuStorage*>(t.storage.get())->layout;
 }
 
 // One recorded command: fn(thread_index, num_threads) does that thread's share.
@@ -111,7 +120,7 @@ class CpuBackend : public Backend {
                    std::shared_ptr<const void> keepalive) override;
   void upload(const Tensor& dst, const void* src, size_t bytes) override;
   // A copy in the weight arena (2 MiB pages, streamed in order); the legacy formats, k-quants,
-  // IQ4 types, F16 and BF16 in their R16 layouts (quant/repack.h) where their AVX-512 kernels run.
+  // IQ4 types, F16 and BF16 in the R16 layout (quant/repack.h) where its AVX-512 kernels run.
   Tensor pack_weight(const Tensor& w, const Consumed& consumed) override;
   void download(const Tensor& src, void* dst, size_t bytes) override;
   std::unique_ptr<Stream> new_stream() override { return std::make_unique<CpuStream>(this); }

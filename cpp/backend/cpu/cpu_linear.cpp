@@ -14,7 +14,7 @@
 //   - a scoring step (Stream::float_activations) never quantizes activations: every matmul over
 //     weights whose kernels would is dequantize + sgemm, one row or many, so scores agree with a
 //     float reference.
-// Weights in the R16 layouts (pack_weight) take the same paths; threads split them at 16-row
+// Weights in the R16 layout (pack_weight) take the same paths; threads split them at 16-row
 // group starts.
 #include <cblas.h>
 
@@ -45,7 +45,7 @@ constexpr size_t kMinPieceBytes = 32 * 1024;  // smallest piece of a decode matm
 
 // Part ith of nth of w's N rows; R16 weights split at group starts.
 void split_rows(const Tensor& w, int ith, int nth, int64_t* r0, int64_t* r1) {
-  const int64_t unit = quant::is_r16(w.dtype) ? quant::kR16Rows : 1;
+  const int64_t unit = layout_of(w) == quant::WeightLayout::R16 ? quant::kR16Rows : 1;
   split_range((w.dim(0) + unit - 1) / unit, ith, nth, r0, r1);
   *r0 = std::min(*r0 * unit, w.dim(0));
   *r1 = std::min(*r1 * unit, w.dim(0));
@@ -68,12 +68,12 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   const int64_t T = x.rows(), K = x.cols(), N = w.dim(0), ldo = out.cols();
   const size_t w_row_bytes = w.row_bytes();
 
-  const quant::DotKernel* kernel = &quant::dot_kernel(w.dtype);
+  const quant::DotKernel* kernel = &quant::dot_kernel(w.dtype, layout_of(w));
   const bool decodes = T <= std::min(s.decode_rows, kMaxDecodeRows);
   const bool many_rows = T > kMaxDotTokens && !decodes;
   const bool float_act = s.float_activations && kernel->act_type != DType::F32;
   // Never in a scoring step, also where the dot kernel takes f32 (bf16 weights: bf16 activations).
-  const quant::DotBatchFn gemm = many_rows && !s.float_activations ? quant::gemm_kernel(w.dtype) : nullptr;
+  const quant::DotBatchFn gemm = many_rows && !s.float_activations ? quant::gemm_kernel(w.dtype, layout_of(w)) : nullptr;
   if ((many_rows && !gemm) || float_act || (w.dtype == DType::F32 && T > 1 && !gemm)) {
     // GEMM path. f32 weights are used in place; others are dequantized per tile.
     const bool dequant = w.dtype != DType::F32;
@@ -88,7 +88,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
         const float* wt;
         if (dequant) {
           float* tile = reinterpret_cast<float*>(tiles->data()) + size_t(ith) * kTileRows * K;
-          quant::dequantize_rows(w.dtype, host_ptr<char>(w), t0, rows, K, tile);
+          quant::dequantize_rows(w.dtype, layout_of(w), host_ptr<char>(w), t0, rows, K, tile);
           wt = tile;
         } else {
           wt = host_ptr<float>(w) + t0 * K;
@@ -124,10 +124,10 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   // Several rows: the batched kernel unpacks each weight block once for all of them (its results
   // equal the single-row kernel's bit for bit, and one row is faster without it). Else weight
   // rows go in tiles that stay in L1 while every activation row is dotted with them.
-  const quant::DotBatchFn batch = gemm ? gemm : act && T > 1 ? quant::dot_batch_kernel(w.dtype) : nullptr;
+  const quant::DotBatchFn batch = gemm ? gemm : act && T > 1 ? quant::dot_batch_kernel(w.dtype, layout_of(w)) : nullptr;
   // One activation row: a single call over the thread's rows (the kernel prepares the
   // activation once per call).
-  const int64_t unit = quant::is_r16(w.dtype) ? quant::kR16Rows : 1;  // R16: whole groups
+  const int64_t unit = layout_of(w) == quant::WeightLayout::R16 ? quant::kR16Rows : 1;  // R16: whole groups
   const int64_t tile_rows = T == 1 ? N : std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes) / unit) * unit;
   const bool reverse = cs.reverse_threads(host_ptr<char>(w), w.nbytes());
   const int64_t units = (N + unit - 1) / unit;  // R16 row counts are whole groups
