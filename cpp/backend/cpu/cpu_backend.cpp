@@ -278,22 +278,6 @@ void CpuBackend::add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x
   });
 }
 
-void CpuBackend::rope(Stream& s, const Tensor& x, const Tensor& positions, const RopeTable& rope) {
-  own({&x, &positions, &rope.cos, &rope.sin});
-  checks::rope(x, positions, rope);
-  cpu_stream(s).record("rope", [=](int ith, int nth) {
-    int64_t heads = x.dim(1), hd = x.dim(2), half = rope.cos.cols(), max_pos = rope.cos.dim(0);
-    int64_t b, e;
-    if (!my_range(x.dim(0) * heads, ith, nth, &b, &e)) return;
-    for (int64_t i = b; i < e; ++i) {
-      int64_t pos = host_ptr<int32_t>(positions)[i / heads];
-      if (pos < 0 || pos >= max_pos) continue;  // validated by the model; memory safety only
-      cpu::rope_head(host_ptr<float>(x) + i * hd, host_ptr<float>(rope.cos) + pos * half,
-                     host_ptr<float>(rope.sin) + pos * half, half, rope.layout);
-    }
-  });
-}
-
 void CpuBackend::qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm,
                               const Tensor& k_norm, float eps, const RopeTable& rope,
                               const AttnBatch& batch, const AttnParams& p, const Tensor& q_out,
@@ -354,18 +338,6 @@ void CpuBackend::swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) {
   });
 }
 
-void CpuBackend::add(Stream& s, const Tensor& a, const Tensor& b_, const Tensor& out) {
-  own({&a, &b_, &out});
-  checks::add(a, b_, out);
-  cpu_stream(s).record("add", [=](int ith, int nth) {
-    int64_t b, e;
-    if (!my_range(out.numel(), ith, nth, &b, &e)) return;
-    const float *x = host_ptr<float>(a), *y = host_ptr<float>(b_);
-    float* o = host_ptr<float>(out);
-    for (int64_t i = b; i < e; ++i) o[i] = x[i] + y[i];
-  });
-}
-
 void CpuBackend::gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) {
   own({&x, &idx, &out});
   checks::gather_rows(x, idx, out);
@@ -378,33 +350,6 @@ void CpuBackend::gather_rows(Stream& s, const Tensor& x, const Tensor& idx, cons
       if (i < 0 || i >= x.rows()) std::memset(o, 0, size_t(d) * 4);
       else std::memcpy(o, host_ptr<float>(x) + i * d, size_t(d) * 4);
     }
-  });
-}
-
-void CpuBackend::argmax(Stream& s, const Tensor& x, const Tensor& out) {
-  own({&x, &out});
-  checks::argmax(x, out);
-  cpu_stream(s).record("argmax", [=](int ith, int nth) {
-    int64_t b, e, d = x.cols();
-    if (!my_range(x.rows(), ith, nth, &b, &e)) return;
-    for (int64_t r = b; r < e; ++r) {
-      const float* row = host_ptr<float>(x) + r * d;
-      int64_t best = 0;
-      for (int64_t j = 1; j < d; ++j)
-        if (row[j] > row[best]) best = j;
-      host_ptr<int32_t>(out)[r] = int32_t(best);
-    }
-  });
-}
-
-void CpuBackend::copy(Stream& s, const Tensor& src, const Tensor& dst) {
-  own({&src, &dst});
-  checks::copy(src, dst);
-  cpu_stream(s).record("copy", [=](int ith, int nth) {
-    int64_t b, e;
-    size_t n = src.nbytes();
-    if (!my_range(int64_t(n), ith, nth, &b, &e)) return;
-    std::memcpy(host_ptr<char>(dst) + b, host_ptr<char>(src) + b, size_t(e - b));
   });
 }
 
