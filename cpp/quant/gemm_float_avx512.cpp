@@ -3,8 +3,8 @@
 //     instruction, twice an f32 FMA's 16.
 //   - F16 / F32 weights x F32 activations: f16 is converted to f32 (vcvtph2ps) when a tile is
 //     packed, then f32 FMAs. Same arithmetic class as (dequantize +) sgemm, f32 products and
-//     sums, but no dequantized tile in memory and, at T = 128, ~15% more multiply-adds per second
-//     than OpenBLAS's sgemm here (its per-call packing of the activations included).
+//     sums, but no dequantized tile in memory and no per-call packing of the activations, which
+//     OpenBLAS's sgemm does.
 //
 // Weight rows go across the lanes, kRows at a time, packed once per tile so that one register
 // holds one step of 16 rows (BF16: the element pair 2p, 2p + 1; else element k); the activation
@@ -30,8 +30,8 @@ namespace ferrum::quant::detail {
 
 namespace {
 
-// 32-row x 8-activation register blocks (16 accumulators) measured fastest at T = 128 on Zen 4
-// (vs 64 x 6, 48 x 8, 32 x 12, 16 x 16), and 32 divides each thread's share of the usual widths.
+// 32-row x 8-activation register blocks (16 accumulators): the fastest of the shapes tried
+// (docs/performance.md), and 32 divides each thread's share of the usual widths.
 constexpr int kVecs = 2;           // 16-row weight registers per tile
 constexpr int kRows = 16 * kVecs;  // weight rows per tile
 constexpr int kActs = 8;           // activation rows per register block

@@ -61,11 +61,11 @@ DotBatchFn dot_batch_kernel(DType weight_type, WeightLayout layout = WeightLayou
 // activation rows, except that act rows are in gemm_act_type(t). A result does not depend on T
 // or the row's place in a tile; for the legacy formats (Q4_0 .. Q8_0) it also equals the row
 // kernel's bit for bit (one float order; their dot_batch_kernel is this GEMM from 4 rows).
-// nullptr when this CPU / weight type has none (AVX-512 VNNI: the legacy formats and Q2_K ..
-// Q6_K; AVX512_BF16: BF16, with vdpbf16ps on bf16 activations, and F16 / F32, with f32 FMAs
-// on f32 ones). 2-4x dequantize + sgemm at T = 128; linear() uses it for prefill but not for
-// scoring steps (Stream::float_activations): 8-bit activations move the real SmolLM2 Q4_1
-// model's perplexity past 1e-5 per token from transformers'.
+// nullptr when this CPU / weight type / layout has none (AVX-512 VNNI: the legacy formats and
+// Q2_K .. Q6_K, in either layout, and the IQ4 types in R16; AVX512_BF16: BF16, with vdpbf16ps on
+// bf16 activations, and F16 / F32, with f32 FMAs on f32 ones). Faster than dequantize + sgemm
+// for prefill; linear() uses it there but not for scoring steps (Stream::float_activations),
+// where 8-bit activations would move a model's perplexity away from a float reference's.
 DotBatchFn gemm_kernel(DType weight_type, WeightLayout layout = WeightLayout::Plain);
 // The activation format gemm_kernel(t, any layout) takes: dot_kernel(t).act_type, but BF16 for
 // BF16 weights.

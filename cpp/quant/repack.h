@@ -4,8 +4,8 @@
 //
 // Batched decode and prefill dot 16 weight rows at once, one per 32-bit lane, so they need each
 // block's quants as "bytes 4k..4k+3 of 16 rows" registers and its scales as 16-lane vectors.
-// Transposing GGUF's row-major blocks into that form at every call was a third of the int8
-// GEMM's time at 16 activation rows; the R16 layouts store it once, at load:
+// Transposing GGUF's row-major blocks into that form at every call would take a large part of the
+// int8 GEMM's time; the R16 layout stores it once, at load:
 //
 //   rows in groups of 16; group g starts at row 16g (row stride as in the file format), and
 //   holds block b of its 16 rows together, for b = 0 .. nb - 1, in 16 * block_bytes bytes:
@@ -19,13 +19,13 @@
 //   Q8_0's quants are stored + 128 (unsigned, as vpdpbusd takes them).
 //   Q6_K's 52 dwords (ql 0..31, qh 32..47, scales 48..51) go in the order its kernel first reads
 //   them, slot kQ6KSlots[k] for dword k (below): read in file order they are three streams in
-//   each 3.3 KB super-block, which one thread read from DRAM at a quarter of a plain read's rate.
+//   each super-block, which one thread reads from DRAM far slower than a plain read.
 //   F16 / BF16 (blocks of 32 elements, 64 bytes): row r's block whole, at 64 * (r % 16). A
 //   decode's row kernel then loads a block's activations once for 16 rows while it reads the
 //   weights in address order; in the file layout, the activations loaded again for every
-//   576-element row held one thread's stream to 70-75% of a plain read's rate (BF16 60-70%),
-//   against 96-101% here (quant_dot_bench read). (F32 rows, at 86% in their file layout, stay
-//   there: this layout's 256-bit kernel read them at 73-80%.)
+//   short row hold one thread's stream well below a plain read's pace, and here it keeps up
+//   with one (quant_dot_bench read). (F32 rows stay in their file layout, where their kernel
+//   reads faster than this layout's 256-bit one did.)
 //
 // Every byte of a block keeps its meaning, so sizes and row strides (at group starts) are those
 // of the file format. The legacy types' R16 kernels give their GGUF row kernels' results bit for
