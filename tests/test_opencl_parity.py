@@ -45,7 +45,7 @@ import pytest
 
 import reference as R
 from ferrum import _core
-from test_ops import rope_query_heads
+from test_ops import linear_on_stream, rope_query_heads
 
 WEIGHT_DTYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
                  "q5_k", "q6_k"]
@@ -179,17 +179,6 @@ def test_linear_one_token_odd_block_count(cpu, ocl, rng, dtype):
         outs[name] = out.numpy()
     assert R.nmse(outs["opencl"], opencl_decode_x(x, dtype).astype(np.float64) @ wref.T + bias) < 1e-10
     assert R.nmse(outs["opencl"], outs["cpu"]) < cpu_vs_opencl_bound(dtype, dtype in OPENCL_Q8_DTYPES)
-
-
-def linear_on_stream(be, rows, w, n, decode_rows=0, float_activations=False):
-    """rows @ w.T through a stream marked as a batch of decode_rows decodes and / or scoring."""
-    s = be.stream()
-    s.decode_rows, s.float_activations = decode_rows, float_activations
-    out = be.empty("f32", [len(rows), n])
-    be.linear(be.tensor(rows), w, None, out, stream=s)
-    s.submit()
-    s.sync()
-    return out.numpy()
 
 
 @pytest.mark.parametrize("dtype", OPENCL_Q8_DTYPES)

@@ -74,12 +74,12 @@ def quantized_weight(be, rng, dtype, n, k):
     return be.tensor_raw(np.concatenate(raw), dtype, [n, k]), values
 
 
-def linear_rows(be, x, w, n, float_activations):
-    """x @ w.T through a stream marked (or not) as a scoring step."""
+def linear_on_stream(be, rows, w, n, decode_rows=0, float_activations=False):
+    """rows @ w.T through a stream marked as a batch of decode_rows decodes and / or scoring."""
     s = be.stream()
-    s.float_activations = float_activations
-    out = be.empty("f32", [len(x), n])
-    be.linear(be.tensor(x), w, None, out, stream=s)
+    s.decode_rows, s.float_activations = decode_rows, float_activations
+    out = be.empty("f32", [len(rows), n])
+    be.linear(be.tensor(rows), w, None, out, stream=s)
     s.submit()
     s.sync()
     return out.numpy()
@@ -95,8 +95,8 @@ def test_quantized_linear_float_activations_for_scoring(backend, rng, dtype, tok
     x = rng.standard_normal((tokens, k)).astype(np.float32)
     W, wref = quantized_weight(backend, rng, dtype, n, k)
     ref = x.astype(np.float64) @ wref.T
-    assert R.nmse(linear_rows(backend, x, W, n, True), ref) < F32_TOL
-    assert R.nmse(linear_rows(backend, x, W, n, False), ref) < 3e-4
+    assert R.nmse(linear_on_stream(backend, x, W, n, float_activations=True), ref) < F32_TOL
+    assert R.nmse(linear_on_stream(backend, x, W, n), ref) < 3e-4
 
 
 @pytest.mark.parametrize("dtype", SCORING_DTYPES)
@@ -108,10 +108,10 @@ def test_float_activations_one_row_as_exact_as_many(backend, rng, dtype):
     x = rng.standard_normal((tokens, k)).astype(np.float32)
     W, wref = quantized_weight(backend, rng, dtype, n, k)
     ref = x.astype(np.float64) @ wref.T
-    many = linear_rows(backend, x, W, n, True)
+    many = linear_on_stream(backend, x, W, n, float_activations=True)
     assert R.nmse(many, ref) < F32_TOL
     for t in range(tokens):
-        alone = linear_rows(backend, x[t:t + 1], W, n, True)[0]
+        alone = linear_on_stream(backend, x[t:t + 1], W, n, float_activations=True)[0]
         assert R.nmse(alone, ref[t]) < F32_TOL
         assert R.nmse(alone, many[t]) < F32_TOL
 

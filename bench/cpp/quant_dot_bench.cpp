@@ -108,7 +108,7 @@ double thread_seconds() {
 }
 
 // A batch of decodes through a whole SmolLM2-135M's weights (30 layers' qkv, o, gate_up and
-// down, then the tied lm_head: 93 MB of Q4_1_R16, streamed from DRAM every step as in the engine)
+// down, then the tied lm_head: 93 MB of Q4_1 in R16, streamed from DRAM every step as in the engine)
 // against the same kernel calls repeated on the first layer only (its 3.5 MB stay in L2 / L3):
 // one thread, GMAC/s (and GB/s of weights), best of 3 steps.
 void bench_stream() {
@@ -129,7 +129,7 @@ void bench_stream() {
   for (int l = 0; l < 30; ++l)
     for (auto& sh : layer) add(sh[0], sh[1]);
   add(49152, 576);
-  std::printf("decode steps through SmolLM2-135M's Q4_1_R16 weights, one thread (GMAC/s)\n   T   streamed   layer 0 repeated\n");
+  std::printf("decode steps through SmolLM2-135M's Q4_1 (R16) weights, one thread (GMAC/s)\n   T   streamed   layer 0 repeated\n");
   for (int T : {1, 4, 16, 32}) {
     std::vector<uint8_t> act(dtype_bytes(DType::Q8_0, 1536) * T);
     std::vector<float> x(1536), out(size_t(T) * 49152);

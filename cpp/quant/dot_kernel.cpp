@@ -30,7 +30,11 @@ bool isa_supported(int isa) {
 // One ISA's row kernel for (type, layout), or nullptr; the R16 layout has AVX-512 kernels only.
 detail::DotRowsFn isa_dot_rows(int isa, DType type, WeightLayout layout) {
   if (layout == WeightLayout::R16) return isa == 0 ? detail::avx512_r16_dot_rows(type) : nullptr;
-  return isa == 0 ? detail::avx512_dot_rows(type) : isa == 1 ? detail::avx2_dot_rows(type) : detail::scalar_dot_rows(type);
+  switch (isa) {
+    case 0: return detail::avx512_dot_rows(type);
+    case 1: return detail::avx2_dot_rows(type);
+    default: return detail::scalar_dot_rows(type);
+  }
 }
 
 struct KernelTable {

@@ -23,7 +23,7 @@ FERRUM_AVX512_INLINE __m512i iq4_unsigned_levels() {
                                               _mm_set1_epi8(char(0x80))));
 }
 
-// What a kernel needs to know of one R16 type (kLevels: IQ4_NL, whose nibbles index the
+// What a kernel needs to know of one type in R16 (kLevels: IQ4_NL, whose nibbles index the
 // non-linear levels).
 template <class Block, int kBits, int kOffsetShift, bool kHasMin, bool kLevels = false>
 struct R16 {

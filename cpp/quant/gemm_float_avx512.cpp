@@ -92,7 +92,7 @@ FERRUM_AVX512_BF16 const char* chunk_at(const char* w, size_t w_row_bytes, int64
 }
 
 // Packs `rows` (<= kRows) weight rows: packed[s * kVecs + v], lane i = step s of row 16v + i.
-// Rows past the end are zero. (In the R16 layouts n is whole blocks, so there is no tail.)
+// Rows past the end are zero. (In the R16 layout n is whole blocks, so there is no tail.)
 template <class W, bool kR16>
 FERRUM_AVX512_BF16 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t n, std::vector<__m512i>& packed) {
   const int64_t steps = (n + W::kElems - 1) / W::kElems, full = n / (16 * W::kElems);  // full: whole chunks

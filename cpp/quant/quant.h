@@ -39,7 +39,7 @@ struct DotKernel {
 };
 
 // The fastest kernel this CPU supports for weights of type t in that layout; throws ValueError
-// when there is none (the R16 layouts have AVX-512 kernels only).
+// when there is none (the R16 layout has AVX-512 kernels only).
 const DotKernel& dot_kernel(DType weight_type, WeightLayout layout = WeightLayout::Plain);
 // The portable scalar kernel (the reference the SIMD kernels are tested against).
 const DotKernel& dot_kernel_scalar(DType weight_type);

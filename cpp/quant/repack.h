@@ -41,7 +41,7 @@ namespace ferrum::quant {
 
 constexpr int64_t kR16Rows = 16;
 
-// Q6_K_R16: the slot of quant dword k of a super-block, in the order the kernel reads them: for
+// Q6_K in R16: the slot of quant dword k of a super-block, in the order the kernel reads them: for
 // sub-block s = 0..15 (groups g = 32h + 8q + m, h = s / 8, q = s % 8 / 2, m = 4 (s % 2) + 0..3),
 // each group's ql dword 16h + 8 (q % 2) + m and qh dword 32 + 8h + m, then the scale dword
 // 48 + s / 4; a dword read again keeps its first slot.

@@ -46,6 +46,13 @@ void free_bytes(void* p, size_t n) {
     std::free(p);
 }
 
+// Whether pack_weight stores 2-D weight w in the R16 layout: its type has one, w is whole 16-row
+// groups of whole blocks, and this CPU has the layout's kernels.
+bool goes_in_r16(const Tensor& w) {
+  return quant::has_r16_layout(w.dtype) && w.dim(0) % quant::kR16Rows == 0 &&
+         w.cols() % quant::r16_block_elems(w.dtype) == 0 && quant::gemm_kernel(w.dtype, quant::WeightLayout::R16);
+}
+
 // Splits [0, n) for thread ith of nth; returns false when this thread has nothing to do.
 inline bool my_range(int64_t n, int ith, int nth, int64_t* b, int64_t* e) {
   split_range(n, ith, nth, b, e);
@@ -199,8 +206,7 @@ Tensor CpuBackend::pack_weight(const Tensor& w, const Consumed& consumed) {
   check_host(w);
   if (w.shape.size() != 2) return w;
   using quant::WeightLayout;
-  const bool r16 = quant::has_r16_layout(w.dtype) && w.dim(0) % quant::kR16Rows == 0 &&
-                   w.cols() % quant::r16_block_elems(w.dtype) == 0 && quant::gemm_kernel(w.dtype, WeightLayout::R16);
+  const bool r16 = goes_in_r16(w);
   Tensor t;
   t.dtype = w.dtype;
   t.shape = w.shape;

@@ -50,13 +50,15 @@ struct Matmul {
   quant::WeightLayout layout;
   int64_t unit;  // rows that go to one thread together: a 16-row group of R16 weights, else 1
 
-  Matmul(const Tensor& x_, const Tensor& w_, const Tensor& bias_, const Tensor& out_, int64_t out_col_)
-      : x(x_), w(w_), bias(bias_), out(out_), out_col(out_col_), T(x_.rows()), K(x_.cols()), N(w_.dim(0)),
-        ldo(out_.cols()), w_row_bytes(w_.row_bytes()), layout(layout_of(w_)),
-        unit(layout == quant::WeightLayout::R16 ? quant::kR16Rows : 1) {}
   float* out_cols() const { return host_ptr<float>(out) + out_col; }  // column 0 of this weight's
   const char* weight_rows(int64_t r) const { return host_ptr<char>(w) + r * w_row_bytes; }
 };
+
+Matmul describe(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, int64_t out_col) {
+  const quant::WeightLayout layout = layout_of(w);
+  return {x, w, bias, out, out_col, x.rows(), x.cols(), w.dim(0), out.cols(), w.row_bytes(), layout,
+          layout == quant::WeightLayout::R16 ? quant::kR16Rows : 1};
+}
 
 // The path a call takes: the chosen kernels and whether it is prefill-sized.
 struct LinearPath {
@@ -150,7 +152,8 @@ Activations choose_activations(const Matmul& m, const LinearPath& p) {
 }
 
 void quantize_rows(const Matmul& m, const Activations& a, int64_t t0, int64_t t1, char* dst) {
-  for (int64_t t = t0; t < t1; ++t) quant::quantize_row(a.type, host_ptr<float>(m.x) + t * m.K, dst + t * a.row_bytes, m.K);
+  for (int64_t t = t0; t < t1; ++t)
+    quant::quantize_row(a.type, host_ptr<float>(m.x) + t * m.K, dst + t * a.row_bytes, m.K);
 }
 
 void record_quantize_activations(CpuStream& cs, const Matmul& m, const Activations& a) {
@@ -198,7 +201,8 @@ void dot_row_range(const Matmul& m, const LinearPath& p, const DotSplit& d, cons
   } else {
     for (int64_t tr = r0; tr < r1; tr += d.tile_rows) {
       const int64_t rows = std::min(d.tile_rows, r1 - tr);
-      for (int64_t t = 0; t < m.T; ++t) p.kernel->dot_rows(m.K, m.weight_rows(tr), m.w_row_bytes, rows, a.row(m, acts, t), op + t * m.ldo + tr);
+      for (int64_t t = 0; t < m.T; ++t)
+        p.kernel->dot_rows(m.K, m.weight_rows(tr), m.w_row_bytes, rows, a.row(m, acts, t), op + t * m.ldo + tr);
     }
   }
   add_bias(m, op, r0, r1);
@@ -227,7 +231,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   own({&x, &w, &bias, &out});
   checks::linear(x, w, bias, out, out_col);
   CpuStream& cs = static_cast<CpuStream&>(s);
-  const Matmul m(x, w, bias, out, out_col);
+  const Matmul m = describe(x, w, bias, out, out_col);
   const LinearPath path = choose_path(s, m);
   if (path.sgemm) {
     record_dequantize_sgemm(cs, m, scratch(Scratch::GemmTiles, sgemm_scratch_bytes(m, pool_.size())));

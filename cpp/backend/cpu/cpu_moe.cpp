@@ -84,6 +84,11 @@ const float* rows_f32(const Tensor& w, const char* expert, int64_t r0, int64_t n
   return tile;
 }
 
+// Row r of expert e in a stack of expert matrices (expert_bytes each, rows of row_bytes).
+const char* expert_row(const Tensor& w, size_t expert_bytes, size_t row_bytes, int32_t e, int64_t r) {
+  return host_ptr<char>(w) + size_t(e) * expert_bytes + size_t(r) * row_bytes;
+}
+
 // C[n, rows] = A[n, K] @ B[rows, K]^T
 void gemm_nt(const float* a, const float* b, float* c, int64_t n, int64_t rows, int64_t K) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(K), 1.0f, a, int(K),
@@ -138,6 +143,15 @@ class MoeCall {
   bool gemm(int64_t pairs) const { return float_acts_ || (!decodes_ && pairs > max_dot_pairs_); }
   bool batched(int64_t pairs) const { return batch_gate_ && pairs >= 2 && !gemm(pairs); }
   MoePrep& prep(int ith) { return small_ ? own_[size_t(ith)] : shared_; }
+  // Row r of expert e's gate / up / down matrix.
+  const char* gate_row(int32_t e, int64_t r) const { return expert_row(gate_, gate_bytes_, grb_, e, r); }
+  const char* up_row(int32_t e, int64_t r) const { return expert_row(up_, up_bytes_, urb_, e, r); }
+  const char* down_row(int32_t e, int64_t r) const { return expert_row(down_, down_bytes_, drb_, e, r); }
+  // act[p0 + i, c0 .. c0 + rows) = silu(g[i]) * u[i] for the n pairs from p0 (g, u: [n, rows]).
+  void swiglu_block(const float* g, const float* u, int64_t p0, int64_t n, int64_t c0, int64_t rows) {
+    for (int64_t i = 0; i < n; ++i)
+      cpu::silu_mul(g + i * rows, u + i * rows, act_.data() + (p0 + i) * I_ + c0, rows);
+  }
   float* thread_block(int ith) { return per_thread_.data() + size_t(ith) * per_thread_floats_; }
 
   // Plans (if `plan`) and quantizes x tokens [t0, t1) into pr.
@@ -151,13 +165,20 @@ class MoeCall {
   void gate_up_sgemm(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* tile, float* g, float* u);
   void gate_up_batched(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* g, float* u);
   void gate_up_dot(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* g, float* u);
-  // out columns [r0, r1) += expert e's down rows [r0, r1) over its pairs' act rows.
+  // out columns [r0, r1) += expert e's down rows [r0, r1) over its pairs' act rows, a chunk of
+  // rows at a time into y [pairs, rows]: sgemm, the batched kernel or the row kernel, then the
+  // routing weights.
   void down_expert(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* tile, float* y);
+  void down_batched(const MoePrep& pr, int32_t e, int64_t c0, int64_t rows, float* y);
+  void down_dot(const MoePrep& pr, int32_t e, int64_t c0, int64_t rows, float* y);
+  // out[token of pair p0 + i, c0 .. c0 + rows) += weight of the pair * y[i], for i < n.
+  void add_weighted(const MoePlan& p, int64_t p0, int64_t n, int64_t c0, int64_t rows, const float* y);
 
   Tensor x_, gate_, up_, down_, ids_, weights_, out_;
   int64_t T_, H_, E_, I_, k_, P_;
   const quant::DotKernel *kg_, *ku_, *kd_;  // gate, up, down
   size_t xg_bytes_, xu_bytes_, aq_bytes_;   // activation rows for the gate / up / down kernels
+  size_t grb_, urb_, drb_;                   // row bytes of gate, up, down
   size_t gate_bytes_, up_bytes_, down_bytes_;  // one expert's matrix
   bool float_acts_;                          // a scoring step: every expert runs as sgemm
   bool quant_gate_, quant_up_, quant_act_;   // activations quantized for the dot kernels
@@ -185,11 +206,12 @@ MoeCall::MoeCall(const Stream& s, const Tensor& x, const Tensor& gate, const Ten
       kd_(&quant::dot_kernel(down.dtype)),
       xg_bytes_(dtype_bytes(kg_->act_type, H_)), xu_bytes_(dtype_bytes(ku_->act_type, H_)),
       aq_bytes_(dtype_bytes(kd_->act_type, I_)),
-      gate_bytes_(size_t(I_) * gate.row_bytes()), up_bytes_(size_t(I_) * up.row_bytes()),
-      down_bytes_(size_t(H_) * down.row_bytes()),
+      grb_(gate.row_bytes()), urb_(up.row_bytes()), drb_(down.row_bytes()),
+      gate_bytes_(size_t(I_) * grb_), up_bytes_(size_t(I_) * urb_), down_bytes_(size_t(H_) * drb_),
       float_acts_(s.float_activations),
       quant_gate_(!float_acts_ && kg_->act_type != DType::F32),
-      quant_up_(!float_acts_ && ku_->act_type != DType::F32 && ku_->act_type != kg_->act_type),  // else shares x_gate
+      // up's activations are x_gate's when the types agree
+      quant_up_(!float_acts_ && ku_->act_type != DType::F32 && ku_->act_type != kg_->act_type),
       quant_act_(!float_acts_ && kd_->act_type != DType::F32) {
   choose_paths(s);
   size_scratch(threads);
@@ -302,38 +324,30 @@ void MoeCall::gate_up(int ith, int nth) {
 
 void MoeCall::gate_up_sgemm(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* tile, float* g, float* u) {
   const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
-  const char* ge = host_ptr<char>(gate_) + size_t(e) * gate_bytes_;
-  const char* ue = host_ptr<char>(up_) + size_t(e) * up_bytes_;
   for (int64_t c0 = r0; c0 < r1; c0 += kGemmTileRows) {
     const int64_t rows = std::min(kGemmTileRows, r1 - c0);
-    gemm_nt(xs_.data() + p0 * H_, rows_f32(gate_, ge, c0, rows, tile), g, n, rows, H_);
-    gemm_nt(xs_.data() + p0 * H_, rows_f32(up_, ue, c0, rows, tile), u, n, rows, H_);
-    for (int64_t i = 0; i < n; ++i) cpu::silu_mul(g + i * rows, u + i * rows, act_.data() + (p0 + i) * I_ + c0, rows);
+    gemm_nt(xs_.data() + p0 * H_, rows_f32(gate_, gate_row(e, 0), c0, rows, tile), g, n, rows, H_);
+    gemm_nt(xs_.data() + p0 * H_, rows_f32(up_, up_row(e, 0), c0, rows, tile), u, n, rows, H_);
+    swiglu_block(g, u, p0, n, c0, rows);
   }
 }
 
 void MoeCall::gate_up_batched(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* g, float* u) {
   const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
-  const size_t grb = gate_.row_bytes(), urb = up_.row_bytes();
-  const char* ge = host_ptr<char>(gate_) + size_t(e) * gate_bytes_;
-  const char* ue = host_ptr<char>(up_) + size_t(e) * up_bytes_;
   const char* xq = pr.x_pairs.data() + size_t(p0) * xg_bytes_;
   for (int64_t c0 = r0; c0 < r1; c0 += kDotChunkRows) {  // g, u: [n, rows]
     const int64_t rows = std::min(kDotChunkRows, r1 - c0);
     for (int64_t j = 0; j < n; j += kBatchTokens) {
       const int64_t m = std::min(kBatchTokens, n - j);
-      batch_gate_(H_, ge + c0 * grb, grb, rows, xq + size_t(j) * xg_bytes_, xg_bytes_, m, g + j * rows, rows);
-      batch_up_(H_, ue + c0 * urb, urb, rows, xq + size_t(j) * xg_bytes_, xg_bytes_, m, u + j * rows, rows);
+      batch_gate_(H_, gate_row(e, c0), grb_, rows, xq + size_t(j) * xg_bytes_, xg_bytes_, m, g + j * rows, rows);
+      batch_up_(H_, up_row(e, c0), urb_, rows, xq + size_t(j) * xg_bytes_, xg_bytes_, m, u + j * rows, rows);
     }
-    for (int64_t i = 0; i < n; ++i) cpu::silu_mul(g + i * rows, u + i * rows, act_.data() + (p0 + i) * I_ + c0, rows);
+    swiglu_block(g, u, p0, n, c0, rows);
   }
 }
 
 void MoeCall::gate_up_dot(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* g, float* u) {
   const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
-  const size_t grb = gate_.row_bytes(), urb = up_.row_bytes();
-  const char* ge = host_ptr<char>(gate_) + size_t(e) * gate_bytes_;
-  const char* ue = host_ptr<char>(up_) + size_t(e) * up_bytes_;
   const int64_t step = small_ && n == 1 ? r1 - r0 : kDotChunkRows;
   for (int64_t c0 = r0; c0 < r1; c0 += step) {
     const int64_t rows = std::min(step, r1 - c0);
@@ -343,8 +357,8 @@ void MoeCall::gate_up_dot(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, 
       const void* ag = quant_gate_ ? static_cast<const void*>(pr.x_gate.data() + size_t(t) * xg_bytes_) : xr;
       const void* au = quant_up_ ? static_cast<const void*>(pr.x_up.data() + size_t(t) * xu_bytes_)
                      : ku_->act_type == DType::F32 ? static_cast<const void*>(xr) : ag;
-      kg_->dot_rows(H_, ge + c0 * grb, grb, rows, ag, g);
-      ku_->dot_rows(H_, ue + c0 * urb, urb, rows, au, u);
+      kg_->dot_rows(H_, gate_row(e, c0), grb_, rows, ag, g);
+      ku_->dot_rows(H_, up_row(e, c0), urb_, rows, au, u);
       cpu::silu_mul(g, u, act_.data() + i * I_ + c0, rows);
     }
   }
@@ -374,29 +388,38 @@ void MoeCall::down(int ith, int nth) {
 }
 
 void MoeCall::down_expert(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* tile, float* y) {
-  const MoePlan& p = pr.plan;
-  const int64_t p0 = p.first(e), n = p.count(e);
-  const char* de = host_ptr<char>(down_) + size_t(e) * down_bytes_;
-  const size_t drb = down_.row_bytes();
-  float* o = host_ptr<float>(out_);
+  const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
   const bool sgemm = gemm(n), batch = batched(n);
   const int64_t step = sgemm ? kGemmTileRows : small_ && n == 1 ? r1 - r0 : kDotChunkRows;
   for (int64_t c0 = r0; c0 < r1; c0 += step) {
-    const int64_t rows = std::min(step, r1 - c0);
-    if (sgemm) gemm_nt(act_.data() + p0 * I_, rows_f32(down_, de, c0, rows, tile), y, n, rows, I_);
-    for (int64_t j = 0; batch && j < n; j += kBatchTokens)
-      batch_down_(I_, de + c0 * drb, drb, rows, pr.act_q.data() + size_t(p0 + j) * aq_bytes_, aq_bytes_,
-                  std::min(kBatchTokens, n - j), y + j * rows, rows);
-    for (int64_t i = 0; i < n; ++i) {
-      float* yi = y + i * rows;
-      if (!sgemm && !batch) {
-        const void* a = quant_act_ ? static_cast<const void*>(pr.act_q.data() + size_t(p0 + i) * aq_bytes_)
-                                   : static_cast<const void*>(act_.data() + (p0 + i) * I_);
-        kd_->dot_rows(I_, de + c0 * drb, drb, rows, a, yi);
-      }
-      cpu::axpy_f32(p.pair_weight[size_t(p0 + i)], yi, o + p.pair_token[size_t(p0 + i)] * H_ + c0, rows);
-    }
+    const int64_t rows = std::min(step, r1 - c0);  // y: [n, rows]
+    if (sgemm) gemm_nt(act_.data() + p0 * I_, rows_f32(down_, down_row(e, 0), c0, rows, tile), y, n, rows, I_);
+    else if (batch) down_batched(pr, e, c0, rows, y);
+    else down_dot(pr, e, c0, rows, y);
+    add_weighted(pr.plan, p0, n, c0, rows, y);
   }
+}
+
+void MoeCall::down_batched(const MoePrep& pr, int32_t e, int64_t c0, int64_t rows, float* y) {
+  const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
+  for (int64_t j = 0; j < n; j += kBatchTokens)
+    batch_down_(I_, down_row(e, c0), drb_, rows, pr.act_q.data() + size_t(p0 + j) * aq_bytes_, aq_bytes_,
+                std::min(kBatchTokens, n - j), y + j * rows, rows);
+}
+
+void MoeCall::down_dot(const MoePrep& pr, int32_t e, int64_t c0, int64_t rows, float* y) {
+  const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
+  for (int64_t i = 0; i < n; ++i) {
+    const void* a = quant_act_ ? static_cast<const void*>(pr.act_q.data() + size_t(p0 + i) * aq_bytes_)
+                               : static_cast<const void*>(act_.data() + (p0 + i) * I_);
+    kd_->dot_rows(I_, down_row(e, c0), drb_, rows, a, y + i * rows);
+  }
+}
+
+void MoeCall::add_weighted(const MoePlan& p, int64_t p0, int64_t n, int64_t c0, int64_t rows, const float* y) {
+  float* o = host_ptr<float>(out_);
+  for (int64_t i = 0; i < n; ++i)
+    cpu::axpy_f32(p.pair_weight[size_t(p0 + i)], y + i * rows, o + p.pair_token[size_t(p0 + i)] * H_ + c0, rows);
 }
 
 }  // namespace
