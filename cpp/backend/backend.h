@@ -74,8 +74,9 @@ class Stream {
   // computes the same whatever its batch; prompts keep the prefill numerics.
   int64_t decode_rows = 0;
   // Set by the recorder when the step returns logits at more positions than its last ones
-  // (scoring, evaluation): matmuls then keep f32 activations, so scores agree with a float
-  // reference; generation's prefill may quantize activations to 8 bits (the CPU's int8 GEMM).
+  // (scoring, evaluation): every matmul (linear, moe_experts) recorded while it is set keeps f32
+  // activations, whatever its row count, so scores agree with a float reference; generation's
+  // prefill and decodes may quantize activations to 8 bits (the CPU's int8 GEMM and dot kernels).
   bool float_activations = false;
 };
 
