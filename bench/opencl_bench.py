@@ -103,11 +103,11 @@ def bench_linear(be, dtype: str, tokens: int, k: int, n: int | None, reps: int, 
 
 def launch_overhead_us(be, launches: int = 400) -> float:
     """Wall time per launch of a stream of tiny kernels (what one decode step pays per op)."""
-    a = be.tensor(np.ones(64, np.float32))
-    out = be.empty("f32", [64])
+    gate_up = be.tensor(np.ones((1, 128), np.float32))
+    out = be.empty("f32", [1, 64])
     s = be.stream()
     for _ in range(launches):
-        be.add(a, a, out, stream=s)
+        be.swiglu(gate_up, out, stream=s)
     return wall_seconds(s, 5) / launches * 1e6
 
 

@@ -74,22 +74,6 @@ inline void rope_head(float* v, const global float* c, const global float* s, in
   }
 }
 
-// x [T, H, hd] rotated in place by positions[t]; one work-item per (token, head).
-kernel void rope(global float* x, long x_off, const global int* positions, long pos_off,
-                 const global float* cos_t, long cos_off, const global float* sin_t, long sin_off,
-                 int T, int H, int hd, int rot_half, int max_pos, int interleaved) {
-  const int gid = (int)get_global_id(0);
-  if (gid >= T * H) return;
-  const int pos = positions[pos_off + gid / H];
-  if (pos < 0 || pos >= max_pos) return;  // validated by the model; memory safety only
-  global float* head = x + x_off + (long)gid * hd;
-  float v[MAX_HEAD_DIM];
-  for (int i = 0; i < hd; ++i) v[i] = head[i];
-  rope_head(v, cos_t + cos_off + (long)pos * rot_half, sin_t + sin_off + (long)pos * rot_half,
-            rot_half, interleaved);
-  for (int i = 0; i < hd; ++i) head[i] = v[i];
-}
-
 // qkv [T, (H + 2 KV) * hd] -> q_out [T, H, hd] and the pool rows at slot_mapping[t]; optional
 // per-head RMS norm of q and k (QK-norm), RoPE of q and k. One work-item per (token, head).
 kernel void qkv_to_cache(const global float* qkv, long qkv_off, const global float* q_norm,

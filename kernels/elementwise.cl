@@ -1,4 +1,4 @@
-// Row and element kernels: norms, SwiGLU, add, row gather, argmax. Offsets are in elements.
+// Row and element kernels: norms, SwiGLU, row gather, MoE routing. Offsets are in elements.
 
 inline float rms_inv(const global float* x, int d, float eps) {
   float16 acc = (float16)(0.0f);
@@ -57,12 +57,6 @@ kernel void swiglu(const global float* gu, long gu_off, global float* out, long 
   for (int j = i; j < n; ++j) o[j] = g[j] / (1.0f + exp(-g[j])) * g[n + j];
 }
 
-kernel void add(const global float* a, long a_off, const global float* b, long b_off,
-                global float* out, long out_off, long n) {
-  const long i = get_global_id(0);
-  if (i < n) out[out_off + i] = a[a_off + i] + b[b_off + i];
-}
-
 // out[r, :] = x[idx[r], :]; rows outside x become zeros.
 kernel void gather_rows(const global float* x, long x_off, int x_rows, const global int* idx,
                         long idx_off, global float* out, long out_off, int rows, int d) {
@@ -71,47 +65,6 @@ kernel void gather_rows(const global float* x, long x_off, int x_rows, const glo
   const int r = (int)(i / d), j = (int)(i % d);
   const int src = idx[idx_off + r];
   out[out_off + i] = (src >= 0 && src < x_rows) ? x[x_off + (long)src * d + j] : 0.0f;
-}
-
-// out[r] = first index of the maximum of row r. Sixteen lanes each keep their own running
-// maximum (first occurrence), then the lanes are merged preferring the lower index on ties.
-kernel void argmax_rows(const global float* x, long x_off, global int* out, long out_off,
-                        int rows, int d) {
-  const int r = (int)get_global_id(0);
-  if (r >= rows) return;
-  x += x_off + (long)r * d;
-  float best = x[0];
-  int best_i = 0;
-  int i = 0;
-  if (d >= 16) {
-    float16 bv = vload16(0, x);
-    int16 bi = (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    int16 idx = bi;
-    for (i = 16; i + 16 <= d; i += 16) {
-      idx += 16;
-      const float16 v = vload16(0, x + i);
-      const int16 gt = isgreater(v, bv);
-      bv = select(bv, v, gt);
-      bi = select(bi, idx, gt);
-    }
-    float lanes_v[16];
-    int lanes_i[16];
-    vstore16(bv, 0, lanes_v);
-    vstore16(bi, 0, lanes_i);
-    best = lanes_v[0];
-    best_i = lanes_i[0];
-    for (int l = 1; l < 16; ++l)
-      if (lanes_v[l] > best || (lanes_v[l] == best && lanes_i[l] < best_i)) {
-        best = lanes_v[l];
-        best_i = lanes_i[l];
-      }
-  }
-  for (; i < d; ++i)
-    if (x[i] > best) {
-      best = x[i];
-      best_i = i;
-    }
-  out[out_off + r] = best_i;
 }
 
 // Router (semantics in cpp/backend/backend.h): one work-item per token. p = softmax(logits) in

@@ -53,10 +53,10 @@ inline float load_f16(const global uchar* p) {
 
 // The same for block_dot_q8's one block at a time: on x86 one vcvtph2ps (exact too), where the
 // re-biasing is seven scalar instructions. The tile kernels keep load_f16: there the compiler
-// vectorizes it over a tile's rows, and the builtin made Q4_1 / Q8_0 tiles 4-8% slower. The
-// halves are read as 32-bit integers (bytes past the scale are the block's own): read as 16-bit
-// ones, LLVM built a block pair's scales by inserting them into whatever register was free,
-// often an accumulator, a false dependency that cost Q4_0 / Q5_0 a third of their speed.
+// vectorizes it over a tile's rows, and the builtin made Q4_1 / Q8_0 tiles slower. The halves
+// are read as 32-bit integers (bytes past the scale are the block's own): read as 16-bit ones,
+// LLVM builds a block pair's scales by inserting them into whatever register is free, often an
+// accumulator, a false dependency that slows Q4_0 / Q5_0 badly.
 #ifdef X86_BUILTINS
 inline float4 f16x2_to_f32(uint h) { return __builtin_ia32_vcvtph2ps(as_short8((uint4)(h, 0u, 0u, 0u))); }
 inline float2 block_f16x2(const global uchar* p) { return f16x2_to_f32(*(const global uint_unaligned*)p).s01; }
@@ -69,14 +69,14 @@ inline float block_f16(const global uchar* p) { return load_f16(p); }
 // block_dot(b, x, xs, acc, acc_m): acc[0] (+ acc[1]) += the products of block b's quants with
 // x[0, 32 * W_CHUNKS), lane-wise (the k-quants alternate between the two accumulators, so their
 // FMAs do not wait for each other); acc_m += the rest of the block's dot product (mins times sums
-// of x, xs[j] the sum of x over chunk j), lane-wise too (a horizontal sum per block cost 15%).
+// of x, xs[j] the sum of x over chunk j), lane-wise too (a horizontal sum per block is slower).
 // The block's scales multiply sums of products, not every weight: per 32 weights one multiply and
 // two FMAs after the int-to-float conversions, where dequantizing first costs four float ops.
 // Offsets such as Q4_0's -8 are applied to the bytes (one 16-byte op) before widening to floats.
 // On pocl this is bound by vector instructions, not by memory (docs/performance.md).
 // A block's scale read back from memory: the FMA then takes it as a broadcast memory operand,
-// where a scale in a register costs a 512-bit broadcast, one of ~8 vector ops per 32 weights
-// (measured 3-7% on Q4_0). The volatile keeps the compiler from forwarding the value.
+// where a scale in a register costs a 512-bit broadcast, one of ~8 vector ops per 32 weights.
+// The volatile keeps the compiler from forwarding the value.
 ALWAYS_INLINE float via_memory(float v) {
   volatile float m = v;
   return m;
@@ -92,8 +92,8 @@ typedef uchar4 __attribute__((aligned(1))) uchar4_unaligned;
 // 32-element chunk its scale and the sum of its dequantized values; the 32-element types add
 // their min / offset term to the scalar acc_s, the k-quants theirs to acc_m lane-wise. Weight quants times x quants are exact integer
 // sums of four products (dot32_*), converted to floats once per 4 products and scaled per chunk
-// by d_w * d_x; mins and offsets (Q4_0's 8) come from xsum. On pocl this is about half the
-// vector instructions of block_dot's float conversions (docs/performance.md).
+// by d_w * d_x; mins and offsets (Q4_0's 8) come from xsum. On pocl this takes far fewer vector
+// instructions than block_dot's float conversions (docs/performance.md).
 //
 // Lane i of dot32_*(lo, hi, xq) is the sum of w[l] * xq[l] for l = 4i .. 4i + 3 (lo holds
 // elements 0..15, hi 16..31), on every device: integers, so the result is exact either way.

@@ -78,6 +78,17 @@ def run_experts(backend, x, tensors, ids, w):
     return out.numpy()
 
 
+def experts_on_stream(backend, x, tensors, ids, w, decode_rows=0, float_activations=False):
+    """moe_experts through a stream marked as a batch of decode_rows decodes and / or scoring."""
+    s = backend.stream()
+    s.decode_rows, s.float_activations = decode_rows, float_activations
+    out = backend.empty("f32", list(x.shape))
+    backend.moe_experts(backend.tensor(x), *tensors, backend.tensor(ids), backend.tensor(w), out, stream=s)
+    s.submit()
+    s.sync()
+    return out.numpy()
+
+
 @pytest.mark.parametrize("T,E,k", [(1, 8, 1), (1, 16, 2), (7, 16, 4), (33, 128, 8), (5, 8, 8)])
 @pytest.mark.parametrize("normalize", [False, True])
 def test_moe_route(backend, rng, T, E, k, normalize):
@@ -164,14 +175,7 @@ def test_moe_experts_decode_batch_equals_each_token_alone(backend, rng, dtypes):
     w = rng.random((T, k)).astype(np.float32)
 
     def run(rows, decode_rows):
-        s = backend.stream()
-        s.decode_rows = decode_rows
-        out = backend.empty("f32", [len(rows), H])
-        backend.moe_experts(backend.tensor(x[rows]), *tensors, backend.tensor(ids[rows]), backend.tensor(w[rows]),
-                            out, stream=s)
-        s.submit()
-        s.sync()
-        return out.numpy()
+        return experts_on_stream(backend, x[rows], tensors, ids[rows], w[rows], decode_rows=decode_rows)
 
     alone = np.concatenate([run([t], 1) for t in range(T)])
     np.testing.assert_array_equal(run(list(range(T)), T), alone)
@@ -212,6 +216,24 @@ def test_moe_experts_quantized_many_tokens_per_expert_is_f32_exact(backend, rng,
     w = rng.random((T, k)).astype(np.float32)
     got = run_experts(backend, x, tensors, ids, w)
     assert R.nmse(got, R.moe_experts(x, *values, ids, w)) < F32_TOL
+
+
+@pytest.mark.parametrize("dtypes", [("q8_0",) * 3, ("q4_k", "q4_k", "q6_k")])
+def test_moe_experts_float_activations_one_token_as_exact_as_many(backend, rng, dtypes):
+    """A scoring stream (float_activations) keeps f32 activations for every expert, whatever the
+    token or pair count: a token alone is as close to the f32 reference as the tokens of a
+    many-token call, whose experts are each chosen by few enough tokens for the dot path."""
+    E, I, H, k, T = 4, 256, 256, 2, 6
+    tensors, values = expert_weights(backend, rng, E, I, H, dtypes)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
+    w = rng.random((T, k)).astype(np.float32)
+    ref = R.moe_experts(x, *values, ids, w)
+
+    assert R.nmse(experts_on_stream(backend, x, tensors, ids, w, float_activations=True), ref) < F32_TOL
+    for t in range(T):
+        alone = experts_on_stream(backend, x[t:t + 1], tensors, ids[t:t + 1], w[t:t + 1], float_activations=True)
+        assert R.nmse(alone[0], ref[t]) < F32_TOL
 
 
 def test_moe_experts_ids_out_of_range_add_nothing(backend, rng):

@@ -26,20 +26,27 @@
 using namespace ferrum;
 using namespace ferrum::quant;
 
-// rows x n random weights of type t (R16 types: quantized to their file type, then repacked).
-std::vector<uint8_t> random_weights(DType t, int rows, int n, std::mt19937& rng) {
+// A weight format the benchmarks run: a type in the file's layout or in the CPU's R16 one.
+struct Format {
+  DType type;
+  WeightLayout layout = WeightLayout::Plain;
+  std::string name() const { return std::string(dtype_name(type)) + (layout == WeightLayout::R16 ? "_r16" : ""); }
+};
+constexpr WeightLayout R16 = WeightLayout::R16;
+
+// rows x n random weights of format f (R16: quantized to the type, then repacked).
+std::vector<uint8_t> random_weights(Format f, int rows, int n, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1, 1);
-  const DType file_type = r16_source(t);
-  const size_t row_bytes = dtype_bytes(t, n);
+  const size_t row_bytes = dtype_bytes(f.type, n);
   std::vector<uint8_t> w(row_bytes * rows);
   std::vector<float> x(n);
   for (int r = 0; r < rows; ++r) {
     for (float& v : x) v = u(rng);
-    quantize_row(file_type, x.data(), w.data() + r * row_bytes, n);
+    quantize_row(f.type, x.data(), w.data() + r * row_bytes, n);
   }
-  if (is_r16(t)) {
+  if (f.layout == R16) {
     std::vector<uint8_t> packed(w.size());
-    repack_r16(file_type, w.data(), packed.data(), rows, n);
+    repack_r16(f.type, w.data(), packed.data(), rows, n);
     w.swap(packed);
   }
   return w;
@@ -53,8 +60,9 @@ int whole_blocks(DType t, int n) {
 
 // Batched kernels at T activation rows: GMAC/s over the weight matrix (rows x n), best of 5.
 void bench_batch() {
-  const DType types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
-                         DType::Q8_0_R16, DType::Q4_0_R16, DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16, DType::Q6_K_R16, DType::Q2_K_R16, DType::Q3_K_R16};
+  const Format formats[] = {{DType::Q8_0}, {DType::Q4_0}, {DType::Q4_1}, {DType::Q5_0}, {DType::Q5_1},
+                            {DType::Q8_0, R16}, {DType::Q4_0, R16}, {DType::Q4_1, R16}, {DType::Q5_0, R16}, {DType::Q5_1, R16},
+                            {DType::Q4_K, R16}, {DType::Q5_K, R16}, {DType::Q6_K, R16}, {DType::Q2_K, R16}, {DType::Q3_K, R16}};
   // rows x n: L2-resident, and the tied lm_head of SmolLM2 (L3-resident, 3 MB of outputs at T = 16)
   const int shapes[][2] = {{576, 1536}, {1536, 576}, {49152, 576}};
   const int batch_rows[] = {2, 4, 8, 16, 32, 64};
@@ -64,15 +72,15 @@ void bench_batch() {
   for (int T : batch_rows)
     for (auto& shape : shapes) std::printf(" T%-2d %4dx%-4d", T, shape[0], shape[1]);
   std::printf("\n");
-  for (DType t : types) {
-    DotBatchFn batch = dot_batch_kernel(t);
+  for (const Format& f : formats) {
+    DotBatchFn batch = dot_batch_kernel(f.type, f.layout);
     if (!batch) continue;
-    std::printf("%-8s            ", dtype_name(t));
+    std::printf("%-8s            ", f.name().c_str());
     for (int T : batch_rows) {
       for (auto& shape : shapes) {
-        const int rows = shape[0], n = whole_blocks(t, shape[1]);
-        const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(DType::Q8_0, n);
-        std::vector<uint8_t> w = random_weights(t, rows, n, rng), act(act_bytes * T);
+        const int rows = shape[0], n = whole_blocks(f.type, shape[1]);
+        const size_t row_bytes = dtype_bytes(f.type, n), act_bytes = dtype_bytes(DType::Q8_0, n);
+        std::vector<uint8_t> w = random_weights(f, rows, n, rng), act(act_bytes * T);
         std::vector<float> x(n), out(size_t(T) * rows);
         for (int r = 0; r < T; ++r) {
           for (float& v : x) v = u(rng);
@@ -100,11 +108,11 @@ double thread_seconds() {
 }
 
 // A batch of decodes through a whole SmolLM2-135M's weights (30 layers' qkv, o, gate_up and
-// down, then the tied lm_head: 93 MB of Q4_1_R16, streamed from DRAM every step as in the engine)
+// down, then the tied lm_head: 93 MB of Q4_1 in R16, streamed from DRAM every step as in the engine)
 // against the same kernel calls repeated on the first layer only (its 3.5 MB stay in L2 / L3):
 // one thread, GMAC/s (and GB/s of weights), best of 3 steps.
 void bench_stream() {
-  const DType t = DType::Q4_1_R16;
+  const Format f{DType::Q4_1, R16};
   const int layer[][2] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};  // rows, n
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -113,7 +121,7 @@ void bench_stream() {
   std::vector<WeightArena::Block> blocks;
   std::vector<Matrix> model;
   auto add = [&](int rows, int n) {
-    const std::vector<uint8_t> w = random_weights(t, rows, n, rng);
+    const std::vector<uint8_t> w = random_weights(f, rows, n, rng);
     blocks.push_back(arena.allocate(w.size()));
     std::memcpy(blocks.back().data, w.data(), w.size());
     model.push_back({rows, n, static_cast<const uint8_t*>(blocks.back().data)});
@@ -121,7 +129,7 @@ void bench_stream() {
   for (int l = 0; l < 30; ++l)
     for (auto& sh : layer) add(sh[0], sh[1]);
   add(49152, 576);
-  std::printf("decode steps through SmolLM2-135M's Q4_1_R16 weights, one thread (GMAC/s)\n   T   streamed   layer 0 repeated\n");
+  std::printf("decode steps through SmolLM2-135M's Q4_1 (R16) weights, one thread (GMAC/s)\n   T   streamed   layer 0 repeated\n");
   for (int T : {1, 4, 16, 32}) {
     std::vector<uint8_t> act(dtype_bytes(DType::Q8_0, 1536) * T);
     std::vector<float> x(1536), out(size_t(T) * 49152);
@@ -139,16 +147,16 @@ void bench_stream() {
           const Matrix& m = hot ? model[i % 4] : model[i];
           const size_t ab = dtype_bytes(DType::Q8_0, m.n);
           if (T == 1)
-            dot_kernel(t).dot_rows(m.n, m.w, dtype_bytes(t, m.n), m.rows, act.data(), out.data());
+            dot_kernel(f.type, f.layout).dot_rows(m.n, m.w, dtype_bytes(f.type, m.n), m.rows, act.data(), out.data());
           else
-            dot_batch_kernel(t)(m.n, m.w, dtype_bytes(t, m.n), m.rows, act.data(), ab, T, out.data(), m.rows);
+            dot_batch_kernel(f.type, f.layout)(m.n, m.w, dtype_bytes(f.type, m.n), m.rows, act.data(), ab, T, out.data(), m.rows);
           macs += double(m.rows) * m.n * T;
         }
         best = std::min(best, thread_seconds() - t0);
       }
       rate[hot] = macs / best / 1e9;
     }
-    const double bytes_per_mac = double(dtype_bytes(t, 32)) / 32 / T;
+    const double bytes_per_mac = double(dtype_bytes(f.type, 32)) / 32 / T;
     std::printf("%4d   %8.1f   %8.1f      (%.1f GB/s streamed)\n", T, rate[0], rate[1], rate[0] * bytes_per_mac);
   }
 }
@@ -199,28 +207,29 @@ void bench_gemm() {
 // The int8 GEMM of a prefill chunk at SmolLM2-135M's shapes (one thread): what the model's
 // linear_dot commands run per thread, without the model around them.
 void bench_prefill() {
-  const DType types[] = {DType::Q4_1_R16, DType::Q8_0_R16, DType::Q4_1, DType::Q5_0_R16, DType::Q5_0, DType::Q4_K_R16, DType::Q4_K,
-                         DType::Q2_K_R16, DType::Q2_K, DType::Q3_K_R16, DType::Q3_K, DType::IQ4_NL_R16, DType::IQ4_XS_R16};
+  const Format formats[] = {{DType::Q4_1, R16}, {DType::Q8_0, R16}, {DType::Q4_1}, {DType::Q5_0, R16}, {DType::Q5_0},
+                            {DType::Q4_K, R16}, {DType::Q4_K}, {DType::Q2_K, R16}, {DType::Q2_K}, {DType::Q3_K, R16},
+                            {DType::Q3_K}, {DType::IQ4_NL, R16}, {DType::IQ4_XS, R16}};
   const int shapes[][2] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};  // rows, n
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1, 1);
   std::printf("prefill GEMM, SmolLM2-135M shapes (GMAC per CPU s)\n%-9s %5s", "type", "T");
   for (auto& sh : shapes) std::printf("   %4dx%-4d", sh[0], sh[1]);
   std::printf("\n");
-  for (DType t : types)
+  for (const Format& f : formats)
     for (int T : {64, 512}) {
-      std::printf("%-9s %5d", dtype_name(t), T);
+      std::printf("%-9s %5d", f.name().c_str(), T);
       for (auto& sh : shapes) {
-        const int rows = sh[0], n = whole_blocks(t, sh[1]);
-        const DType at = gemm_act_type(t);
-        const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(at, n);
-        std::vector<uint8_t> w = random_weights(t, rows, n, rng), act(act_bytes * T);
+        const int rows = sh[0], n = whole_blocks(f.type, sh[1]);
+        const DType at = gemm_act_type(f.type);
+        const size_t row_bytes = dtype_bytes(f.type, n), act_bytes = dtype_bytes(at, n);
+        std::vector<uint8_t> w = random_weights(f, rows, n, rng), act(act_bytes * T);
         std::vector<float> x(n), out(size_t(T) * rows);
         for (int r = 0; r < T; ++r) {
           for (float& v : x) v = u(rng);
           quantize_row(at, x.data(), act.data() + r * act_bytes, n);
         }
-        const DotBatchFn gemm = gemm_kernel(t);
+        const DotBatchFn gemm = gemm_kernel(f.type, f.layout);
         double best = 1e30;
         for (int rep = 0; rep < 5; ++rep) {
           const double t0 = thread_seconds();
@@ -253,17 +262,17 @@ __attribute__((target("avx2"))) uint64_t plain_read(const uint8_t* p, size_t byt
 // two alternate, 9 times (this VM's bandwidth drifts, in phases of seconds to minutes, so each
 // pair is printed: the medians of the pairs would mix phases). hot: 256 rows read 2000 times
 // instead (in L2: the kernel's compute rate).
-void bench_read(DType t, int n, bool hot, int threads) {
-  const size_t row_bytes = dtype_bytes(t, n);
+void bench_read(Format f, int n, bool hot, int threads) {
+  const size_t row_bytes = dtype_bytes(f.type, n);
   const int rows = hot ? 256 : int((size_t(threads) << 28) / row_bytes) & ~15, call_rows = 1536, passes = hot ? 2000 : 1;
   std::mt19937 rng(3);
-  const std::vector<uint8_t> one = random_weights(t, std::min(rows, call_rows), n, rng);
+  const std::vector<uint8_t> one = random_weights(f, std::min(rows, call_rows), n, rng);
   WeightArena arena;
   WeightArena::Block block = arena.allocate(row_bytes * rows);
   uint8_t* w = static_cast<uint8_t*>(block.data);
   for (int r = 0; r < rows; r += call_rows)
     std::memcpy(w + r * row_bytes, one.data(), std::min<size_t>(one.size(), (rows - r) * row_bytes));
-  const DotKernel& kern = dot_kernel(t);
+  const DotKernel& kern = dot_kernel(f.type, f.layout);
   std::vector<float> x(n);
   std::uniform_real_distribution<float> u(-1, 1);
   for (float& v : x) v = u(rng);
@@ -286,7 +295,7 @@ void bench_read(DType t, int n, bool hot, int threads) {
     for (int p = 0; p < passes; ++p) sinks[size_t(i)] += plain_read(w + r0 * row_bytes, size_t(count) * row_bytes);
   };
   const double bytes = double(row_bytes) * rows * passes;
-  std::printf("%s %dx%d%s, %d thread%s: row kernel / plain read GB/s\n ", dtype_name(t), rows, n, hot ? " (hot)" : "",
+  std::printf("%s %dx%d%s, %d thread%s: row kernel / plain read GB/s\n ", f.name().c_str(), rows, n, hot ? " (hot)" : "",
               threads, threads > 1 ? "s" : "");
   std::vector<double> shares;
   for (int rep = 0; rep < 9; ++rep) {
@@ -317,9 +326,11 @@ int main(int argc, char** argv) {
   }
   if (mode == "read" && argc > 2) {
     for (int i = 0; i <= int(kLastType); ++i)
-      if (argv[2] == std::string(dtype_name(DType(i)))) {
+      for (WeightLayout layout : {WeightLayout::Plain, R16}) {
+        const Format f{DType(i), layout};
+        if (argv[2] != f.name()) continue;
         const std::string opt = argc > 4 ? argv[4] : "";
-        bench_read(DType(i), argc > 3 ? std::atoi(argv[3]) : 576, opt == "hot", opt == "2" ? 2 : 1);
+        bench_read(f, argc > 3 ? std::atoi(argv[3]) : 576, opt == "hot", opt == "2" ? 2 : 1);
       }
     return 0;
   }
@@ -328,30 +339,32 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string only = mode == "rows" && argc > 2 ? argv[2] : "";  // rows TYPE: that row kernel
-  const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0, DType::Q4_0,
-                         DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                         DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0_R16, DType::Q4_0_R16,
-                         DType::Q4_1_R16, DType::Q5_0_R16, DType::Q5_1_R16, DType::Q4_K_R16, DType::Q5_K_R16, DType::Q6_K_R16, DType::Q2_K_R16, DType::Q3_K_R16,
-                         DType::IQ4_NL, DType::IQ4_XS, DType::IQ4_NL_R16, DType::IQ4_XS_R16, DType::F16_R16, DType::BF16_R16};
+  const Format formats[] = {{DType::F32}, {DType::F16}, {DType::BF16}, {DType::Q8_0}, {DType::Q4_0},
+                            {DType::Q4_1}, {DType::Q5_0}, {DType::Q5_1}, {DType::Q2_K}, {DType::Q3_K},
+                            {DType::Q4_K}, {DType::Q5_K}, {DType::Q6_K}, {DType::Q8_0, R16}, {DType::Q4_0, R16},
+                            {DType::Q4_1, R16}, {DType::Q5_0, R16}, {DType::Q5_1, R16}, {DType::Q4_K, R16},
+                            {DType::Q5_K, R16}, {DType::Q6_K, R16}, {DType::Q2_K, R16}, {DType::Q3_K, R16},
+                            {DType::IQ4_NL}, {DType::IQ4_XS}, {DType::IQ4_NL, R16}, {DType::IQ4_XS, R16},
+                            {DType::F16, R16}, {DType::BF16, R16}};
   // rows x n: L2-resident, L3-resident (up to 32 MB), and 64 MB worth of rows (DRAM)
   const int shapes[][2] = {{576, 1536}, {4096, 4096}, {0, 4096}};
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1, 1);
   std::printf("%-8s %-7s %12s %12s %12s\n", "type", "isa", "576x1536", "4096x4096", "64MBx4096");
-  for (DType t : types) {
-    if (!only.empty() && only != dtype_name(t)) continue;
+  for (const Format& f : formats) {
+    if (!only.empty() && only != f.name()) continue;
     std::vector<double> gbps[3];
-    std::vector<const char*> isas = dot_kernel_isas(t);
+    std::vector<const char*> isas = dot_kernel_isas(f.type, f.layout);
     for (auto& shape : shapes) {
       const int n = shape[1];
-      const size_t row_bytes = dtype_bytes(t, n);
+      const size_t row_bytes = dtype_bytes(f.type, n);
       const int rows = (shape[0] ? shape[0] : int((64 << 20) / row_bytes)) & ~15;  // R16: whole groups
-      const std::vector<uint8_t> w = random_weights(t, rows, n, rng);
+      const std::vector<uint8_t> w = random_weights(f, rows, n, rng);
       std::vector<float> x(n);
       for (float& v : x) v = u(rng);
       std::vector<float> out(rows);
       for (size_t k = 0; k < isas.size(); ++k) {
-        const DotKernel* kern = dot_kernel_for_isa(t, isas[k]);
+        const DotKernel* kern = dot_kernel_for_isa(f.type, isas[k], f.layout);
         std::vector<uint8_t> act(dtype_bytes(kern->act_type, n));
         quantize_row(kern->act_type, x.data(), act.data(), n);
         // Repeat for ~0.3 s; the small matrix (L2-resident after the first pass) measures the
@@ -368,7 +381,7 @@ int main(int argc, char** argv) {
       }
     }
     for (size_t k = 0; k < isas.size(); ++k)
-      std::printf("%-8s %-7s %9.1f GB/s %7.1f GB/s %7.1f GB/s\n", dtype_name(t), isas[k], gbps[k][0],
+      std::printf("%-8s %-7s %9.1f GB/s %7.1f GB/s %7.1f GB/s\n", f.name().c_str(), isas[k], gbps[k][0],
                   gbps[k][1], gbps[k][2]);
   }
   if (only.empty()) {

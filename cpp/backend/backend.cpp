@@ -6,9 +6,9 @@
 namespace ferrum {
 
 const char* op_name(Op op) {
-  static const char* names[] = {"embedding", "linear", "rms_norm", "add_rms_norm", "rope",
-                                "qkv_to_cache", "paged_attention", "swiglu", "add",
-                                "gather_rows", "argmax", "copy", "moe_route", "moe_experts"};
+  static const char* names[] = {"embedding",       "linear", "rms_norm",    "add_rms_norm",
+                                "qkv_to_cache",    "paged_attention", "swiglu", "gather_rows",
+                                "moe_route",       "moe_experts"};
   return names[static_cast<int>(op)];
 }
 

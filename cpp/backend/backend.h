@@ -1,6 +1,6 @@
 // The backend interface: buffers, a command stream that ops are recorded into, and the op set
-// the decoders need. Model code is written once against this; the CPU and OpenCL backends
-// implement it.
+// the decoders record (only those: a new backend implements what the model uses). Model code is
+// written once against this; the CPU and OpenCL backends implement it.
 //
 // Recording model: every op call appends a command to a Stream; nothing runs until
 // Stream::submit(). Commands bind tensors (not host values), so a recorded stream can be
@@ -20,8 +20,8 @@
 namespace ferrum {
 
 enum class Op {
-  Embedding, Linear, RmsNorm, AddRmsNorm, Rope, QkvToCache, PagedAttention, SwiGLU,
-  Add, GatherRows, Argmax, Copy, MoeRoute, MoeExperts,
+  Embedding, Linear, RmsNorm, AddRmsNorm, QkvToCache, PagedAttention, SwiGLU, GatherRows,
+  MoeRoute, MoeExperts,
 };
 const char* op_name(Op op);
 
@@ -74,8 +74,9 @@ class Stream {
   // computes the same whatever its batch; prompts keep the prefill numerics.
   int64_t decode_rows = 0;
   // Set by the recorder when the step returns logits at more positions than its last ones
-  // (scoring, evaluation): matmuls then keep f32 activations, so scores agree with a float
-  // reference; generation's prefill may quantize activations to 8 bits (the CPU's int8 GEMM).
+  // (scoring, evaluation): every matmul (linear, moe_experts) recorded while it is set keeps f32
+  // activations, whatever its row count, so scores agree with a float reference; generation's
+  // prefill and decodes may quantize activations to 8 bits (the CPU's int8 GEMM and dot kernels).
   bool float_activations = false;
 };
 
@@ -98,8 +99,9 @@ class Backend {
   virtual void download(const Tensor& src, void* dst, size_t bytes) = 0;
   virtual std::unique_ptr<Stream> new_stream() = 0;
   // A 2-D weight that only linear and embedding will read, where and in the layout those run
-  // fastest here: possibly a copy (the CPU's weight arena), possibly in a dtype of the backend's
-  // own (the CPU's R16 types) with the same values and sizes; else w itself. A copy
+  // fastest here: possibly a copy (the CPU's weight arena), possibly in a layout of the backend's
+  // own (the CPU's R16 row interleaving, recorded in its storage) with the same dtype, values
+  // and sizes; else w itself. A copy
   // tells `consumed` (if set) of each range of w it has finished reading, so a loader can drop
   // those file pages as it goes: memory never holds both whole copies of a large weight.
   using Consumed = std::function<void(const void* begin, size_t bytes)>;
@@ -119,8 +121,6 @@ class Backend {
   // residual += x; out = rms_norm(residual) * w.
   virtual void add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x, const Tensor& w,
                             float eps, const Tensor& out) = 0;
-  // In place on x [T, H, head_dim]: rotate each head of token t by position positions[t].
-  virtual void rope(Stream& s, const Tensor& x, const Tensor& positions, const RopeTable& rope) = 0;
   // Split qkv [T, (H + 2 KV) * hd]; per-head RMS norm of q and k when q_norm/k_norm are defined
   // (QK-norm, weights [hd]); RoPE on q and k; q -> q_out [T, H, hd]; k, v -> the pool at
   // batch.slot_mapping.
@@ -135,12 +135,8 @@ class Backend {
                                const Tensor& out) = 0;
   // out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:].
   virtual void swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) = 0;
-  virtual void add(Stream& s, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   // out[r, :] = x[idx[r], :]
   virtual void gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) = 0;
-  // out[r] = argmax_j x[r, j] (first maximum), i32.
-  virtual void argmax(Stream& s, const Tensor& x, const Tensor& out) = 0;
-  virtual void copy(Stream& s, const Tensor& src, const Tensor& dst) = 0;
 
   // ---- mixture of experts (Qwen3-MoE); optional: the defaults throw ValueError ----
   // Routing is data: both ops read ids / weights from tensors at submit time, so a recorded

@@ -105,18 +105,6 @@ void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& w, cons
   rms_norm(x, w, out);
 }
 
-void rope(const Tensor& x, const Tensor& positions, const RopeTable& rope) {
-  const std::string op = "rope";
-  f32(x, op, "x");
-  i32(positions, op, "positions");
-  f32(rope.cos, op, "rope.cos");
-  f32(rope.sin, op, "rope.sin");
-  need(x.shape.size() == 3, op, "x must be [tokens, heads, head_dim], got " + x.str());
-  need(positions.numel() == x.dim(0), op, "one position per token needed");
-  need(rope.cos.shape == rope.sin.shape && rope.cos.shape.size() == 2, op, "cos/sin tables differ");
-  need(rope.cos.cols() * 2 <= x.dim(2), op, "rotary dim exceeds head_dim");
-}
-
 void qkv_to_cache(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                   const RopeTable& rope_table, const AttnBatch& batch, const AttnParams& p,
                   const Tensor& q_out, const KvLayer& kv) {
@@ -160,34 +148,12 @@ void swiglu(const Tensor& gate_up, const Tensor& out) {
        "gate_up " + gate_up.str() + " must be [T, 2 I] for out " + out.str());
 }
 
-void add(const Tensor& a, const Tensor& b, const Tensor& out) {
-  const std::string op = "add";
-  f32(a, op, "a");
-  f32(b, op, "b");
-  f32(out, op, "out");
-  need(a.numel() == b.numel() && a.numel() == out.numel(), op, "sizes differ: " + a.str() + ", " + b.str() + ", " + out.str());
-}
-
 void gather_rows(const Tensor& x, const Tensor& idx, const Tensor& out) {
   const std::string op = "gather_rows";
   f32(x, op, "x");
   i32(idx, op, "idx");
   f32(out, op, "out");
   need(out.rows() == idx.numel() && out.cols() == x.cols(), op, "out " + out.str() + " must be [len(idx), cols(x)]");
-}
-
-void argmax(const Tensor& x, const Tensor& out) {
-  const std::string op = "argmax";
-  f32(x, op, "x");
-  i32(out, op, "out");
-  need(out.numel() == x.rows() && x.cols() > 0, op, "out must have one entry per row of x");
-}
-
-void copy(const Tensor& src, const Tensor& dst) {
-  const std::string op = "copy";
-  defined(src, op, "src");
-  defined(dst, op, "dst");
-  need(src.dtype == dst.dtype && src.numel() == dst.numel(), op, "copy " + src.str() + " -> " + dst.str() + ": dtype or size differ");
 }
 
 void moe_route(const Tensor& logits, int64_t top_k, const Tensor& ids, const Tensor& weights) {

@@ -9,17 +9,13 @@ void embedding(const Tensor& ids, const Tensor& table, const Tensor& out);
 void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, int64_t out_col);
 void rms_norm(const Tensor& x, const Tensor& w, const Tensor& out);
 void add_rms_norm(const Tensor& residual, const Tensor& x, const Tensor& w, const Tensor& out);
-void rope(const Tensor& x, const Tensor& positions, const RopeTable& rope);
 void qkv_to_cache(const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                   const RopeTable& rope, const AttnBatch& batch, const AttnParams& p,
                   const Tensor& q_out, const KvLayer& kv);
 void paged_attention(const Tensor& q, const KvLayer& kv, const AttnBatch& batch,
                      const AttnParams& p, const Tensor& out);
 void swiglu(const Tensor& gate_up, const Tensor& out);
-void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void gather_rows(const Tensor& x, const Tensor& idx, const Tensor& out);
-void argmax(const Tensor& x, const Tensor& out);
-void copy(const Tensor& src, const Tensor& dst);
 void moe_route(const Tensor& logits, int64_t top_k, const Tensor& ids, const Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
                  const Tensor& ids, const Tensor& weights, const Tensor& out);

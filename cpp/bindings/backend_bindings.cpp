@@ -157,9 +157,6 @@ void bind_backend(py::module_& m) {
       .def("add_rms_norm", [](Backend& b, Tensor r, Tensor x, Tensor w, float eps, Tensor out, Stream* s) {
         on_stream(b, s, [&](Stream& st) { b.add_rms_norm(st, r, x, w, eps, out); });
       }, py::arg("residual"), py::arg("x"), py::arg("w"), py::arg("eps"), py::arg("out"), py::arg("stream") = nullptr)
-      .def("rope", [](Backend& b, Tensor x, Tensor pos, const RopeTable& rope, Stream* s) {
-        on_stream(b, s, [&](Stream& st) { b.rope(st, x, pos, rope); });
-      }, py::arg("x"), py::arg("positions"), py::arg("rope"), py::arg("stream") = nullptr)
       .def("qkv_to_cache", [opt](Backend& b, Tensor qkv, OptT qn, OptT kn, float eps, const RopeTable& rope,
                               const AttnBatch& batch, const AttnParams& p, Tensor q_out, const KvLayer& kv, Stream* s) {
         on_stream(b, s, [&](Stream& st) { b.qkv_to_cache(st, qkv, opt(qn), opt(kn), eps, rope, batch, p, q_out, kv); });
@@ -172,18 +169,9 @@ void bind_backend(py::module_& m) {
       .def("swiglu", [](Backend& b, Tensor gu, Tensor out, Stream* s) {
         on_stream(b, s, [&](Stream& st) { b.swiglu(st, gu, out); });
       }, py::arg("gate_up"), py::arg("out"), py::arg("stream") = nullptr)
-      .def("add", [](Backend& b, Tensor a, Tensor c, Tensor out, Stream* s) {
-        on_stream(b, s, [&](Stream& st) { b.add(st, a, c, out); });
-      }, py::arg("a"), py::arg("b"), py::arg("out"), py::arg("stream") = nullptr)
       .def("gather_rows", [](Backend& b, Tensor x, Tensor idx, Tensor out, Stream* s) {
         on_stream(b, s, [&](Stream& st) { b.gather_rows(st, x, idx, out); });
       }, py::arg("x"), py::arg("idx"), py::arg("out"), py::arg("stream") = nullptr)
-      .def("argmax", [](Backend& b, Tensor x, Tensor out, Stream* s) {
-        on_stream(b, s, [&](Stream& st) { b.argmax(st, x, out); });
-      }, py::arg("x"), py::arg("out"), py::arg("stream") = nullptr)
-      .def("copy", [](Backend& b, Tensor src, Tensor dst, Stream* s) {
-        on_stream(b, s, [&](Stream& st) { b.copy(st, src, dst); });
-      }, py::arg("src"), py::arg("dst"), py::arg("stream") = nullptr)
       .def("moe_route", [](Backend& b, Tensor logits, int64_t top_k, bool normalize, Tensor ids, Tensor weights,
                            Stream* s) {
         on_stream(b, s, [&](Stream& st) { b.moe_route(st, logits, top_k, normalize, ids, weights); });

@@ -23,7 +23,7 @@ void bind_core(py::module_& m) {
         "The x86 features detected at run time, space separated.");
   m.def("dtype_names", [] {
     std::vector<std::string> names;
-    for (int i = 0; i <= static_cast<int>(kLastFileType); ++i) names.push_back(dtype_name(static_cast<DType>(i)));
+    for (int i = 0; i <= static_cast<int>(kLastType); ++i) names.push_back(dtype_name(static_cast<DType>(i)));
     return names;
   });
   m.def("dtype_block", [](const std::string& name) {

@@ -16,13 +16,8 @@ const DTypeInfo kInfo[] = {
     {"q3_k", 256, 110, true}, {"q4_k", 256, 144, true}, {"q5_k", 256, 176, true},
     {"q6_k", 256, 210, true}, {"q8_k", 256, 292, true},
     {"iq4_nl", 32, 18, true}, {"iq4_xs", 256, 136, true},
-    {"q4_0_r16", 32, 18, true}, {"q4_1_r16", 32, 20, true}, {"q5_0_r16", 32, 22, true},
-    {"q5_1_r16", 32, 24, true},  {"q8_0_r16", 32, 34, true},
-    {"q4_k_r16", 256, 144, true}, {"q5_k_r16", 256, 176, true},
-    {"q6_k_r16", 256, 210, true}, {"q2_k_r16", 256, 84, true}, {"q3_k_r16", 256, 110, true},
-    {"iq4_nl_r16", 32, 18, true}, {"iq4_xs_r16", 256, 136, true},
-    {"f16_r16", 32, 64, false}, {"bf16_r16", 32, 64, false},  // 16-bit floats in 64-byte blocks
 };
+static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == size_t(kLastType) + 1, "one entry per DType");
 }  // namespace
 
 const DTypeInfo& dtype_info(DType t) { return kInfo[static_cast<int>(t)]; }
@@ -32,8 +27,8 @@ size_t dtype_bytes(DType t, int64_t n) {
   return size_t(n / i.block_elems) * size_t(i.block_bytes);
 }
 
-DType dtype_from_name(const std::string& name) {  // the backends' own layouts are not named
-  for (int i = 0; i <= int(kLastFileType); ++i)
+DType dtype_from_name(const std::string& name) {
+  for (int i = 0; i <= int(kLastType); ++i)
     if (name == kInfo[i].name) return static_cast<DType>(i);
   throw ValueError("unknown dtype '" + name + "'");
 }

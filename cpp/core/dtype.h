@@ -1,6 +1,7 @@
-// Element and block types. Quantized types are GGUF block formats: a row of n elements is
-// n / block_elems blocks of block_bytes each. The *_R16 types are the CPU backend's own layouts
-// of a GGUF format (never in files): the same blocks, 16 rows interleaved (quant/repack.h).
+// Element and block types: the formats weight files store. Quantized types are GGUF block
+// formats: a row of n elements is n / block_elems blocks of block_bytes each. A backend that
+// keeps a weight in a layout of its own (the CPU's interleaved rows, quant/repack.h) records
+// that layout beside the tensor's type, which stays the file's.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -13,11 +14,8 @@ enum class DType : uint8_t {
   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1,
   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
   IQ4_NL, IQ4_XS,
-  Q4_0_R16, Q4_1_R16, Q5_0_R16, Q5_1_R16, Q8_0_R16, Q4_K_R16, Q5_K_R16, Q6_K_R16, Q2_K_R16, Q3_K_R16,
-  IQ4_NL_R16, IQ4_XS_R16, F16_R16, BF16_R16,
 };
-constexpr DType kLastFileType = DType::IQ4_XS;  // the types weight files and tests may name
-constexpr DType kLastType = DType::BF16_R16;
+constexpr DType kLastType = DType::IQ4_XS;
 
 struct DTypeInfo {
   const char* name;

@@ -44,8 +44,8 @@ ThreadPool::~ThreadPool() {
 }
 
 // One step of a wait for other threads. With more threads than cores, the one waited for may be
-// off its core: yielding lets it run (spinning held a decode with 3 threads on 2 cores to a tenth
-// of its 2-thread speed).
+// off its core: yielding lets it run (spinning starves it: a decode with more threads than cores
+// crawled).
 void ThreadPool::wait_step() const {
   if (oversubscribed_) sched_yield();
   else cpu_relax();

@@ -39,7 +39,7 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   std::atomic<int> barrier_count_{0};
   std::atomic<uint32_t> barrier_generation_{0};
-  std::atomic<int> barrier_sleepers_{0};  // wake only when someone sleeps: a futex call costs ~1 us
+  std::atomic<int> barrier_sleepers_{0};  // wake only when someone sleeps: a futex call is a system call
   std::exception_ptr error_;
   std::atomic<bool> has_error_{false};
 };

@@ -1,7 +1,7 @@
 // AVX-512 conversions between f32 and the 16-bit float formats, bit for bit those of the scalar
 // reference (core/dtype.cpp): f16 weights are dequantized a tile at a time for prefill, and the
 // bf16 GEMM's activations are rounded to bf16 once per matmul, both hot enough that the scalar
-// per-element loops cost several percent of a prompt.
+// per-element loops show in a prompt's time.
 #include <immintrin.h>
 
 #include "quant/kernels.h"

@@ -8,7 +8,6 @@
 
 #include "quant/kernels.h"
 #include "quant/legacy_gemm_avx512.h"
-#include "quant/repack.h"
 
 namespace ferrum::quant::detail {
 
@@ -16,15 +15,13 @@ namespace {
 
 // Float weights (F32 / F16 / BF16) have no AVX-512 row kernel: the AVX2 one (dot_avx2.cpp) is
 // what the CPU table hands out. Decode over float weights is a memory-bound stream, and with
-// 512-bit vectors it ran slower on Zen 4 (2 threads, SmolLM2 shape, alternating fresh processes:
-// BF16 tg 117-131 vs 135-152 tok/s, F16 108-117 vs 138-144, F32 81-86 vs 90-94, with plain or
-// masked loads alike).
+// 512-bit vectors it decoded slower (plain or masked loads alike; docs/performance.md).
 
 // ---- legacy formats (Q4_0 .. Q8_0) against Q8_0 activations (legacy_gemm_avx512.h) ----
 
 // d and m of block b in 16 rows (x[r]: row r's blocks), one row per lane. A block's first dword
 // holds d in its low half and, in the min formats, m in its high half; the dwords are staged
-// through memory (scalar loads: a vpgatherdd here cost a third of the row kernel's speed).
+// through memory (scalar loads: a vpgatherdd here slows the row kernel markedly).
 struct RowScales {
   __m512 d, m;
 };
@@ -76,8 +73,8 @@ struct BlockPairs {
     nibble_shift = _mm512_load_si512(sh);
     qs_words = _mm512_load_si512(qs);
   }
-  // plain: the 64 bytes from b lie inside the weights, so no mask is needed (two single-thread
-  // benchmarks at once: Q4_1 14 -> 15-16 GB/s each with plain loads on Zen 4).
+  // plain: the 64 bytes from b lie inside the weights, so no mask is needed (a masked load
+  // streams slower from DRAM).
   FERRUM_AVX512_INLINE __m512i load(const Block* b, bool both, bool plain) const {
     if (plain) return _mm512_loadu_si512(b);
     const int bytes = both ? 2 * kSize : kSize;
@@ -263,7 +260,7 @@ FERRUM_AVX512 void gemm_legacy(int64_t n, const void* w, size_t w_row_bytes, int
 
 // The batched decode kernel: below 4 activation rows the row kernel once per activation row
 // over 256-row tiles (kept in L2 for the next activation row) is faster than packing tiles for
-// the GEMM (Q4_1 at T = 2: 30 against 22 GMAC/s); the results are the same either way.
+// the GEMM; the results are the same either way.
 template <class Block, int kBits, int kOffsetShift, bool kHasMin>
 FERRUM_AVX512 void dot_batch_legacy(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
                                     const void* act, size_t act_row_bytes, int64_t T, float* out,
@@ -390,7 +387,7 @@ DotBatchFn avx512_dot_batch(DType t) {
     case DType::Q5_0: return dot_batch_legacy<BlockQ5_0, 5, 4, false>;
     case DType::Q5_1: return dot_batch_legacy<BlockQ5_1, 5, 0, true>;
     case DType::Q8_0: return dot_batch_legacy<BlockQ8_0, 8, 7, false>;
-    default: return avx512_r16_gemm(t);
+    default: return nullptr;
   }
 }
 
@@ -401,7 +398,7 @@ DotBatchFn avx512_gemm(DType t) {
     case DType::Q5_0: return gemm_legacy<BlockQ5_0, 5, 4, false>;
     case DType::Q5_1: return gemm_legacy<BlockQ5_1, 5, 0, true>;
     case DType::Q8_0: return gemm_legacy<BlockQ8_0, 8, 7, false>;
-    default: return is_r16(t) ? avx512_r16_gemm(t) : avx512_gemm_kquant(t);
+    default: return avx512_gemm_kquant(t);
   }
 }
 
@@ -415,7 +412,7 @@ DotRowsFn avx512_dot_rows(DType t) {
     case DType::Q4_K: return for_each_row<dot_k4<false, BlockQ4_K>>;
     case DType::Q5_K: return for_each_row<dot_k4<true, BlockQ5_K>>;
     case DType::Q6_K: return for_each_row<dot_q6_k>;
-    default: return avx512_r16_dot_rows(t);
+    default: return nullptr;
   }
 }
 

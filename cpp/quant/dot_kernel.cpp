@@ -7,13 +7,13 @@
 #include "core/error.h"
 #include "quant/kernels.h"
 #include "quant/quant.h"
-#include "quant/repack.h"
 
 namespace ferrum::quant {
 
 namespace {
 
 constexpr int kNumTypes = int(kLastType) + 1;
+constexpr int kNumLayouts = 2;  // WeightLayout::Plain, R16
 constexpr const char* kIsaNames[] = {"avx512", "avx2", "scalar"};  // fastest first
 constexpr int kNumIsas = 3;
 
@@ -27,23 +27,37 @@ bool isa_supported(int isa) {
   }
 }
 
+// One ISA's row kernel for (type, layout), or nullptr; the R16 layout has AVX-512 kernels only.
+detail::DotRowsFn isa_dot_rows(int isa, DType type, WeightLayout layout) {
+  if (layout == WeightLayout::R16) return isa == 0 ? detail::avx512_r16_dot_rows(type) : nullptr;
+  switch (isa) {
+    case 0: return detail::avx512_dot_rows(type);
+    case 1: return detail::avx2_dot_rows(type);
+    default: return detail::scalar_dot_rows(type);
+  }
+}
+
 struct KernelTable {
-  // kernels[isa][type]; present[isa][type] is false where there is none or the CPU lacks it.
-  std::array<std::array<DotKernel, kNumTypes>, kNumIsas> kernels{};
-  std::array<std::array<bool, kNumTypes>, kNumIsas> present{};
+  // kernels[layout][isa][type]; present[...] is false where there is none or the CPU lacks it.
+  std::array<std::array<std::array<DotKernel, kNumTypes>, kNumIsas>, kNumLayouts> kernels{};
+  std::array<std::array<std::array<bool, kNumTypes>, kNumIsas>, kNumLayouts> present{};
 
   KernelTable() {
-    for (int isa = 0; isa < kNumIsas; ++isa) {
-      const bool ok = isa_supported(isa);
-      for (int t = 0; t < kNumTypes; ++t) {
-        const DType type = DType(t);
-        detail::DotRowsFn fn = isa == 0   ? detail::avx512_dot_rows(type)
-                               : isa == 1 ? detail::avx2_dot_rows(type)
-                                          : detail::scalar_dot_rows(type);
-        present[isa][t] = ok && fn != nullptr;
-        kernels[isa][t] = DotKernel{detail::dot_act_type(type), fn, kIsaNames[isa]};
+    for (int l = 0; l < kNumLayouts; ++l) {
+      for (int isa = 0; isa < kNumIsas; ++isa) {
+        const bool ok = isa_supported(isa);
+        for (int t = 0; t < kNumTypes; ++t) {
+          detail::DotRowsFn fn = isa_dot_rows(isa, DType(t), WeightLayout(l));
+          present[l][isa][t] = ok && fn != nullptr;
+          kernels[l][isa][t] = DotKernel{detail::dot_act_type(DType(t)), fn, kIsaNames[isa]};
+        }
       }
     }
+  }
+  const DotKernel* find(DType type, WeightLayout layout, int isa) const {
+    const int t = int(type), l = int(layout);
+    FERRUM_CHECK(t >= 0 && t < kNumTypes && l >= 0 && l < kNumLayouts, "dot kernel: bad dtype or layout");
+    return present[l][isa][t] ? &kernels[l][isa][t] : nullptr;
   }
 };
 
@@ -52,41 +66,33 @@ const KernelTable& table() {
   return t;
 }
 
-int type_index(DType t) {
-  const int i = int(t);
-  FERRUM_CHECK(i >= 0 && i < kNumTypes, "dot kernel: bad dtype");
-  return i;
-}
+[[noreturn]] void no_kernel(DType t) { throw ValueError(std::string("no dot kernel for dtype ") + dtype_name(t)); }
 
 }  // namespace
 
-const DotKernel* dot_kernel_for_isa(DType weight_type, const char* isa) {
-  const int t = type_index(weight_type);
+const DotKernel* dot_kernel_for_isa(DType weight_type, const char* isa, WeightLayout layout) {
   for (int i = 0; i < kNumIsas; ++i)
-    if (std::strcmp(isa, kIsaNames[i]) == 0)
-      return table().present[i][t] ? &table().kernels[i][t] : nullptr;
+    if (std::strcmp(isa, kIsaNames[i]) == 0) return table().find(weight_type, layout, i);
   return nullptr;
 }
 
-std::vector<const char*> dot_kernel_isas(DType weight_type) {
-  const int t = type_index(weight_type);
+std::vector<const char*> dot_kernel_isas(DType weight_type, WeightLayout layout) {
   std::vector<const char*> out;
   for (int i = 0; i < kNumIsas; ++i)
-    if (table().present[i][t]) out.push_back(kIsaNames[i]);
+    if (table().find(weight_type, layout, i)) out.push_back(kIsaNames[i]);
   return out;
 }
 
-const DotKernel& dot_kernel(DType weight_type) {
-  const int t = type_index(weight_type);
+const DotKernel& dot_kernel(DType weight_type, WeightLayout layout) {
   for (int i = 0; i < kNumIsas; ++i)
-    if (table().present[i][t]) return table().kernels[i][t];
-  throw ValueError(std::string("no dot kernel for dtype ") + dtype_name(weight_type));
+    if (const DotKernel* k = table().find(weight_type, layout, i)) return *k;
+  no_kernel(weight_type);
 }
 
-DotBatchFn dot_batch_kernel(DType weight_type) {
-  type_index(weight_type);
+DotBatchFn dot_batch_kernel(DType weight_type, WeightLayout layout) {
   static const bool avx512 = isa_supported(0);
-  return avx512 ? detail::avx512_dot_batch(weight_type) : nullptr;
+  if (!avx512) return nullptr;
+  return layout == WeightLayout::R16 ? detail::avx512_r16_gemm(weight_type) : detail::avx512_dot_batch(weight_type);
 }
 
 namespace {
@@ -96,27 +102,24 @@ bool float_gemm_supported() {
 }
 }  // namespace
 
-DotBatchFn gemm_kernel(DType weight_type) {
-  type_index(weight_type);
-  const DType file_type = r16_source(weight_type);
-  if (file_type == DType::BF16 || file_type == DType::F16 || file_type == DType::F32) {
+DotBatchFn gemm_kernel(DType weight_type, WeightLayout layout) {
+  if (weight_type == DType::BF16 || weight_type == DType::F16 || weight_type == DType::F32) {
     static const bool supported = float_gemm_supported();
-    return supported ? detail::avx512_float_gemm(weight_type) : nullptr;
+    return supported ? detail::avx512_float_gemm(weight_type, layout) : nullptr;
   }
   static const bool avx512 = isa_supported(0);
-  return avx512 ? detail::avx512_gemm(weight_type) : nullptr;
+  if (!avx512) return nullptr;
+  return layout == WeightLayout::R16 ? detail::avx512_r16_gemm(weight_type) : detail::avx512_gemm(weight_type);
 }
 
 DType gemm_act_type(DType weight_type) {
   // bf16 weights' dot kernel takes f32 activations; their GEMM takes bf16 ones.
-  return r16_source(weight_type) == DType::BF16 ? DType::BF16 : detail::dot_act_type(weight_type);
+  return weight_type == DType::BF16 ? DType::BF16 : detail::dot_act_type(weight_type);
 }
 
 const DotKernel& dot_kernel_scalar(DType weight_type) {
-  const int t = type_index(weight_type);
-  if (!table().present[kNumIsas - 1][t])
-    throw ValueError(std::string("no dot kernel for dtype ") + dtype_name(weight_type));
-  return table().kernels[kNumIsas - 1][t];
+  if (const DotKernel* k = table().find(weight_type, WeightLayout::Plain, kNumIsas - 1)) return *k;
+  no_kernel(weight_type);
 }
 
 }  // namespace ferrum::quant

@@ -1,4 +1,4 @@
-// AVX-512 VNNI kernels for the R16 layouts (quant/repack.h): a block of 16 rows loads as
+// AVX-512 VNNI kernels for weights in the R16 layout (quant/repack.h): a block of 16 rows loads as
 // vpdpbusd-ready registers and 16-lane scale vectors, so the GEMM (legacy_gemm_avx512.h) reads
 // its tiles in place instead of packing them, and the row kernel is that GEMM at T = 1 (no
 // horizontal sums). Same float order as the GGUF GEMMs, hence the same results bit for bit.
@@ -23,7 +23,7 @@ FERRUM_AVX512_INLINE __m512i iq4_unsigned_levels() {
                                               _mm_set1_epi8(char(0x80))));
 }
 
-// What a kernel needs to know of one R16 type (kLevels: IQ4_NL, whose nibbles index the
+// What a kernel needs to know of one type in R16 (kLevels: IQ4_NL, whose nibbles index the
 // non-linear levels).
 template <class Block, int kBits, int kOffsetShift, bool kHasMin, bool kLevels = false>
 struct R16 {
@@ -32,9 +32,8 @@ struct R16 {
   static constexpr int kOffset = kOffsetShift;
   static constexpr bool kMin = kHasMin;
   // From this many activation rows the GEMM unpacks a tile once (unpack_tile) rather than at
-  // every use. Pays for the 5-bit formats' bit gathering only (Q5_0, one thread, in place ->
-  // unpacked once: T = 8 119 -> 111 GMAC/s, T = 16 120 -> 134, T = 64 120 -> 161); for the
-  // 4-bit ones in place is as fast or faster up to T = 64.
+  // every use. Pays for the 5-bit formats' bit gathering only, and from 16 rows; for the 4-bit
+  // ones in place is as fast or faster up to T = 64.
   static constexpr int64_t kUnpackOnceFrom = kBits == 5 ? 16 : INT64_MAX;
 
   // Field f (0: d, 1: m) of block `chunk` in the 16 rows, one per lane.
@@ -120,12 +119,11 @@ FERRUM_AVX512 void gemm_r16(int64_t n, const void* w, size_t w_row_bytes, int64_
     });
 }
 
-// One activation row: the GEMM at T = 1.
 // One activation row: its 16-row groups one after another (kVecs = 1), with the GEMM's operations
 // per lane, so the GEMM's bits. The GEMM's 32-row tiles read two groups' blocks in turn, two
-// streams 16 rows apart, which held one thread to ~70% of a plain read of the same bytes from
-// DRAM; one group at a time is one stream, which the hardware prefetchers follow at 94-98%
-// (quant_dot_bench read; software prefetches two groups ahead cost 20-30% of that).
+// streams 16 rows apart, which hold one thread well below a plain read of the same bytes from
+// DRAM; one group at a time is one stream, which the hardware prefetchers follow at close to a
+// plain read's pace (quant_dot_bench read; software prefetches two groups ahead slow it).
 template <class F>
 FERRUM_AVX512 void dot_rows_r16(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                                 float* out) {
@@ -347,7 +345,7 @@ FERRUM_AVX512 void gemm_block_q6k(int64_t nb, const char* const group[kVecs], co
     const int32_t* terms[kActs];
     super_block_acts<kActs>(acts, nb, sb, t0, y, terms);
     __m512i isum[kActs][kVecs];
-#pragma GCC unroll 16  // constant shifts and offsets: 30 -> 50 GB/s in L2 (one group at a time)
+#pragma GCC unroll 16  // constant shifts and offsets (one group at a time)
     for (int s = 0; s < 16; ++s) {
       prefetch.at(16 * sb + s);
       const int h = s / 8, q = s % 8 / 2, m0 = 4 * (s % 2);
@@ -632,8 +630,7 @@ FERRUM_AVX512 void gemm_r16_kquant(int64_t n, const void* w, size_t w_row_bytes,
 }
 
 // One activation row. Q4_K, Q5_K, Q6_K, IQ4_XS (kRowByGroup): groups one after another, as
-// dot_rows_r16 (one thread from DRAM, 2048-wide rows: Q4_K 68% -> 90-95% of a plain read, Q5_K
-// 65 -> 71-76%, IQ4_XS 68 -> 86-93%; Q6_K 70 -> 79-82% with its dwords in read order and its
+// dot_rows_r16, one stream for the prefetchers (Q6_K also with its dwords in read order and its
 // sub-blocks unrolled). Q2_K, Q3_K keep the GEMM's two-group tiles and its prefetches: one group
 // at a time left them no faster (with or without prefetching a group ahead).
 template <class F>
@@ -656,36 +653,36 @@ FERRUM_AVX512 void dot_rows_r16_kquant(int64_t n, const void* w, size_t w_row_by
 
 DotRowsFn avx512_r16_dot_rows(DType t) {
   switch (t) {
-    case DType::Q4_0_R16: return dot_rows_r16<R16Q4_0>;
-    case DType::Q4_1_R16: return dot_rows_r16<R16Q4_1>;
-    case DType::Q5_0_R16: return dot_rows_r16<R16Q5_0>;
-    case DType::Q5_1_R16: return dot_rows_r16<R16Q5_1>;
-    case DType::Q8_0_R16: return dot_rows_r16<R16Q8_0>;
-    case DType::IQ4_NL_R16: return dot_rows_r16<R16IQ4_NL>;
-    case DType::Q4_K_R16: return dot_rows_r16_kquant<K4R16<false>>;
-    case DType::Q5_K_R16: return dot_rows_r16_kquant<K4R16<true>>;
-    case DType::Q6_K_R16: return dot_rows_r16_kquant<Q6R16>;
-    case DType::Q2_K_R16: return dot_rows_r16_kquant<K2R16<false>>;
-    case DType::Q3_K_R16: return dot_rows_r16_kquant<K2R16<true>>;
-    case DType::IQ4_XS_R16: return dot_rows_r16_kquant<XsR16>;
+    case DType::Q4_0: return dot_rows_r16<R16Q4_0>;
+    case DType::Q4_1: return dot_rows_r16<R16Q4_1>;
+    case DType::Q5_0: return dot_rows_r16<R16Q5_0>;
+    case DType::Q5_1: return dot_rows_r16<R16Q5_1>;
+    case DType::Q8_0: return dot_rows_r16<R16Q8_0>;
+    case DType::IQ4_NL: return dot_rows_r16<R16IQ4_NL>;
+    case DType::Q4_K: return dot_rows_r16_kquant<K4R16<false>>;
+    case DType::Q5_K: return dot_rows_r16_kquant<K4R16<true>>;
+    case DType::Q6_K: return dot_rows_r16_kquant<Q6R16>;
+    case DType::Q2_K: return dot_rows_r16_kquant<K2R16<false>>;
+    case DType::Q3_K: return dot_rows_r16_kquant<K2R16<true>>;
+    case DType::IQ4_XS: return dot_rows_r16_kquant<XsR16>;
     default: return avx512_float_r16_dot_rows(t);
   }
 }
 
 DotBatchFn avx512_r16_gemm(DType t) {
   switch (t) {
-    case DType::Q4_0_R16: return gemm_r16<R16Q4_0>;
-    case DType::Q4_1_R16: return gemm_r16<R16Q4_1>;
-    case DType::Q5_0_R16: return gemm_r16<R16Q5_0>;
-    case DType::Q5_1_R16: return gemm_r16<R16Q5_1>;
-    case DType::Q8_0_R16: return gemm_r16<R16Q8_0>;
-    case DType::IQ4_NL_R16: return gemm_r16<R16IQ4_NL>;
-    case DType::Q4_K_R16: return gemm_r16_kquant<K4R16<false>>;
-    case DType::Q5_K_R16: return gemm_r16_kquant<K4R16<true>>;
-    case DType::Q6_K_R16: return gemm_r16_kquant<Q6R16>;
-    case DType::Q2_K_R16: return gemm_r16_kquant<K2R16<false>>;
-    case DType::Q3_K_R16: return gemm_r16_kquant<K2R16<true>>;
-    case DType::IQ4_XS_R16: return gemm_r16_kquant<XsR16>;
+    case DType::Q4_0: return gemm_r16<R16Q4_0>;
+    case DType::Q4_1: return gemm_r16<R16Q4_1>;
+    case DType::Q5_0: return gemm_r16<R16Q5_0>;
+    case DType::Q5_1: return gemm_r16<R16Q5_1>;
+    case DType::Q8_0: return gemm_r16<R16Q8_0>;
+    case DType::IQ4_NL: return gemm_r16<R16IQ4_NL>;
+    case DType::Q4_K: return gemm_r16_kquant<K4R16<false>>;
+    case DType::Q5_K: return gemm_r16_kquant<K4R16<true>>;
+    case DType::Q6_K: return gemm_r16_kquant<Q6R16>;
+    case DType::Q2_K: return gemm_r16_kquant<K2R16<false>>;
+    case DType::Q3_K: return gemm_r16_kquant<K2R16<true>>;
+    case DType::IQ4_XS: return gemm_r16_kquant<XsR16>;
     default: return nullptr;
   }
 }

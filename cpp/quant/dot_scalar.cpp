@@ -5,7 +5,6 @@
 
 #include "quant/formats.h"
 #include "quant/kernels.h"
-#include "quant/repack.h"
 
 namespace ferrum::quant::detail {
 
@@ -213,8 +212,8 @@ DType dot_act_type(DType weight_type) {
     case DType::Q2_K: case DType::Q3_K: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
     case DType::IQ4_XS:
       return DType::Q8_K;
-    default:  // an R16 layout: its file type's; else no kernel (callers check scalar_dot_rows first)
-      return is_r16(weight_type) ? dot_act_type(r16_source(weight_type)) : weight_type;
+    default:  // no kernel (callers check scalar_dot_rows first)
+      return weight_type;
   }
 }
 

@@ -1,10 +1,10 @@
-// Decode row kernels over the 16-bit float R16 layouts (F16_R16, BF16_R16; repack.h) against f32
+// Decode row kernels over F16 / BF16 weights in the R16 layout (repack.h) against f32
 // activations, on AVX-512 (VL: 32 registers of 256 bits).
 //
 // A group's block b holds 64 bytes of each of its 16 rows in address order, so one pass over the
 // group reads the weights as one stream while each block's activations are loaded once for the 16
-// rows (over the file layout they were loaded again for every row, and a 576-element row's loads
-// held one thread to 70-80% of a plain read of the same bytes). Each row has one accumulator,
+// rows (over the file layout they are loaded again for every row, and a short row's loads hold
+// one thread below a plain read of the same bytes). Each row has one accumulator,
 // which takes its blocks in order: a result depends on neither `rows` nor where a call starts.
 #include <immintrin.h>
 
@@ -22,8 +22,8 @@ namespace {
 constexpr int kBlockBytes = 64;
 
 // One type's 64-byte block of a row as kVecs vectors of 8 floats, and the block's activations
-// (kElems floats at a) in the same lane order. 256-bit vectors: vcvtph2ps on 512 bits halved the
-// F16 kernel's rate with the weights in L2 on Zen 4 (59 vs 88 GB/s).
+// (kElems floats at a) in the same lane order. 256-bit vectors: vcvtph2ps on 512 bits made the
+// F16 kernel slower with the weights in L2.
 struct F16Block {
   static constexpr int kElems = 32, kVecs = 4;
   FERRUM_AVX512 static void acts(const float* a, __m256 v[4]) {
@@ -98,8 +98,8 @@ FERRUM_AVX512 void dot_rows_float_r16(int64_t n, const void* w, size_t w_row_byt
 
 DotRowsFn avx512_float_r16_dot_rows(DType t) {
   switch (t) {
-    case DType::F16_R16: return dot_rows_float_r16<F16Block>;
-    case DType::BF16_R16: return dot_rows_float_r16<BF16Block>;
+    case DType::F16: return dot_rows_float_r16<F16Block>;
+    case DType::BF16: return dot_rows_float_r16<BF16Block>;
     default: return nullptr;
   }
 }

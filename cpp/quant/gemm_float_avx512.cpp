@@ -3,8 +3,8 @@
 //     instruction, twice an f32 FMA's 16.
 //   - F16 / F32 weights x F32 activations: f16 is converted to f32 (vcvtph2ps) when a tile is
 //     packed, then f32 FMAs. Same arithmetic class as (dequantize +) sgemm, f32 products and
-//     sums, but no dequantized tile in memory and, at T = 128, ~15% more multiply-adds per second
-//     than OpenBLAS's sgemm here (its per-call packing of the activations included).
+//     sums, but no dequantized tile in memory and no per-call packing of the activations, which
+//     OpenBLAS's sgemm does.
 //
 // Weight rows go across the lanes, kRows at a time, packed once per tile so that one register
 // holds one step of 16 rows (BF16: the element pair 2p, 2p + 1; else element k); the activation
@@ -30,8 +30,8 @@ namespace ferrum::quant::detail {
 
 namespace {
 
-// 32-row x 8-activation register blocks (16 accumulators) measured fastest at T = 128 on Zen 4
-// (vs 64 x 6, 48 x 8, 32 x 12, 16 x 16), and 32 divides each thread's share of the usual widths.
+// 32-row x 8-activation register blocks (16 accumulators): the fastest of the shapes tried
+// (docs/performance.md), and 32 divides each thread's share of the usual widths.
 constexpr int kVecs = 2;           // 16-row weight registers per tile
 constexpr int kRows = 16 * kVecs;  // weight rows per tile
 constexpr int kActs = 8;           // activation rows per register block
@@ -92,7 +92,7 @@ FERRUM_AVX512_BF16 const char* chunk_at(const char* w, size_t w_row_bytes, int64
 }
 
 // Packs `rows` (<= kRows) weight rows: packed[s * kVecs + v], lane i = step s of row 16v + i.
-// Rows past the end are zero. (In the R16 layouts n is whole blocks, so there is no tail.)
+// Rows past the end are zero. (In the R16 layout n is whole blocks, so there is no tail.)
 template <class W, bool kR16>
 FERRUM_AVX512_BF16 void pack_tile(const char* w, size_t w_row_bytes, int64_t rows, int64_t n, std::vector<__m512i>& packed) {
   const int64_t steps = (n + W::kElems - 1) / W::kElems, full = n / (16 * W::kElems);  // full: whole chunks
@@ -189,13 +189,18 @@ FERRUM_AVX512_BF16 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64
 
 }  // namespace
 
-DotBatchFn avx512_float_gemm(DType weight_type) {
+DotBatchFn avx512_float_gemm(DType weight_type, WeightLayout layout) {
+  if (layout == WeightLayout::R16) {
+    switch (weight_type) {
+      case DType::BF16: return gemm<Bf16, true>;
+      case DType::F16: return gemm<F16, true>;
+      default: return nullptr;
+    }
+  }
   switch (weight_type) {
     case DType::BF16: return gemm<Bf16, false>;
     case DType::F16: return gemm<F16, false>;
     case DType::F32: return gemm<F32, false>;
-    case DType::BF16_R16: return gemm<Bf16, true>;
-    case DType::F16_R16: return gemm<F16, true>;
     default: return nullptr;
   }
 }

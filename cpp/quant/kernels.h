@@ -21,17 +21,18 @@ void avx512_quantize_q8_k(const float* x, void* dst, int64_t nb);
 DotBatchFn avx512_dot_batch(DType weight_type);
 DotBatchFn avx512_gemm(DType weight_type);
 DotBatchFn avx512_gemm_kquant(DType weight_type);  // Q2_K .. Q6_K; avx512_gemm returns it
-// The R16 layouts (dot_r16_avx512.cpp); avx512_dot_rows / avx512_gemm / avx512_dot_batch
-// return them. Their GEMM is also their batched decode kernel, from 2 rows.
+// Weights of type weight_type in the R16 layout (dot_r16_avx512.cpp). Their GEMM is also their
+// batched decode kernel, from 2 rows.
 DotRowsFn avx512_r16_dot_rows(DType weight_type);
 DotBatchFn avx512_r16_gemm(DType weight_type);
-// The float R16 layouts' row kernels (float_r16_avx512.cpp; avx512_r16_dot_rows returns them).
-// Their GEMM is avx512_float_gemm's; batched decode has no kernel of its own.
+// F16 / BF16 weights in the R16 layout: their row kernels (float_r16_avx512.cpp;
+// avx512_r16_dot_rows returns them). Their GEMM is avx512_float_gemm's; batched decode has no
+// kernel of its own.
 DotRowsFn avx512_float_r16_dot_rows(DType weight_type);
-// The float-weight GEMMs (gemm_float_avx512.cpp), over the file and the R16 layouts, nullptr for
-// other types: BF16 weights take bf16 activations, F16 / F32 weights f32 ones. AVX-512 F/BW/VL +
-// F16C + BF16 only.
-DotBatchFn avx512_float_gemm(DType weight_type);
+// The float-weight GEMMs (gemm_float_avx512.cpp), over the file layout (F32, F16, BF16) and the
+// R16 one (F16, BF16), nullptr for other types: BF16 weights take bf16 activations, F16 / F32
+// weights f32 ones. AVX-512 F/BW/VL + F16C + BF16 only.
+DotBatchFn avx512_float_gemm(DType weight_type, WeightLayout layout);
 
 // f16 -> f32 and f32 -> bf16, bit-identical to the scalar reference (signaling NaNs aside, see
 // convert_avx512.cpp); AVX-512 F/BW/VL + F16C only.

@@ -64,9 +64,9 @@ FERRUM_AVX512_INLINE __m512 block_step(__m512 acc, __m512i isum, __m512 d_w, __m
 }
 
 // Share i of n of [p, p + bytes), prefetched into L2. The kernels read 16 or 32 rows at once,
-// and from DRAM the hardware prefetchers do not keep up with that many streams (the row kernel:
-// Q4_1 6 GB/s one thread on a 47 MB matrix); prefetching the rows two groups ahead as one
-// sequential stream, a share per step, restores 16 GB/s (one group ahead or four: 11-13).
+// and from DRAM the hardware prefetchers do not keep up with that many streams; prefetching the
+// rows two groups ahead as one sequential stream, a share per step, restores a plain read's
+// pace (one group ahead, or four, falls short of it).
 FERRUM_AVX512_INLINE void prefetch_share(const char* p, int64_t bytes, int64_t i, int64_t n) {
   const int64_t step = ((bytes + n - 1) / n + 63) & ~int64_t(63);
   for (int64_t o = i * step; o < std::min(bytes, (i + 1) * step); o += 64) _mm_prefetch(p + o, _MM_HINT_T2);
@@ -74,11 +74,9 @@ FERRUM_AVX512_INLINE void prefetch_share(const char* p, int64_t bytes, int64_t i
 
 // A row kernel (T = 1) over 8-bit weights prefetches only short 16-row groups. With the weights
 // on 2 MiB pages (cpu/weight_arena.h) the hardware prefetchers follow a long Q8_0 group on their
-// own and software prefetches only add to the misses in flight (one thread: 1.1B, 35 KB groups,
-// 21 -> 25 tok/s without them; 0.5B, 15 KB, 43 -> 46), while SmolLM2's 10 KB groups still gain
-// from them (140 -> 155). The 4- to 6-bit formats (under 7 bits a weight), more work per byte,
-// gain at every size measured (SmolLM2 Q4_1, 6 and 15 KB groups: 170 -> 235 tok/s with them;
-// Q6_K_R16, 53 KB groups: 8.7 -> 15-18 GB/s from DRAM in quant_dot_bench).
+// own and software prefetches only add to the misses in flight, while short groups still gain
+// from them. The 4- to 6-bit formats (under 7 bits a weight), more work per byte, gain at every
+// group size (docs/performance.md).
 FERRUM_AVX512_INLINE bool row_kernel_prefetches(int64_t row_bytes, int64_t n) {
   return 8 * row_bytes < 7 * n || 16 * row_bytes <= 12 * 1024;
 }
@@ -111,7 +109,7 @@ inline constexpr Prefetch kNoPrefetch{nullptr, 0, 0, 1};
 // 4 (kGemmActs), then 2, then 1 at a time, in `steps` prefetch steps. Both layouts keep a tile's
 // rows in one contiguous range, which is prefetched two tiles ahead, spread over the block steps
 // of the tile before: issued all at once, most prefetches would be dropped (more than the outstanding
-// misses a core tracks), and DRAM-resident weights ran at 5-6 GB/s at T = 16.
+// misses a core tracks), and DRAM-resident weights would stream far below a plain read.
 template <class PackFn, class BlockFn>
 FERRUM_AVX512 void walk_tiles(const void* w, size_t w_row_bytes, int64_t steps, int64_t n, int64_t rows, int64_t T,
                               PackFn pack, BlockFn block) {

@@ -9,12 +9,18 @@
 
 namespace ferrum::quant {
 
+// How a weight matrix's rows lie in memory: as the file stores them (Plain), or in the CPU
+// backend's own interleaving of the same type's blocks (R16: 16 rows at a time, the same bytes
+// per row in another order; repack.h). A kernel is chosen by the weight's type and layout.
+enum class WeightLayout : uint8_t { Plain, R16 };
+
 // Format definition: n elements (a multiple of the block size) of type t -> f32.
 // Supports F32, F16, BF16 and every quantized DType.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
-// Rows r0 .. r0 + rows - 1 of a weight matrix at w (rows of n elements of type t) -> f32 dst
-// [rows, n]. Unlike dequantize_row, also for the CPU's own layouts (the R16 types, repack.h).
-void dequantize_rows(DType t, const void* w, int64_t r0, int64_t rows, int64_t n, float* dst);
+// Rows r0 .. r0 + rows - 1 of a weight matrix at w (rows of n elements of type t, in `layout`)
+// -> f32 dst [rows, n].
+void dequantize_rows(DType t, WeightLayout layout, const void* w, int64_t r0, int64_t rows, int64_t n,
+                     float* dst);
 
 // Round-to-nearest quantization of n floats into type t (the activation types Q8_0 / Q8_1 /
 // Q8_K, plus F16 / BF16 / F32 and the weight types the test-model writer uses).
@@ -32,15 +38,16 @@ struct DotKernel {
   const char* isa;  // "avx512", "avx2", "scalar": what was chosen at run time
 };
 
-// The fastest kernel this CPU supports for weights of type t; throws ValueError when t has none.
-const DotKernel& dot_kernel(DType weight_type);
+// The fastest kernel this CPU supports for weights of type t in that layout; throws ValueError
+// when there is none (the R16 layout has AVX-512 kernels only).
+const DotKernel& dot_kernel(DType weight_type, WeightLayout layout = WeightLayout::Plain);
 // The portable scalar kernel (the reference the SIMD kernels are tested against).
 const DotKernel& dot_kernel_scalar(DType weight_type);
 // The kernel of one ISA ("avx512", "avx2", "scalar"), or nullptr when this CPU lacks the ISA or
 // that ISA has no kernel for t: lets tests and benchmarks run every variant the CPU supports.
-const DotKernel* dot_kernel_for_isa(DType weight_type, const char* isa);
+const DotKernel* dot_kernel_for_isa(DType weight_type, const char* isa, WeightLayout layout = WeightLayout::Plain);
 // ISAs with a kernel for t on this CPU, fastest first (empty when t has no dot kernel).
-std::vector<const char*> dot_kernel_isas(DType weight_type);
+std::vector<const char*> dot_kernel_isas(DType weight_type, WeightLayout layout = WeightLayout::Plain);
 
 // Many activation rows (a batch of decodes) against `rows` weight rows, each weight block
 // unpacked once for all of them: out[t * ldo + r] = dot(w row r, act row t) for t < T, with act
@@ -49,18 +56,19 @@ std::vector<const char*> dot_kernel_isas(DType weight_type);
 // once per activation row).
 using DotBatchFn = void (*)(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
                             const void* act, size_t act_row_bytes, int64_t T, float* out, int64_t ldo);
-DotBatchFn dot_batch_kernel(DType weight_type);
+DotBatchFn dot_batch_kernel(DType weight_type, WeightLayout layout = WeightLayout::Plain);
 // The same contract for many activation rows (prefill), register-tiled over weight rows and
 // activation rows, except that act rows are in gemm_act_type(t). A result does not depend on T
 // or the row's place in a tile; for the legacy formats (Q4_0 .. Q8_0) it also equals the row
 // kernel's bit for bit (one float order; their dot_batch_kernel is this GEMM from 4 rows).
-// nullptr when this CPU / weight type has none (AVX-512 VNNI: the legacy formats and Q2_K ..
-// Q6_K; AVX512_BF16: BF16, with vdpbf16ps on bf16 activations, and F16 / F32, with f32 FMAs
-// on f32 ones). 2-4x dequantize + sgemm at T = 128; linear() uses it for prefill but not for
-// scoring steps (Stream::float_activations): 8-bit activations move the real SmolLM2 Q4_1
-// model's perplexity past 1e-5 per token from transformers'.
-DotBatchFn gemm_kernel(DType weight_type);
-// The activation format gemm_kernel(t) takes: dot_kernel(t).act_type, but BF16 for BF16 weights.
+// nullptr when this CPU / weight type / layout has none (AVX-512 VNNI: the legacy formats and
+// Q2_K .. Q6_K, in either layout, and the IQ4 types in R16; AVX512_BF16: BF16, with vdpbf16ps on
+// bf16 activations, and F16 / F32, with f32 FMAs on f32 ones). Faster than dequantize + sgemm
+// for prefill; linear() uses it there but not for scoring steps (Stream::float_activations),
+// where 8-bit activations would move a model's perplexity away from a float reference's.
+DotBatchFn gemm_kernel(DType weight_type, WeightLayout layout = WeightLayout::Plain);
+// The activation format gemm_kernel(t, any layout) takes: dot_kernel(t).act_type, but BF16 for
+// BF16 weights.
 DType gemm_act_type(DType weight_type);
 
 }  // namespace ferrum::quant

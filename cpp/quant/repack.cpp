@@ -25,38 +25,38 @@ struct BlockShape {
   int quant_at(int k) const { return (fields_last ? 0 : 2 * fields) + 4 * k; }
 };
 
-// Every file type with an R16 form: the two types and how the layout sees the block.
+// Every type with an R16 layout, and how the layout sees its block.
 struct R16Type {
-  DType file, r16;
+  DType type;
   BlockShape shape;
 };
 const R16Type kR16Types[] = {
-    {DType::Q4_0, DType::Q4_0_R16, {1, int(sizeof(BlockQ4_0)), 0}},
-    {DType::Q4_1, DType::Q4_1_R16, {2, int(sizeof(BlockQ4_1)), 0}},
-    {DType::Q5_0, DType::Q5_0_R16, {1, int(sizeof(BlockQ5_0)), 0}},  // qh, then qs, as quant bytes
-    {DType::Q5_1, DType::Q5_1_R16, {2, int(sizeof(BlockQ5_1)), 0}},
-    {DType::Q8_0, DType::Q8_0_R16, {1, int(sizeof(BlockQ8_0)), 0x80808080u}},
-    {DType::Q4_K, DType::Q4_K_R16, {2, int(sizeof(BlockQ4_K)), 0}},        // d, dmin; scales, qs
-    {DType::Q5_K, DType::Q5_K_R16, {2, int(sizeof(BlockQ5_K)), 0}},        // d, dmin; scales, qh, qs
-    {DType::Q6_K, DType::Q6_K_R16, {1, int(sizeof(BlockQ6_K)), 0, true, false, kQ6KSlots.data()}},  // ql, qh, scales; d
-    {DType::Q2_K, DType::Q2_K_R16, {2, int(sizeof(BlockQ2_K)), 0, true}},  // scales, qs; d, dmin
-    {DType::Q3_K, DType::Q3_K_R16, {1, int(sizeof(BlockQ3_K)), 0, true}},  // hmask, qs, scales; d
-    {DType::IQ4_NL, DType::IQ4_NL_R16, {1, int(sizeof(BlockIQ4_NL)), 0}},  // d; qs
-    {DType::IQ4_XS, DType::IQ4_XS_R16, {2, int(sizeof(BlockIQ4_XS)), 0}},  // d, scales_h; scales_l, qs
-    {DType::F16, DType::F16_R16, {0, 64, 0, false, true}},
-    {DType::BF16, DType::BF16_R16, {0, 64, 0, false, true}},
+    {DType::Q4_0, {1, int(sizeof(BlockQ4_0)), 0}},
+    {DType::Q4_1, {2, int(sizeof(BlockQ4_1)), 0}},
+    {DType::Q5_0, {1, int(sizeof(BlockQ5_0)), 0}},  // qh, then qs, as quant bytes
+    {DType::Q5_1, {2, int(sizeof(BlockQ5_1)), 0}},
+    {DType::Q8_0, {1, int(sizeof(BlockQ8_0)), 0x80808080u}},
+    {DType::Q4_K, {2, int(sizeof(BlockQ4_K)), 0}},        // d, dmin; scales, qs
+    {DType::Q5_K, {2, int(sizeof(BlockQ5_K)), 0}},        // d, dmin; scales, qh, qs
+    {DType::Q6_K, {1, int(sizeof(BlockQ6_K)), 0, true, false, kQ6KSlots.data()}},  // ql, qh, scales; d
+    {DType::Q2_K, {2, int(sizeof(BlockQ2_K)), 0, true}},  // scales, qs; d, dmin
+    {DType::Q3_K, {1, int(sizeof(BlockQ3_K)), 0, true}},  // hmask, qs, scales; d
+    {DType::IQ4_NL, {1, int(sizeof(BlockIQ4_NL)), 0}},    // d; qs
+    {DType::IQ4_XS, {2, int(sizeof(BlockIQ4_XS)), 0}},    // d, scales_h; scales_l, qs
+    {DType::F16, {0, 64, 0, false, true}},
+    {DType::BF16, {0, 64, 0, false, true}},
 };
 
-// The entry whose file or R16 type is t; nullptr if none.
+// The entry of type t; nullptr if t has no R16 layout.
 const R16Type* find_r16(DType t) {
   for (const R16Type& e : kR16Types)
-    if (e.file == t || e.r16 == t) return &e;
+    if (e.type == t) return &e;
   return nullptr;
 }
 
-BlockShape block_shape(DType file_type) {
-  const R16Type* e = find_r16(file_type);
-  if (!e || e->file != file_type) throw ValueError(std::string("no R16 layout for dtype ") + dtype_name(file_type));
+BlockShape block_shape(DType t) {
+  const R16Type* e = find_r16(t);
+  if (!e) throw ValueError(std::string("no R16 layout for dtype ") + dtype_name(t));
   return e->shape;
 }
 
@@ -80,21 +80,16 @@ void move_block(const BlockShape& s, int lane, const uint8_t* from, uint8_t* to,
 
 }  // namespace
 
-DType r16_type(DType t) {
-  const R16Type* e = find_r16(t);
-  return e && e->file == t ? e->r16 : t;
-}
+bool has_r16_layout(DType t) { return find_r16(t) != nullptr; }
 
-bool is_r16(DType t) { return r16_source(t) != t; }
-
-DType r16_source(DType t) {
-  const R16Type* e = find_r16(t);
-  return e && e->r16 == t ? e->file : t;
+int64_t r16_block_elems(DType t) {
+  const BlockShape s = block_shape(t);
+  return s.whole ? s.block_bytes / dtype_info(t).block_bytes : dtype_info(t).block_elems;
 }
 
 void repack_r16(DType t, const void* src, void* dst, int64_t rows, int64_t n) {
   const BlockShape s = block_shape(t);
-  const int64_t block_elems = dtype_info(r16_type(t)).block_elems;
+  const int64_t block_elems = r16_block_elems(t);
   FERRUM_CHECK(rows % kR16Rows == 0 && n % block_elems == 0, "repack_r16: rows must be a multiple of 16");
   const int64_t nb = n / block_elems, row_bytes = nb * s.block_bytes;
   for (int64_t r = 0; r < rows; ++r) {
@@ -106,17 +101,18 @@ void repack_r16(DType t, const void* src, void* dst, int64_t rows, int64_t n) {
 }
 
 void unpack_r16_row(DType t, const void* w, int64_t r, int64_t n, void* dst) {
-  const BlockShape s = block_shape(r16_source(t));
-  const int64_t nb = n / dtype_info(t).block_elems, row_bytes = nb * s.block_bytes;
+  const BlockShape s = block_shape(t);
+  const int64_t nb = n / r16_block_elems(t), row_bytes = nb * s.block_bytes;
   const uint8_t* group = static_cast<const uint8_t*>(w) + (r - r % kR16Rows) * row_bytes;
   for (int64_t b = 0; b < nb; ++b)
     move_block(s, int(r % kR16Rows), group + b * kR16Rows * s.block_bytes,
                static_cast<uint8_t*>(dst) + b * s.block_bytes, false);
 }
 
-void dequantize_rows(DType t, const void* w, int64_t r0, int64_t rows, int64_t n, float* dst) {
+void dequantize_rows(DType t, WeightLayout layout, const void* w, int64_t r0, int64_t rows, int64_t n,
+                     float* dst) {
   const size_t row_bytes = dtype_bytes(t, n);
-  if (!is_r16(t)) {
+  if (layout == WeightLayout::Plain) {
     for (int64_t r = 0; r < rows; ++r) dequantize_row(t, static_cast<const char*>(w) + (r0 + r) * row_bytes, dst + r * n, n);
     return;
   }
@@ -124,7 +120,7 @@ void dequantize_rows(DType t, const void* w, int64_t r0, int64_t rows, int64_t n
   row.resize(row_bytes);
   for (int64_t r = 0; r < rows; ++r) {
     unpack_r16_row(t, w, r0 + r, n, row.data());
-    dequantize_row(r16_source(t), row.data(), dst + r * n, n);
+    dequantize_row(t, row.data(), dst + r * n, n);
   }
 }
 

@@ -1,10 +1,11 @@
-// The CPU backend's row-interleaved layouts (DType *_R16) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
-// IQ4_XS, every k-quant (Q2_K .. Q6_K), F16 and BF16 weight.
+// The CPU backend's row-interleaved layout (WeightLayout::R16) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// IQ4_NL, IQ4_XS, every k-quant (Q2_K .. Q6_K), F16 and BF16 weights. A weight in it keeps its
+// file type (DType); the layout is recorded beside it (the CPU backend's storage).
 //
 // Batched decode and prefill dot 16 weight rows at once, one per 32-bit lane, so they need each
 // block's quants as "bytes 4k..4k+3 of 16 rows" registers and its scales as 16-lane vectors.
-// Transposing GGUF's row-major blocks into that form at every call was a third of the int8
-// GEMM's time at 16 activation rows; the R16 layouts store it once, at load:
+// Transposing GGUF's row-major blocks into that form at every call would take a large part of the
+// int8 GEMM's time; the R16 layout stores it once, at load:
 //
 //   rows in groups of 16; group g starts at row 16g (row stride as in the file format), and
 //   holds block b of its 16 rows together, for b = 0 .. nb - 1, in 16 * block_bytes bytes:
@@ -18,13 +19,13 @@
 //   Q8_0's quants are stored + 128 (unsigned, as vpdpbusd takes them).
 //   Q6_K's 52 dwords (ql 0..31, qh 32..47, scales 48..51) go in the order its kernel first reads
 //   them, slot kQ6KSlots[k] for dword k (below): read in file order they are three streams in
-//   each 3.3 KB super-block, which one thread read from DRAM at a quarter of a plain read's rate.
+//   each super-block, which one thread reads from DRAM far slower than a plain read.
 //   F16 / BF16 (blocks of 32 elements, 64 bytes): row r's block whole, at 64 * (r % 16). A
 //   decode's row kernel then loads a block's activations once for 16 rows while it reads the
 //   weights in address order; in the file layout, the activations loaded again for every
-//   576-element row held one thread's stream to 70-75% of a plain read's rate (BF16 60-70%),
-//   against 96-101% here (quant_dot_bench read). (F32 rows, at 86% in their file layout, stay
-//   there: this layout's 256-bit kernel read them at 73-80%.)
+//   short row hold one thread's stream well below a plain read's pace, and here it keeps up
+//   with one (quant_dot_bench read). (F32 rows stay in their file layout, where their kernel
+//   reads faster than this layout's 256-bit one did.)
 //
 // Every byte of a block keeps its meaning, so sizes and row strides (at group starts) are those
 // of the file format. The legacy types' R16 kernels give their GGUF row kernels' results bit for
@@ -40,7 +41,7 @@ namespace ferrum::quant {
 
 constexpr int64_t kR16Rows = 16;
 
-// Q6_K_R16: the slot of quant dword k of a super-block, in the order the kernel reads them: for
+// Q6_K in R16: the slot of quant dword k of a super-block, in the order the kernel reads them: for
 // sub-block s = 0..15 (groups g = 32h + 8q + m, h = s / 8, q = s % 8 / 2, m = 4 (s % 2) + 0..3),
 // each group's ql dword 16h + 8 (q % 2) + m and qh dword 32 + 8h + m, then the scale dword
 // 48 + s / 4; a dword read again keeps its first slot.
@@ -62,17 +63,17 @@ inline constexpr std::array<uint8_t, 52> kQ6KSlots = [] {
   return slot;
 }();
 
-// The R16 form of a file type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS, F16,
-// BF16), or t itself when it has none.
-DType r16_type(DType t);
-bool is_r16(DType t);
-// The file type an R16 type interleaves; t itself for the others.
-DType r16_source(DType t);
+// Whether type t has an R16 layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS,
+// F16, BF16).
+bool has_r16_layout(DType t);
+// Elements of one block of type t in the R16 layout (a row holds whole blocks): the file's
+// block, or 32 for F16 / BF16, whose rows go in 64-byte blocks.
+int64_t r16_block_elems(DType t);
 
-// rows (a multiple of 16) rows of n elements of file type t at src -> r16_type(t) at dst (the
-// same number of bytes; no overlap).
+// rows (a multiple of 16) rows of n elements of type t at src, in the file's layout -> the R16
+// layout at dst (the same number of bytes; no overlap).
 void repack_r16(DType t, const void* src, void* dst, int64_t rows, int64_t n);
-// Row r of the R16 matrix at w (rows of n elements), back in its file type's layout at dst.
+// Row r of the R16 matrix of type t at w (rows of n elements), back in the file's layout at dst.
 void unpack_r16_row(DType t, const void* w, int64_t r, int64_t n, void* dst);
 
 }  // namespace ferrum::quant

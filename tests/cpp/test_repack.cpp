@@ -1,4 +1,4 @@
-// The R16 layouts (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 /
+// The R16 layout (quant/repack.h): a lossless rearrangement of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 /
 // Q2_K .. Q6_K / IQ4_NL / IQ4_XS / F16 / BF16 rows whose kernels give the GGUF kernels' results
 // bit for bit (the k-quants: their GGUF GEMM's; the IQ4 types, which have none: the dequantized
 // reference's within rounding, and one float order at every T; F16 / BF16: their GEMM's, and a
@@ -44,26 +44,24 @@ TEST(Repack, RoundTripsEveryRowAndDequantizesAsTheFileType) {
   std::vector<DType> types(std::begin(kFileTypes), std::end(kFileTypes));
   types.insert(types.end(), std::begin(kFloatTypes), std::end(kFloatTypes));
   for (DType t : types) {
-    const int64_t rows = 48, n = 3 * block_elems(r16_type(t));
+    ASSERT_TRUE(has_r16_layout(t));
+    const int64_t rows = 48, n = 3 * r16_block_elems(t);
     const size_t row_bytes = dtype_bytes(t, n);
-    const DType r16 = r16_type(t);
-    ASSERT_NE(r16, t);
-    EXPECT_TRUE(is_r16(r16));
-    EXPECT_EQ(r16_source(r16), t);
-    EXPECT_EQ(dtype_bytes(r16, n), row_bytes);
     const std::vector<uint8_t> w = random_weights(t, rows, n, rng);
-    std::vector<uint8_t> packed(w.size());
+    std::vector<uint8_t> packed(w.size() + 64, 0xab);  // the layout keeps the file's sizes: nothing past w.size()
     repack_r16(t, w.data(), packed.data(), rows, n);
+    EXPECT_EQ(std::vector<uint8_t>(packed.begin() + std::ptrdiff_t(w.size()), packed.end()), std::vector<uint8_t>(64, 0xab));
+    packed.resize(w.size());
     EXPECT_NE(packed, w);
     std::vector<uint8_t> row(row_bytes);
     std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n * 3));
     for (int64_t r = 0; r < rows; ++r) {
-      unpack_r16_row(r16, packed.data(), r, n, row.data());
+      unpack_r16_row(t, packed.data(), r, n, row.data());
       EXPECT_EQ(std::vector<uint8_t>(w.begin() + r * row_bytes, w.begin() + (r + 1) * row_bytes), row)
           << dtype_name(t) << " row " << r;
     }
     for (int64_t r0 : {0, 15, 45}) {  // across group boundaries
-      dequantize_rows(r16, packed.data(), r0, 3, n, got.data());
+      dequantize_rows(t, WeightLayout::R16, packed.data(), r0, 3, n, got.data());
       for (int64_t k = 0; k < 3; ++k) {
         dequantize_row(t, w.data() + (r0 + k) * row_bytes, want.data(), n);
         EXPECT_EQ(std::vector<float>(got.begin() + k * n, got.begin() + (k + 1) * n), want) << r0 + k;
@@ -73,7 +71,7 @@ TEST(Repack, RoundTripsEveryRowAndDequantizesAsTheFileType) {
   std::vector<uint8_t> w(dtype_bytes(DType::Q4_0, 32) * 8), out(w.size());
   EXPECT_THROW(repack_r16(DType::Q4_0, w.data(), out.data(), 8, 32), ValueError);  // not 16 rows
   EXPECT_THROW(repack_r16(DType::Q8_K, w.data(), out.data(), 16, 256), ValueError);
-  EXPECT_EQ(r16_type(DType::Q8_K), DType::Q8_K);
+  EXPECT_FALSE(has_r16_layout(DType::Q8_K));
 }
 
 // The R16 row kernel from any group start and the R16 GEMM / batched kernel at every T equal
@@ -82,7 +80,7 @@ TEST(Repack, RoundTripsEveryRowAndDequantizesAsTheFileType) {
 TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
   const CpuFeatures& f = cpu_features();
   const bool vnni = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni;
-  ASSERT_EQ(gemm_kernel(DType::Q4_0_R16) != nullptr, vnni);
+  ASSERT_EQ(gemm_kernel(DType::Q4_0, WeightLayout::R16) != nullptr, vnni);
   if (!vnni) return;  // without the kernels the CPU backend never repacks
   std::mt19937 rng(9);
   for (DType t : kFileTypes) {
@@ -101,13 +99,13 @@ TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
         for (float& v : a) v = u(rng);
         quantize_row(act_type, a.data(), act.data() + i * act_bytes, n);
       }
-      const DType r16 = r16_type(t);
-      EXPECT_EQ(dot_kernel(r16).act_type, act_type);
+      const DotKernel& r16 = dot_kernel(t, WeightLayout::R16);
+      EXPECT_EQ(r16.act_type, act_type);
       std::vector<float> want(size_t(T * rows));
       if (!has_file_layout_kernel(t)) {
         std::vector<float> wf(static_cast<size_t>(n)), af(static_cast<size_t>(n));
         for (int64_t i = 0; i < T; ++i) {
-          dot_kernel(r16).dot_rows(n, packed.data(), row_bytes, rows, act.data() + i * act_bytes, want.data() + i * rows);
+          r16.dot_rows(n, packed.data(), row_bytes, rows, act.data() + i * act_bytes, want.data() + i * rows);
           dequantize_row(act_type, act.data() + i * act_bytes, af.data(), n);
           double sum_abs_a = 0;
           for (float v : af) sum_abs_a += std::fabs(v);
@@ -128,15 +126,15 @@ TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
       }
       for (int64_t i = 0; i < T; ++i) {
         std::vector<float> got(size_t(rows), -7.0f);
-        dot_kernel(r16).dot_rows(n, packed.data(), row_bytes, rows, act.data() + i * act_bytes, got.data());
+        r16.dot_rows(n, packed.data(), row_bytes, rows, act.data() + i * act_bytes, got.data());
         EXPECT_EQ(got, std::vector<float>(want.begin() + i * rows, want.begin() + (i + 1) * rows)) << "t " << i;
         // from the second group, 24 rows (a partial last group)
         std::vector<float> part(26, -7.0f);
-        dot_kernel(r16).dot_rows(n, packed.data() + 16 * row_bytes, row_bytes, 24, act.data() + i * act_bytes, part.data());
+        r16.dot_rows(n, packed.data() + 16 * row_bytes, row_bytes, 24, act.data() + i * act_bytes, part.data());
         for (int64_t r = 0; r < 24; ++r) EXPECT_EQ(part[size_t(r)], want[size_t(i * rows + 16 + r)]) << "t " << i << " r " << r;
         EXPECT_EQ(part[24], -7.0f);
       }
-      for (DotBatchFn fn : {gemm_kernel(r16), dot_batch_kernel(r16)}) {
+      for (DotBatchFn fn : {gemm_kernel(t, WeightLayout::R16), dot_batch_kernel(t, WeightLayout::R16)}) {
         ASSERT_NE(fn, nullptr);
         for (int64_t T1 = 1; T1 <= T; ++T1) {
           for (int64_t r0 : {int64_t(0), int64_t(16)}) {
@@ -161,19 +159,19 @@ TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
 TEST(Repack, FloatKernelsFollowTheReferenceAndTheFileLayoutsGemm) {
   const CpuFeatures& f = cpu_features();
   const bool bf16 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni && f.avx512_bf16;
-  ASSERT_EQ(gemm_kernel(DType::F16_R16) != nullptr, bf16);
+  ASSERT_EQ(gemm_kernel(DType::F16, WeightLayout::R16) != nullptr, bf16);
   if (!bf16) return;  // without the kernels the CPU backend never repacks
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-2, 2);
   for (DType t : kFloatTypes) {
     for (int64_t n : {32, 96, 576}) {
       SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n));
-      const DType r16 = r16_type(t), gemm_act = gemm_act_type(r16);
-      EXPECT_EQ(dot_kernel(r16).act_type, DType::F32);
-      EXPECT_EQ(gemm_act, gemm_act_type(t));
-      EXPECT_EQ(dot_batch_kernel(r16), nullptr);  // batched decode: the row kernel per activation row
+      const DotKernel& r16 = dot_kernel(t, WeightLayout::R16);
+      const DType gemm_act = gemm_act_type(t);
+      EXPECT_EQ(r16.act_type, DType::F32);
+      EXPECT_EQ(dot_batch_kernel(t, WeightLayout::R16), nullptr);  // batched decode: the row kernel per activation row
       const int64_t rows = 48, T = 37;
-      const size_t row_bytes = dtype_bytes(t, n), act_bytes = size_t(n) * 4, gemm_act_bytes = dtype_bytes(gemm_act, n);
+      const size_t row_bytes = dtype_bytes(t, n), gemm_act_bytes = dtype_bytes(gemm_act, n);
       const std::vector<uint8_t> w = random_weights(t, rows, n, rng);
       std::vector<uint8_t> packed(w.size()), gemm_acts(gemm_act_bytes * T);
       repack_r16(t, w.data(), packed.data(), rows, n);
@@ -185,7 +183,7 @@ TEST(Repack, FloatKernelsFollowTheReferenceAndTheFileLayoutsGemm) {
       for (int64_t i = 0; i < T; ++i) {
         const float* a = &acts[size_t(i * n)];
         std::vector<float> got(static_cast<size_t>(rows));
-        dot_kernel(r16).dot_rows(n, packed.data(), row_bytes, rows, a, got.data());
+        r16.dot_rows(n, packed.data(), row_bytes, rows, a, got.data());
         for (int64_t r = 0; r < rows; ++r) {
           dequantize_row(t, w.data() + r * row_bytes, wf.data(), n);
           double ref = 0, sum_abs = 0;
@@ -197,7 +195,7 @@ TEST(Repack, FloatKernelsFollowTheReferenceAndTheFileLayoutsGemm) {
           EXPECT_NEAR(got[size_t(r)], ref, double(n / 8 + 4) * std::ldexp(1.0, -24) * sum_abs) << "t " << i << " r " << r;
         }
         std::vector<float> part(26, -7.0f);  // from the second group, 24 rows (a partial last group)
-        dot_kernel(r16).dot_rows(n, packed.data() + 16 * row_bytes, row_bytes, 24, a, part.data());
+        r16.dot_rows(n, packed.data() + 16 * row_bytes, row_bytes, 24, a, part.data());
         for (int64_t r = 0; r < 24; ++r) EXPECT_EQ(part[size_t(r)], got[size_t(16 + r)]) << "t " << i << " r " << r;
         EXPECT_EQ(part[24], -7.0f);
       }
@@ -206,7 +204,7 @@ TEST(Repack, FloatKernelsFollowTheReferenceAndTheFileLayoutsGemm) {
           const int64_t count = rows - r0 - (r0 ? 8 : 0), ldo = rows + 2;
           std::vector<float> want(size_t(T1 * ldo), -7.0f), got(size_t(T1 * ldo), -7.0f);
           gemm_kernel(t)(n, w.data() + r0 * row_bytes, row_bytes, count, gemm_acts.data(), gemm_act_bytes, T1, want.data(), ldo);
-          gemm_kernel(r16)(n, packed.data() + r0 * row_bytes, row_bytes, count, gemm_acts.data(), gemm_act_bytes, T1, got.data(), ldo);
+          gemm_kernel(t, WeightLayout::R16)(n, packed.data() + r0 * row_bytes, row_bytes, count, gemm_acts.data(), gemm_act_bytes, T1, got.data(), ldo);
           EXPECT_EQ(got, want) << "T " << T1 << " r0 " << r0;
         }
       }

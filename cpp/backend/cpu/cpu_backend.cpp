@@ -46,6 +46,13 @@ void free_bytes(void* p, size_t n) {
     std::free(p);
 }
 
+// Whether pack_weight stores 2-D weight w in the R16 layout: its type has one, w is whole 16-row
+// groups of whole blocks, and this CPU has the layout's kernels.
+bool goes_in_r16(const Tensor& w) {
+  return quant::has_r16_layout(w.dtype) && w.dim(0) % quant::kR16Rows == 0 &&
+         w.cols() % quant::r16_block_elems(w.dtype) == 0 && quant::gemm_kernel(w.dtype, quant::WeightLayout::R16);
+}
+
 // Splits [0, n) for thread ith of nth; returns false when this thread has nothing to do.
 inline bool my_range(int64_t n, int ith, int nth, int64_t* b, int64_t* e) {
   split_range(n, ith, nth, b, e);
@@ -54,8 +61,8 @@ inline bool my_range(int64_t n, int ith, int nth, int64_t* b, int64_t* e) {
 }  // namespace
 
 CpuStorage::CpuStorage(Backend* b, size_t n) : Storage(b, n), data(aligned_bytes(n)), owned(true) {}
-CpuStorage::CpuStorage(Backend* b, size_t n, void* d, std::shared_ptr<const void> keep)
-    : Storage(b, n), data(d), owned(false), keepalive(std::move(keep)) {}
+CpuStorage::CpuStorage(Backend* b, size_t n, void* d, std::shared_ptr<const void> keep, quant::WeightLayout l)
+    : Storage(b, n), data(d), owned(false), keepalive(std::move(keep)), layout(l) {}
 CpuStorage::~CpuStorage() {
   if (owned) free_bytes(data, bytes);
 }
@@ -138,7 +145,6 @@ bool CpuBackend::supports(Op op, DType w) const {
     case Op::Embedding:
     case Op::Linear:
     case Op::MoeExperts:
-      w = quant::r16_source(w);
       return w == DType::F32 || w == DType::F16 || w == DType::BF16 || is_quantized(w);
     default:
       return true;
@@ -199,15 +205,14 @@ void CpuBackend::upload(const Tensor& dst, const void* src, size_t bytes) {
 Tensor CpuBackend::pack_weight(const Tensor& w, const Consumed& consumed) {
   check_host(w);
   if (w.shape.size() != 2) return w;
-  DType dtype = quant::r16_type(w.dtype);
-  if (dtype != w.dtype && (w.dim(0) % quant::kR16Rows != 0 || w.cols() % dtype_info(dtype).block_elems != 0 ||
-                           !quant::gemm_kernel(dtype)))
-    dtype = w.dtype;
+  using quant::WeightLayout;
+  const bool r16 = goes_in_r16(w);
   Tensor t;
-  t.dtype = dtype;
+  t.dtype = w.dtype;
   t.shape = w.shape;
   WeightArena::Block block = weights_.allocate(t.nbytes());
-  t.storage = std::make_shared<CpuStorage>(this, t.nbytes(), block.data, std::move(block.region));
+  t.storage = std::make_shared<CpuStorage>(this, t.nbytes(), block.data, std::move(block.region),
+                                           r16 ? WeightLayout::R16 : WeightLayout::Plain);
   // In chunks of rows, each handed back once copied (a tied 49152-row embedding is 30 MB).
   constexpr int64_t kChunkRows = 64 * quant::kR16Rows;
   const size_t rb = w.row_bytes();
@@ -215,10 +220,10 @@ Tensor CpuBackend::pack_weight(const Tensor& w, const Consumed& consumed) {
     const int64_t rows = std::min(kChunkRows, w.dim(0) - r);
     const char* src = host_ptr<char>(w) + size_t(r) * rb;
     char* dst = host_ptr<char>(t) + size_t(r) * rb;
-    if (dtype == w.dtype)
-      std::memcpy(dst, src, size_t(rows) * rb);
-    else
+    if (r16)
       quant::repack_r16(w.dtype, src, dst, rows, w.cols());
+    else
+      std::memcpy(dst, src, size_t(rows) * rb);
     if (consumed) consumed(src, size_t(rows) * rb);
   }
   return t;
@@ -247,7 +252,7 @@ void CpuBackend::embedding(Stream& s, const Tensor& ids, const Tensor& table, co
         std::memset(o, 0, size_t(h) * 4);
         continue;
       }
-      quant::dequantize_rows(table.dtype, rows, id[t], 1, h, o);
+      quant::dequantize_rows(table.dtype, layout_of(table), rows, id[t], 1, h, o);
     }
   });
 }
@@ -275,22 +280,6 @@ void CpuBackend::add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x
       const float* xr = host_ptr<float>(x) + r * d;
       for (int64_t i = 0; i < d; ++i) res[i] += xr[i];
       cpu::rms_norm_row(res, host_ptr<float>(w), eps, host_ptr<float>(out) + r * d, d);
-    }
-  });
-}
-
-void CpuBackend::rope(Stream& s, const Tensor& x, const Tensor& positions, const RopeTable& rope) {
-  own({&x, &positions, &rope.cos, &rope.sin});
-  checks::rope(x, positions, rope);
-  cpu_stream(s).record("rope", [=](int ith, int nth) {
-    int64_t heads = x.dim(1), hd = x.dim(2), half = rope.cos.cols(), max_pos = rope.cos.dim(0);
-    int64_t b, e;
-    if (!my_range(x.dim(0) * heads, ith, nth, &b, &e)) return;
-    for (int64_t i = b; i < e; ++i) {
-      int64_t pos = host_ptr<int32_t>(positions)[i / heads];
-      if (pos < 0 || pos >= max_pos) continue;  // validated by the model; memory safety only
-      cpu::rope_head(host_ptr<float>(x) + i * hd, host_ptr<float>(rope.cos) + pos * half,
-                     host_ptr<float>(rope.sin) + pos * half, half, rope.layout);
     }
   });
 }
@@ -355,18 +344,6 @@ void CpuBackend::swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) {
   });
 }
 
-void CpuBackend::add(Stream& s, const Tensor& a, const Tensor& b_, const Tensor& out) {
-  own({&a, &b_, &out});
-  checks::add(a, b_, out);
-  cpu_stream(s).record("add", [=](int ith, int nth) {
-    int64_t b, e;
-    if (!my_range(out.numel(), ith, nth, &b, &e)) return;
-    const float *x = host_ptr<float>(a), *y = host_ptr<float>(b_);
-    float* o = host_ptr<float>(out);
-    for (int64_t i = b; i < e; ++i) o[i] = x[i] + y[i];
-  });
-}
-
 void CpuBackend::gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) {
   own({&x, &idx, &out});
   checks::gather_rows(x, idx, out);
@@ -379,33 +356,6 @@ void CpuBackend::gather_rows(Stream& s, const Tensor& x, const Tensor& idx, cons
       if (i < 0 || i >= x.rows()) std::memset(o, 0, size_t(d) * 4);
       else std::memcpy(o, host_ptr<float>(x) + i * d, size_t(d) * 4);
     }
-  });
-}
-
-void CpuBackend::argmax(Stream& s, const Tensor& x, const Tensor& out) {
-  own({&x, &out});
-  checks::argmax(x, out);
-  cpu_stream(s).record("argmax", [=](int ith, int nth) {
-    int64_t b, e, d = x.cols();
-    if (!my_range(x.rows(), ith, nth, &b, &e)) return;
-    for (int64_t r = b; r < e; ++r) {
-      const float* row = host_ptr<float>(x) + r * d;
-      int64_t best = 0;
-      for (int64_t j = 1; j < d; ++j)
-        if (row[j] > row[best]) best = j;
-      host_ptr<int32_t>(out)[r] = int32_t(best);
-    }
-  });
-}
-
-void CpuBackend::copy(Stream& s, const Tensor& src, const Tensor& dst) {
-  own({&src, &dst});
-  checks::copy(src, dst);
-  cpu_stream(s).record("copy", [=](int ith, int nth) {
-    int64_t b, e;
-    size_t n = src.nbytes();
-    if (!my_range(int64_t(n), ith, nth, &b, &e)) return;
-    std::memcpy(host_ptr<char>(dst) + b, host_ptr<char>(src) + b, size_t(e - b));
   });
 }
 

@@ -9,21 +9,30 @@
 #include "backend/backend.h"
 #include "backend/cpu/weight_arena.h"
 #include "core/thread_pool.h"
+#include "quant/quant.h"
 
 namespace ferrum {
 
 struct CpuStorage : Storage {
-  CpuStorage(Backend* b, size_t n);                                                // owns memory
-  CpuStorage(Backend* b, size_t n, void* data, std::shared_ptr<const void> keep);  // wraps
+  CpuStorage(Backend* b, size_t n);  // owns memory
+  CpuStorage(Backend* b, size_t n, void* data, std::shared_ptr<const void> keep,
+             quant::WeightLayout layout = quant::WeightLayout::Plain);  // wraps
   ~CpuStorage() override;
   void* data;
   bool owned;
   std::shared_ptr<const void> keepalive;
+  // How the weight rows in this storage lie: the file's layout, or the R16 interleaving
+  // pack_weight chose (the tensors' dtype stays the file's; the kernels follow both).
+  quant::WeightLayout layout = quant::WeightLayout::Plain;
 };
 
 template <typename T>
 inline T* host_ptr(const Tensor& t) {
   return reinterpret_cast<T*>(static_cast<char*>(static_cast<CpuStorage*>(t.storage.get())->data) + t.offset);
+}
+
+inline quant::WeightLayout layout_of(const Tensor& t) {
+  return static_cast<const CpuStorage*>(t.storage.get())->layout;
 }
 
 // One recorded command: fn(thread_index, num_threads) does that thread's share.
@@ -74,8 +83,8 @@ class CpuStream : public Stream {
   // where the previous matmul's (in the weight arena's load order) end and that one's were not
   // reversed. A decode then snakes through consecutive matrices: the thread that read the end
   // of one starts the next, its stream going on in address order (in plain order the worker
-  // thread ran ~8% slower in 2 of 3 single-row matmuls, likely as the other thread's
-  // prefetches ran on into its range; tg +2-15% on 135M models, slow memory phase).
+  // thread ran slower in most single-row matmuls, likely as the other thread's prefetches ran
+  // on into its range).
   bool reverse_threads(const void* begin, size_t bytes) {
     const char* b = static_cast<const char*>(begin);
     const bool follows = b >= last_weights_end_ && b < last_weights_end_ + 4096;  // arena slack
@@ -111,7 +120,7 @@ class CpuBackend : public Backend {
                    std::shared_ptr<const void> keepalive) override;
   void upload(const Tensor& dst, const void* src, size_t bytes) override;
   // A copy in the weight arena (2 MiB pages, streamed in order); the legacy formats, k-quants,
-  // IQ4 types, F16 and BF16 in their R16 layouts (quant/repack.h) where their AVX-512 kernels run.
+  // IQ4 types, F16 and BF16 in the R16 layout (quant/repack.h) where its AVX-512 kernels run.
   Tensor pack_weight(const Tensor& w, const Consumed& consumed) override;
   void download(const Tensor& src, void* dst, size_t bytes) override;
   std::unique_ptr<Stream> new_stream() override { return std::make_unique<CpuStream>(this); }
@@ -122,17 +131,13 @@ class CpuBackend : public Backend {
   void rms_norm(Stream& s, const Tensor& x, const Tensor& w, float eps, const Tensor& out) override;
   void add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x, const Tensor& w, float eps,
                     const Tensor& out) override;
-  void rope(Stream& s, const Tensor& x, const Tensor& positions, const RopeTable& rope) override;
   void qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                     float eps, const RopeTable& rope, const AttnBatch& batch, const AttnParams& p,
                     const Tensor& q_out, const KvLayer& kv) override;
   void paged_attention(Stream& s, const Tensor& q, const KvLayer& kv, const AttnBatch& batch,
                        const AttnParams& p, const Tensor& out) override;
   void swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) override;
-  void add(Stream& s, const Tensor& a, const Tensor& b, const Tensor& out) override;
   void gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) override;
-  void argmax(Stream& s, const Tensor& x, const Tensor& out) override;
-  void copy(Stream& s, const Tensor& src, const Tensor& dst) override;
   void moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool normalize, const Tensor& ids,
                  const Tensor& weights) override;
   void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,

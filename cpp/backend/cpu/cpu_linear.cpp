@@ -5,15 +5,15 @@
 //     there is one; activations are first quantized once to the kernel's activation type (a
 //     single row by every thread inside the dot command).
 //   - many rows (prefill): quantized weights with an int8 GEMM kernel (Q4_0 ... Q8_0, Q2_K ...
-//     Q6_K) go to it (activations quantized once, as for the dot kernels; 2-3x the
-//     multiply-adds per second of sgemm), bf16 weights to the vdpbf16ps GEMM (activations
-//     rounded to bf16 once), f16 / f32 weights to the f32-FMA GEMM (f16 converted as it packs
-//     a tile; f32 activations) on AVX512_BF16 CPUs; elsewhere f32 weights go to sgemm on each
-//     thread's slice of N; other types are dequantized a tile of rows at a time into
-//     per-thread scratch, then sgemm. Two to eight rows of f32 weights: sgemm.
-//   - a scoring step (Stream::float_activations) never quantizes activations: every matmul of
-//     more than one row is dequantize + sgemm, so scores agree with a float reference.
-// Weights in the R16 layouts (pack_weight) take the same paths; threads split them at 16-row
+//     Q6_K) go to it (activations quantized once, as for the dot kernels), bf16 weights to the
+//     vdpbf16ps GEMM (activations rounded to bf16 once), f16 / f32 weights to the f32-FMA GEMM
+//     (f16 converted as it packs a tile; f32 activations) on AVX512_BF16 CPUs; elsewhere f32
+//     weights go to sgemm on each thread's slice of N; other types are dequantized a tile of
+//     rows at a time into per-thread scratch, then sgemm. Two to eight rows of f32 weights: sgemm.
+//   - a scoring step (Stream::float_activations) never quantizes activations: every matmul over
+//     weights whose kernels would is dequantize + sgemm, one row or many, so scores agree with a
+//     float reference.
+// Weights in the R16 layout (pack_weight) take the same paths; threads split them at 16-row
 // group starts.
 #include <cblas.h>
 
@@ -42,20 +42,187 @@ constexpr size_t kDotTileBytes = 16 * 1024;  // weight rows dotted with every ac
 constexpr int64_t kMaxInlineQuantize = 16384;  // activation elements quantized by every thread (see below)
 constexpr size_t kMinPieceBytes = 32 * 1024;  // smallest piece of a decode matmul a thread claims (RowClaims)
 
-// Part ith of nth of w's N rows; R16 weights split at group starts.
-void split_rows(const Tensor& w, int ith, int nth, int64_t* r0, int64_t* r1) {
-  const int64_t unit = quant::is_r16(w.dtype) ? quant::kR16Rows : 1;
-  split_range((w.dim(0) + unit - 1) / unit, ith, nth, r0, r1);
-  *r0 = std::min(*r0 * unit, w.dim(0));
-  *r1 = std::min(*r1 * unit, w.dim(0));
+// One linear call as its commands see it.
+struct Matmul {
+  Tensor x, w, bias, out;
+  int64_t out_col, T, K, N, ldo;
+  size_t w_row_bytes;
+  quant::WeightLayout layout;
+  int64_t unit;  // rows that go to one thread together: a 16-row group of R16 weights, else 1
+
+  float* out_cols() const { return host_ptr<float>(out) + out_col; }  // column 0 of this weight's
+  const char* weight_rows(int64_t r) const { return host_ptr<char>(w) + r * w_row_bytes; }
+};
+
+Matmul describe(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, int64_t out_col) {
+  const quant::WeightLayout layout = layout_of(w);
+  return {x, w, bias, out, out_col, x.rows(), x.cols(), w.dim(0), out.cols(), w.row_bytes(), layout,
+          layout == quant::WeightLayout::R16 ? quant::kR16Rows : 1};
 }
 
-// out points at column 0 of this weight's columns; ldo is the row stride of out.
-void add_bias(const Tensor& bias, float* out, int64_t tokens, int64_t ldo, int64_t r0, int64_t r1) {
-  if (!bias.defined()) return;
-  const float* b = host_ptr<float>(bias);
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t r = r0; r < r1; ++r) out[t * ldo + r] += b[r];
+// The path a call takes: the chosen kernels and whether it is prefill-sized.
+struct LinearPath {
+  const quant::DotKernel* kernel;  // the weights' row kernel (ValueError for unsupported types)
+  bool many_rows;                  // prefill-sized: not a decode, nor a batch of decodes
+  quant::DotBatchFn gemm;          // the weights' GEMM for many rows, or nullptr
+  bool sgemm;                      // dequantize tiles of weight rows, then sgemm on f32 activations
+};
+
+LinearPath choose_path(const Stream& s, const Matmul& m) {
+  LinearPath p;
+  p.kernel = &quant::dot_kernel(m.w.dtype, m.layout);
+  const bool decodes = m.T <= std::min(s.decode_rows, kMaxDecodeRows);
+  p.many_rows = m.T > kMaxDotTokens && !decodes;
+  // Never in a scoring step, also where the dot kernel takes f32 (bf16 weights: bf16 activations).
+  p.gemm = p.many_rows && !s.float_activations ? quant::gemm_kernel(m.w.dtype, m.layout) : nullptr;
+  const bool scoring_keeps_f32 = s.float_activations && p.kernel->act_type != DType::F32;
+  p.sgemm = (p.many_rows && !p.gemm) || scoring_keeps_f32 || (m.w.dtype == DType::F32 && m.T > 1 && !p.gemm);
+  return p;
+}
+
+// Part ith of nth of w's N rows, at whole units.
+void split_rows(const Matmul& m, int ith, int nth, int64_t* r0, int64_t* r1) {
+  split_range((m.N + m.unit - 1) / m.unit, ith, nth, r0, r1);
+  *r0 = std::min(*r0 * m.unit, m.N);
+  *r1 = std::min(*r1 * m.unit, m.N);
+}
+
+// out points at column 0 of this weight's columns.
+void add_bias(const Matmul& m, float* out, int64_t r0, int64_t r1) {
+  if (!m.bias.defined()) return;
+  const float* b = host_ptr<float>(m.bias);
+  for (int64_t t = 0; t < m.T; ++t)
+    for (int64_t r = r0; r < r1; ++r) out[t * m.ldo + r] += b[r];
+}
+
+// ---- the sgemm path: f32 weights used in place, others dequantized a tile of rows at a time ----
+
+bool dequantizes(const Matmul& m) { return m.w.dtype != DType::F32; }
+size_t sgemm_scratch_bytes(const Matmul& m, int threads) {
+  return dequantizes(m) ? size_t(threads * kTileRows * m.K) * 4 : 0;
+}
+
+// Weight rows [r0, r0 + rows) as f32: in place, or dequantized into tile.
+const float* weight_rows_f32(const Matmul& m, int64_t r0, int64_t rows, float* tile) {
+  if (!dequantizes(m)) return host_ptr<float>(m.w) + r0 * m.K;
+  quant::dequantize_rows(m.w.dtype, m.layout, host_ptr<char>(m.w), r0, rows, m.K, tile);
+  return tile;
+}
+
+void record_dequantize_sgemm(CpuStream& cs, const Matmul& m, std::shared_ptr<std::vector<char>> tiles) {
+  cs.record("linear_gemm", [m, tiles](int ith, int nth) {
+    int64_t r0, r1;
+    split_rows(m, ith, nth, &r0, &r1);
+    float* tile = dequantizes(m) ? reinterpret_cast<float*>(tiles->data()) + size_t(ith) * kTileRows * m.K : nullptr;
+    float* op = m.out_cols();
+    for (int64_t t0 = r0; t0 < r1; t0 += kTileRows) {
+      const int64_t rows = std::min(kTileRows, r1 - t0);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m.T), int(rows), int(m.K), 1.0f, host_ptr<float>(m.x),
+                  int(m.K), weight_rows_f32(m, t0, rows, tile), int(m.K), 0.0f, op + t0, int(m.ldo));
+    }
+    add_bias(m, op, r0, r1);
+  });
+}
+
+// ---- the dot path: the row kernel, the batched decode kernel or the GEMM ----
+
+// The activation rows the dot command reads: x itself (f32), or x quantized once by a command of
+// its own, or, when they are few (a decode or a small batch of decodes), by every thread into its
+// own copy inside the dot command: a microsecond or two of redundant work instead of a command
+// and a barrier between the two.
+struct Activations {
+  DType type;
+  size_t row_bytes;
+  bool quantized;     // else the kernels read x
+  bool per_thread;    // quantized by every thread inside the dot command
+  std::shared_ptr<std::vector<char>> rows;  // the quantized rows (per_thread: one copy a thread)
+  const void* row(const Matmul& m, const char* quantized_rows, int64_t t) const {
+    return quantized ? static_cast<const void*>(quantized_rows + t * row_bytes)
+                     : static_cast<const void*>(host_ptr<float>(m.x) + t * m.K);
+  }
+};
+
+Activations choose_activations(const Matmul& m, const LinearPath& p) {
+  Activations a;
+  a.type = p.gemm ? quant::gemm_act_type(m.w.dtype) : p.kernel->act_type;  // the GEMM may take another
+  a.row_bytes = dtype_bytes(a.type, m.K);
+  a.quantized = a.type != DType::F32;
+  a.per_thread = a.quantized && m.T * m.K <= kMaxInlineQuantize;
+  return a;
+}
+
+void quantize_rows(const Matmul& m, const Activations& a, int64_t t0, int64_t t1, char* dst) {
+  for (int64_t t = t0; t < t1; ++t)
+    quant::quantize_row(a.type, host_ptr<float>(m.x) + t * m.K, dst + t * a.row_bytes, m.K);
+}
+
+void record_quantize_activations(CpuStream& cs, const Matmul& m, const Activations& a) {
+  cs.record("quantize_act", [m, a](int ith, int nth) {
+    int64_t b, e;
+    split_range(m.T, ith, nth, &b, &e);
+    quantize_rows(m, a, b, e, a.rows->data());
+  });
+}
+
+// How the dot command deals the weight rows to threads and walks them.
+struct DotSplit {
+  // All activation rows at once (the GEMM, or the batched kernel, which unpacks each weight
+  // block once for all rows and equals the row kernel bit for bit; one row is faster without
+  // it), or nullptr: the row kernel.
+  quant::DotBatchFn batch;
+  // Row kernel: weight rows dotted with every activation row while they stay in L1; one
+  // activation row takes the thread's rows in one call (the kernel prepares it once per call).
+  int64_t tile_rows;
+  int64_t units;      // N in units of m.unit rows
+  int64_t min_piece;  // the smallest piece a thread claims, in units
+  bool reverse;       // threads take their parts in reverse order (CpuStream::reverse_threads)
+};
+
+DotSplit split_dot(CpuStream& cs, const Matmul& m, const LinearPath& p, const Activations& a, int threads) {
+  DotSplit d;
+  d.batch = p.gemm ? p.gemm : a.quantized && m.T > 1 ? quant::dot_batch_kernel(m.w.dtype, m.layout) : nullptr;
+  d.tile_rows = m.T == 1 ? m.N : std::max<int64_t>(1, int64_t(kDotTileBytes / m.w_row_bytes) / m.unit) * m.unit;
+  d.reverse = cs.reverse_threads(host_ptr<char>(m.w), m.w.nbytes());
+  d.units = (m.N + m.unit - 1) / m.unit;  // R16 row counts are whole groups
+  FERRUM_CHECK(d.units < RowClaims::kMaxUnits, "linear: " + m.w.str() + " has too many rows");
+  // Prefill's GEMM is compute-bound and prepares its activation tiles once per call: one piece
+  // a thread.
+  d.min_piece = p.many_rows ? (d.units + threads - 1) / threads
+                            : std::max<int64_t>(1, int64_t(kMinPieceBytes / m.w_row_bytes) / m.unit);
+  return d;
+}
+
+// out rows' columns [r0, r1) for every activation row.
+void dot_row_range(const Matmul& m, const LinearPath& p, const DotSplit& d, const Activations& a, const char* acts,
+                   int64_t r0, int64_t r1) {
+  float* op = m.out_cols();
+  if (d.batch) {
+    d.batch(m.K, m.weight_rows(r0), m.w_row_bytes, r1 - r0, a.row(m, acts, 0), a.row_bytes, m.T, op + r0, m.ldo);
+  } else {
+    for (int64_t tr = r0; tr < r1; tr += d.tile_rows) {
+      const int64_t rows = std::min(d.tile_rows, r1 - tr);
+      for (int64_t t = 0; t < m.T; ++t)
+        p.kernel->dot_rows(m.K, m.weight_rows(tr), m.w_row_bytes, rows, a.row(m, acts, t), op + t * m.ldo + tr);
+    }
+  }
+  add_bias(m, op, r0, r1);
+}
+
+void record_dot(CpuStream& cs, const Matmul& m, const LinearPath& p, const Activations& a, const DotSplit& d,
+                int threads) {
+  auto claims = std::make_shared<RowClaims>(threads);
+  cs.record("linear_dot", [m, p, a, d, claims](int ith, int nth) {
+    const char* acts = a.quantized ? a.rows->data() : nullptr;
+    if (a.per_thread) {
+      char* own = a.rows->data() + size_t(ith * m.T) * a.row_bytes;
+      quantize_rows(m, a, 0, m.T, own);
+      acts = own;
+    }
+    const auto owner_part = [&](int i) { return d.reverse ? nth - 1 - i : i; };
+    claims->run(ith, nth, owner_part, d.units, d.min_piece, [&](int64_t u0, int64_t u1) {
+      dot_row_range(m, p, d, a, acts, u0 * m.unit, std::min(u1 * m.unit, m.N));
+    });
+  });
 }
 }  // namespace
 
@@ -64,107 +231,19 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   own({&x, &w, &bias, &out});
   checks::linear(x, w, bias, out, out_col);
   CpuStream& cs = static_cast<CpuStream&>(s);
-  const int64_t T = x.rows(), K = x.cols(), N = w.dim(0), ldo = out.cols();
-  const size_t w_row_bytes = w.row_bytes();
-
-  const quant::DotKernel* kernel = &quant::dot_kernel(w.dtype);
-  const bool decodes = T <= std::min(s.decode_rows, kMaxDecodeRows);
-  const bool many_rows = T > kMaxDotTokens && !decodes;
-  const bool float_act = s.float_activations && T > 1 && kernel->act_type != DType::F32;
-  // Never in a scoring step, also where the dot kernel takes f32 (bf16 weights: bf16 activations).
-  const quant::DotBatchFn gemm = many_rows && !s.float_activations ? quant::gemm_kernel(w.dtype) : nullptr;
-  if ((many_rows && !gemm) || float_act || (w.dtype == DType::F32 && T > 1 && !gemm)) {
-    // GEMM path. f32 weights are used in place; others are dequantized per tile.
-    const bool dequant = w.dtype != DType::F32;
-    auto tiles = scratch(Scratch::GemmTiles, dequant ? size_t(pool_.size() * kTileRows * K) * 4 : 0);
-    cs.record("linear_gemm", [=](int ith, int nth) {
-      int64_t r0, r1;
-      split_rows(w, ith, nth, &r0, &r1);
-      const float* xp = host_ptr<float>(x);
-      float* op = host_ptr<float>(out) + out_col;
-      for (int64_t t0 = r0; t0 < r1; t0 += kTileRows) {
-        int64_t rows = std::min(kTileRows, r1 - t0);
-        const float* wt;
-        if (dequant) {
-          float* tile = reinterpret_cast<float*>(tiles->data()) + size_t(ith) * kTileRows * K;
-          quant::dequantize_rows(w.dtype, host_ptr<char>(w), t0, rows, K, tile);
-          wt = tile;
-        } else {
-          wt = host_ptr<float>(w) + t0 * K;
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(rows), int(K), 1.0f, xp,
-                    int(K), wt, int(K), 0.0f, op + t0, int(ldo));
-      }
-      add_bias(bias, op, T, ldo, r0, r1);
-    });
+  const Matmul m = describe(x, w, bias, out, out_col);
+  const LinearPath path = choose_path(s, m);
+  if (path.sgemm) {
+    record_dequantize_sgemm(cs, m, scratch(Scratch::GemmTiles, sgemm_scratch_bytes(m, pool_.size())));
     return;
   }
-
-  // Dot-kernel path (or the GEMM kernel, which may take another activation type). Activations
-  // are quantized once by a command of their own, or, when they are few (a decode or a small
-  // batch of decodes), by every thread into its own copy inside the dot command: a microsecond
-  // or two of redundant work instead of a command and a barrier between the two.
-  const DType act_type = gemm ? quant::gemm_act_type(w.dtype) : kernel->act_type;
-  const size_t act_row_bytes = dtype_bytes(act_type, K);
-  const bool quantize = act_type != DType::F32;
-  const bool quantize_in_dot = quantize && T * K <= kMaxInlineQuantize;
-  std::shared_ptr<std::vector<char>> act;
-  if (quantize_in_dot) {
-    act = scratch(Scratch::Activations, size_t(pool_.size() * T) * act_row_bytes);
-  } else if (quantize) {
-    act = scratch(Scratch::Activations, size_t(T) * act_row_bytes);
-    cs.record("quantize_act", [=](int ith, int nth) {
-      int64_t b, e;
-      split_range(T, ith, nth, &b, &e);
-      for (int64_t t = b; t < e; ++t)
-        quant::quantize_row(act_type, host_ptr<float>(x) + t * K, act->data() + t * act_row_bytes, K);
-    });
-  }
-  // Several rows: the batched kernel unpacks each weight block once for all of them (its results
-  // equal the single-row kernel's bit for bit, and one row is faster without it). Else weight
-  // rows go in tiles that stay in L1 while every activation row is dotted with them.
-  const quant::DotBatchFn batch = gemm ? gemm : act && T > 1 ? quant::dot_batch_kernel(w.dtype) : nullptr;
-  // One activation row: a single call over the thread's rows (the kernel prepares the
-  // activation once per call).
-  const int64_t unit = quant::is_r16(w.dtype) ? quant::kR16Rows : 1;  // R16: whole groups
-  const int64_t tile_rows = T == 1 ? N : std::max<int64_t>(1, int64_t(kDotTileBytes / w_row_bytes) / unit) * unit;
-  const bool reverse = cs.reverse_threads(host_ptr<char>(w), w.nbytes());
-  const int64_t units = (N + unit - 1) / unit;  // R16 row counts are whole groups
-  FERRUM_CHECK(units < RowClaims::kMaxUnits, "linear: " + w.str() + " has too many rows");
-  if (!many_rows) cs.warm_before({host_ptr<char>(w), size_t(unit) * w_row_bytes, units, reverse});
-  auto claims = std::make_shared<RowClaims>(pool_.size());
-  // Prefill's GEMM is compute-bound and prepares its activation tiles once per call: one piece
-  // a thread.
-  const int64_t min_piece = many_rows ? (units + pool_.size() - 1) / pool_.size()
-                                      : std::max<int64_t>(1, int64_t(kMinPieceBytes / w_row_bytes) / unit);
-  cs.record("linear_dot", [=](int ith, int nth) {
-    float* op = host_ptr<float>(out) + out_col;
-    char* acts = act ? act->data() : nullptr;
-    if (quantize_in_dot) {
-      acts += size_t(ith * T) * act_row_bytes;
-      for (int64_t t = 0; t < T; ++t)
-        quant::quantize_row(act_type, host_ptr<float>(x) + t * K, acts + t * act_row_bytes, K);
-    }
-    const auto owner_part = [&](int i) { return reverse ? nth - 1 - i : i; };
-    claims->run(ith, nth, owner_part, units, min_piece, [&](int64_t u0, int64_t u1) {
-      const int64_t r0 = u0 * unit, r1 = std::min(u1 * unit, N);
-      if (batch) {
-        const void* a = acts ? static_cast<const void*>(acts) : static_cast<const void*>(host_ptr<float>(x));
-        batch(K, host_ptr<char>(w) + r0 * w_row_bytes, w_row_bytes, r1 - r0, a, act_row_bytes, T, op + r0, ldo);
-      } else {
-        for (int64_t tr = r0; tr < r1; tr += tile_rows) {
-          const int64_t rows = std::min(tile_rows, r1 - tr);
-          const char* wp = host_ptr<char>(w) + tr * w_row_bytes;
-          for (int64_t t = 0; t < T; ++t) {
-            const void* a = act ? static_cast<const void*>(acts + t * act_row_bytes)
-                                : static_cast<const void*>(host_ptr<float>(x) + t * K);
-            kernel->dot_rows(K, wp, w_row_bytes, rows, a, op + t * ldo + tr);
-          }
-        }
-      }
-      add_bias(bias, op, T, ldo, r0, r1);
-    });
-  });
+  Activations acts = choose_activations(m, path);
+  if (acts.quantized)
+    acts.rows = scratch(Scratch::Activations, size_t(acts.per_thread ? pool_.size() * m.T : m.T) * acts.row_bytes);
+  if (acts.quantized && !acts.per_thread) record_quantize_activations(cs, m, acts);
+  const DotSplit split = split_dot(cs, m, path, acts, pool_.size());
+  if (!path.many_rows) cs.warm_before({host_ptr<char>(w), size_t(m.unit) * m.w_row_bytes, split.units, split.reverse});
+  record_dot(cs, m, path, acts, split, pool_.size());
 }
 
 }  // namespace ferrum

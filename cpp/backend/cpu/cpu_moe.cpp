@@ -4,9 +4,11 @@
 //
 // moe_experts groups the (token, slot) pairs by expert when the stream runs (routing is data),
 // so each selected expert's weights are read once per call however many tokens chose it, and
-// experts nobody chose are never touched: decode costs the active parameters only.
+// experts nobody chose are never touched: decode costs the active parameters only. A call
+// (MoeCall) records these steps:
 //   plan      bucket the pairs by expert; quantize x for the gate / up dot kernels;
-//   gather    x rows copied into expert order (only for experts run as sgemm);
+//   gather    x rows copied into expert order (experts run as sgemm), quantized x rows into
+//             pair order (experts run on the batched kernels);
 //   gate_up   act[p] = silu(gate[e] x) * (up[e] x); each thread owns a range of the I rows of
 //             every active expert, so work is balanced however unevenly tokens are routed;
 //   quantize  act rows to the down kernel's activation type;
@@ -16,9 +18,9 @@
 // a chunk of rows at a time so the chunk stays in cache across its tokens (with the batched
 // kernel, which unpacks each weight block once for up to 8 of its tokens, where the types have
 // one); an expert chosen by many tokens dequantizes a tile of rows and runs one sgemm over all
-// its tokens. In a batch
-// of decodes (Stream::decode_rows) every expert takes the dot path, as linear does, so a
-// sequence's tokens compute the same whatever else is in the batch.
+// its tokens. In a batch of decodes (Stream::decode_rows) every expert takes the dot path, as
+// linear does, so a sequence's tokens compute the same whatever else is in the batch; in a
+// scoring step (Stream::float_activations) every expert runs as sgemm, on f32 activations.
 // Small calls (decode: at most kMaxDotPairs pairs) have every thread plan and quantize for
 // itself (a few rows) inside gate_up and down: two commands, one barrier, instead of four.
 #include <cblas.h>
@@ -42,7 +44,7 @@ namespace {
 // in a batch of up to kMaxDecodeRows decodes. With a batched dot kernel for all three weights
 // (which unpacks each weight block once for all the expert's tokens) the dot path beats sgemm
 // up to kMaxBatchPairs: a prompt's experts, chosen by tokens * top_k / experts tokens each,
-// stay on it (measured on Zen 4, Q8_0: see docs/moe.md).
+// stay on it (docs/moe.md).
 constexpr int64_t kMaxDotPairs = 8;
 constexpr int64_t kMaxBatchPairs = 64;
 constexpr int64_t kMaxDecodeRows = 64;
@@ -73,25 +75,6 @@ struct MoePrep {
   std::vector<char> x_pairs;       // x_gate rows in pair order, for the batched kernels
 };
 
-struct MoeScratch {
-  bool small = false;       // few pairs: every thread plans and quantizes for itself
-  bool decodes = false;     // a batch of decodes: no expert runs as sgemm
-  int64_t max_dot_pairs = kMaxDotPairs;
-  // gate, up and down batched kernels (all or none); an expert with >= 2 pairs on the dot
-  // path uses them (one pair is faster on the row kernel)
-  quant::DotBatchFn batch_gate = nullptr, batch_up = nullptr, batch_down = nullptr;
-  bool gemm(int64_t pairs) const { return !decodes && pairs > max_dot_pairs; }
-  bool batched(int64_t pairs) const { return batch_gate && pairs >= 2 && !gemm(pairs); }
-  MoePrep shared;
-  std::vector<MoePrep> own;      // per thread, small calls
-  std::vector<float> xs;         // x rows in expert order [pairs, H] (sgemm experts)
-  std::vector<float> act;        // silu(gate) * up [pairs, I], expert order
-  std::vector<float> per_thread; // tile + two [pairs, rows] result blocks per thread
-  size_t per_thread_floats = 0;
-  MoePrep& prep(int ith) { return small ? own[size_t(ith)] : shared; }
-  float* thread_block(int ith) { return per_thread.data() + size_t(ith) * per_thread_floats; }
-};
-
 // rows [r0, r0 + n) of one expert matrix as f32: in place for f32 weights, else into tile.
 const float* rows_f32(const Tensor& w, const char* expert, int64_t r0, int64_t n, float* tile) {
   const int64_t K = w.cols();
@@ -99,6 +82,11 @@ const float* rows_f32(const Tensor& w, const char* expert, int64_t r0, int64_t n
   if (w.dtype == DType::F32) return reinterpret_cast<const float*>(expert + r0 * rb);
   for (int64_t r = 0; r < n; ++r) quant::dequantize_row(w.dtype, expert + (r0 + r) * rb, tile + r * K, K);
   return tile;
+}
+
+// Row r of expert e in a stack of expert matrices (expert_bytes each, rows of row_bytes).
+const char* expert_row(const Tensor& w, size_t expert_bytes, size_t row_bytes, int32_t e, int64_t r) {
+  return host_ptr<char>(w) + size_t(e) * expert_bytes + size_t(r) * row_bytes;
 }
 
 // C[n, rows] = A[n, K] @ B[rows, K]^T
@@ -126,6 +114,312 @@ void build_plan(MoePlan& p, const int32_t* ids, const float* weights, int64_t pa
     p.pair_token[size_t(at)] = int32_t(i / k);
     p.pair_weight[size_t(at)] = weights[i];
   }
+}
+
+// One moe_experts call: its tensors, kernels and paths (fixed when it is recorded) and its
+// scratch (rewritten at every submit). Each recorded command runs one step of it.
+class MoeCall {
+ public:
+  MoeCall(const Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
+          const Tensor& ids, const Tensor& weights, const Tensor& out, int threads);
+
+  // The steps a call records besides gate_up and down (a small call does their work inside those).
+  bool has_plan_step() const { return !small_; }
+  bool has_gather_step() const { return !small_ && (any_gemm_ || any_batched_); }
+  bool has_quantize_step() const { return quant_act_ && !small_; }
+
+  void plan(int ith, int nth);
+  void gather(int ith, int nth);
+  void gate_up(int ith, int nth);
+  void quantize_act(int ith, int nth);
+  void down(int ith, int nth);
+
+ private:
+  void choose_paths(const Stream& s);
+  void size_scratch(int threads);
+  // Whether an expert chosen by `pairs` pairs runs as sgemm, or on the batched dot kernels (an
+  // expert with >= 2 pairs on the dot path, where all three weights have one; one pair is
+  // faster on the row kernel).
+  bool gemm(int64_t pairs) const { return float_acts_ || (!decodes_ && pairs > max_dot_pairs_); }
+  bool batched(int64_t pairs) const { return batch_gate_ && pairs >= 2 && !gemm(pairs); }
+  MoePrep& prep(int ith) { return small_ ? own_[size_t(ith)] : shared_; }
+  // Row r of expert e's gate / up / down matrix.
+  const char* gate_row(int32_t e, int64_t r) const { return expert_row(gate_, gate_bytes_, grb_, e, r); }
+  const char* up_row(int32_t e, int64_t r) const { return expert_row(up_, up_bytes_, urb_, e, r); }
+  const char* down_row(int32_t e, int64_t r) const { return expert_row(down_, down_bytes_, drb_, e, r); }
+  // act[p0 + i, c0 .. c0 + rows) = silu(g[i]) * u[i] for the n pairs from p0 (g, u: [n, rows]).
+  void swiglu_block(const float* g, const float* u, int64_t p0, int64_t n, int64_t c0, int64_t rows) {
+    for (int64_t i = 0; i < n; ++i)
+      cpu::silu_mul(g + i * rows, u + i * rows, act_.data() + (p0 + i) * I_ + c0, rows);
+  }
+  float* thread_block(int ith) { return per_thread_.data() + size_t(ith) * per_thread_floats_; }
+
+  // Plans (if `plan`) and quantizes x tokens [t0, t1) into pr.
+  void prepare(MoePrep& pr, bool plan, int64_t t0, int64_t t1);
+  // Copies the quantized x rows of pairs [p0, p1) into pair order (x_pairs), where the batched
+  // kernels read an expert's tokens at one stride.
+  void gather_pairs(MoePrep& pr, int64_t p0, int64_t p1);
+  // Quantizes act rows of pairs [p0, p1) into pr.
+  void quantize_act_rows(MoePrep& pr, int64_t p0, int64_t p1);
+  // act rows of expert e's pairs, gate / up rows [r0, r1); g, u: this thread's result blocks.
+  void gate_up_sgemm(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* tile, float* g, float* u);
+  void gate_up_batched(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* g, float* u);
+  void gate_up_dot(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* g, float* u);
+  // out columns [r0, r1) += expert e's down rows [r0, r1) over its pairs' act rows, a chunk of
+  // rows at a time into y [pairs, rows]: sgemm, the batched kernel or the row kernel, then the
+  // routing weights.
+  void down_expert(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* tile, float* y);
+  void down_batched(const MoePrep& pr, int32_t e, int64_t c0, int64_t rows, float* y);
+  void down_dot(const MoePrep& pr, int32_t e, int64_t c0, int64_t rows, float* y);
+  // out[token of pair p0 + i, c0 .. c0 + rows) += weight of the pair * y[i], for i < n.
+  void add_weighted(const MoePlan& p, int64_t p0, int64_t n, int64_t c0, int64_t rows, const float* y);
+
+  Tensor x_, gate_, up_, down_, ids_, weights_, out_;
+  int64_t T_, H_, E_, I_, k_, P_;
+  const quant::DotKernel *kg_, *ku_, *kd_;  // gate, up, down
+  size_t xg_bytes_, xu_bytes_, aq_bytes_;   // activation rows for the gate / up / down kernels
+  size_t grb_, urb_, drb_;                   // row bytes of gate, up, down
+  size_t gate_bytes_, up_bytes_, down_bytes_;  // one expert's matrix
+  bool float_acts_;                          // a scoring step: every expert runs as sgemm
+  bool quant_gate_, quant_up_, quant_act_;   // activations quantized for the dot kernels
+  bool small_ = false;                       // few pairs: every thread plans and quantizes for itself
+  bool decodes_ = false;                     // a batch of decodes: no expert runs as sgemm
+  int64_t max_dot_pairs_ = kMaxDotPairs;
+  quant::DotBatchFn batch_gate_ = nullptr, batch_up_ = nullptr, batch_down_ = nullptr;  // all or none
+  bool any_gemm_ = false, any_batched_ = false;
+  int64_t tile_floats_ = 0, out_floats_ = 0;  // per thread: a dequantized tile, two result blocks
+
+  MoePrep shared_;
+  std::vector<MoePrep> own_;       // per thread, small calls
+  std::vector<float> xs_;          // x rows in expert order [pairs, H] (sgemm experts)
+  std::vector<float> act_;         // silu(gate) * up [pairs, I], expert order
+  std::vector<float> per_thread_;  // tile + two result blocks per thread
+  size_t per_thread_floats_ = 0;
+};
+
+MoeCall::MoeCall(const Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
+                 const Tensor& ids, const Tensor& weights, const Tensor& out, int threads)
+    : x_(x), gate_(gate), up_(up), down_(down), ids_(ids), weights_(weights), out_(out),
+      T_(x.rows()), H_(x.cols()), E_(gate.dim(0)), I_(gate.dim(1)), k_(ids.cols()), P_(T_ * k_),
+      kg_(&quant::dot_kernel(gate.dtype)),  // ValueError for unsupported types
+      ku_(&quant::dot_kernel(up.dtype)),
+      kd_(&quant::dot_kernel(down.dtype)),
+      xg_bytes_(dtype_bytes(kg_->act_type, H_)), xu_bytes_(dtype_bytes(ku_->act_type, H_)),
+      aq_bytes_(dtype_bytes(kd_->act_type, I_)),
+      grb_(gate.row_bytes()), urb_(up.row_bytes()), drb_(down.row_bytes()),
+      gate_bytes_(size_t(I_) * grb_), up_bytes_(size_t(I_) * urb_), down_bytes_(size_t(H_) * drb_),
+      float_acts_(s.float_activations),
+      quant_gate_(!float_acts_ && kg_->act_type != DType::F32),
+      // up's activations are x_gate's when the types agree
+      quant_up_(!float_acts_ && ku_->act_type != DType::F32 && ku_->act_type != kg_->act_type),
+      quant_act_(!float_acts_ && kd_->act_type != DType::F32) {
+  choose_paths(s);
+  size_scratch(threads);
+}
+
+void MoeCall::choose_paths(const Stream& s) {
+  decodes_ = T_ <= std::min(s.decode_rows, kMaxDecodeRows);
+  small_ = !float_acts_ && P_ <= kMaxDotPairs;
+  // The batched kernels take their activation rows at one stride: gate and up must share x's
+  // quantized rows (x_pairs).
+  if (kg_->act_type == ku_->act_type && quant_gate_) {
+    batch_gate_ = quant::dot_batch_kernel(gate_.dtype);
+    batch_up_ = quant::dot_batch_kernel(up_.dtype);
+    batch_down_ = quant::dot_batch_kernel(down_.dtype);
+    if (!batch_gate_ || !batch_up_ || !batch_down_) batch_gate_ = batch_up_ = batch_down_ = nullptr;
+  }
+  if (batch_gate_) max_dot_pairs_ = kMaxBatchPairs;
+  any_gemm_ = gemm(P_);  // whether some expert may have enough pairs for sgemm
+  any_batched_ = batch_gate_ && P_ >= 2;
+}
+
+void MoeCall::size_scratch(int threads) {
+  own_.resize(small_ ? size_t(threads) : 0);
+  auto size_prep = [&](MoePrep& pr) {
+    if (quant_gate_) pr.x_gate.resize(size_t(T_) * xg_bytes_);
+    if (quant_up_) pr.x_up.resize(size_t(T_) * xu_bytes_);
+    if (quant_act_) pr.act_q.resize(size_t(P_) * aq_bytes_);
+    if (any_batched_) pr.x_pairs.resize(size_t(P_) * xg_bytes_);
+  };
+  if (small_) for (MoePrep& pr : own_) size_prep(pr);
+  else size_prep(shared_);
+  if (any_gemm_) xs_.resize(size_t(P_ * H_));
+  act_.resize(size_t(P_ * I_));
+  tile_floats_ = any_gemm_ ? kGemmTileRows * std::max(H_, I_) : 0;
+  const int64_t block_rows = any_gemm_ ? std::max(kDotChunkRows, kGemmTileRows) : kDotChunkRows;
+  // An expert chosen by one token of a small call is dotted in one call per matrix over the
+  // thread's whole row range (nothing to keep hot for a second token): long streams, one
+  // activation preparation per matrix.
+  const int64_t whole_range = small_ ? std::max(H_, I_) : 0;
+  out_floats_ = std::max(P_ * block_rows, whole_range);  // each of g and u (y: both)
+  per_thread_floats_ = size_t(tile_floats_ + 2 * out_floats_);
+  per_thread_.resize(per_thread_floats_ * size_t(threads));
+}
+
+void MoeCall::prepare(MoePrep& pr, bool plan, int64_t t0, int64_t t1) {
+  if (plan) build_plan(pr.plan, host_ptr<int32_t>(ids_), host_ptr<float>(weights_), P_, k_, E_);
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* xr = host_ptr<float>(x_) + t * H_;
+    if (quant_gate_) quant::quantize_row(kg_->act_type, xr, pr.x_gate.data() + size_t(t) * xg_bytes_, H_);
+    if (quant_up_) quant::quantize_row(ku_->act_type, xr, pr.x_up.data() + size_t(t) * xu_bytes_, H_);
+  }
+}
+
+void MoeCall::gather_pairs(MoePrep& pr, int64_t p0, int64_t p1) {
+  for (int64_t i = p0; i < p1; ++i)
+    std::memcpy(pr.x_pairs.data() + size_t(i) * xg_bytes_,
+                pr.x_gate.data() + size_t(pr.plan.pair_token[size_t(i)]) * xg_bytes_, xg_bytes_);
+}
+
+void MoeCall::quantize_act_rows(MoePrep& pr, int64_t p0, int64_t p1) {
+  for (int64_t i = p0; i < p1; ++i)
+    quant::quantize_row(kd_->act_type, act_.data() + i * I_, pr.act_q.data() + size_t(i) * aq_bytes_, I_);
+}
+
+// The shared plan, and x quantized by ranges of tokens.
+void MoeCall::plan(int ith, int nth) {
+  int64_t b, e;
+  split_range(T_, ith, nth, &b, &e);
+  prepare(shared_, ith == 0, b, e);
+}
+
+// Each expert's share of pairs: x rows into expert order for sgemm experts, quantized x rows
+// into pair order for batched ones.
+void MoeCall::gather(int ith, int nth) {
+  const MoePlan& p = shared_.plan;
+  for (int32_t e : p.active) {
+    const bool sgemm = gemm(p.count(e));
+    if (!sgemm && !batched(p.count(e))) continue;
+    int64_t b, end;
+    split_range(p.count(e), ith, nth, &b, &end);
+    if (!sgemm) {
+      gather_pairs(shared_, p.first(e) + b, p.first(e) + end);
+      continue;
+    }
+    for (int64_t i = p.first(e) + b; i < p.first(e) + end; ++i)
+      std::memcpy(xs_.data() + i * H_, host_ptr<float>(x_) + p.pair_token[size_t(i)] * H_, size_t(H_) * 4);
+  }
+}
+
+void MoeCall::gate_up(int ith, int nth) {
+  MoePrep& pr = prep(ith);
+  if (small_) {
+    prepare(pr, true, 0, T_);
+    for (int32_t e : pr.plan.active)
+      if (batched(pr.plan.count(e))) gather_pairs(pr, pr.plan.first(e), pr.plan.first(e) + pr.plan.count(e));
+  }
+  int64_t r0, r1;
+  split_range(I_, ith, nth, &r0, &r1);
+  if (r0 >= r1) return;
+  float* tile = thread_block(ith);
+  float* g = tile + tile_floats_;
+  float* u = g + out_floats_;
+  for (int32_t e : pr.plan.active) {
+    const int64_t n = pr.plan.count(e);
+    if (gemm(n)) gate_up_sgemm(pr, e, r0, r1, tile, g, u);
+    else if (batched(n)) gate_up_batched(pr, e, r0, r1, g, u);
+    else gate_up_dot(pr, e, r0, r1, g, u);
+  }
+}
+
+void MoeCall::gate_up_sgemm(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* tile, float* g, float* u) {
+  const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
+  for (int64_t c0 = r0; c0 < r1; c0 += kGemmTileRows) {
+    const int64_t rows = std::min(kGemmTileRows, r1 - c0);
+    gemm_nt(xs_.data() + p0 * H_, rows_f32(gate_, gate_row(e, 0), c0, rows, tile), g, n, rows, H_);
+    gemm_nt(xs_.data() + p0 * H_, rows_f32(up_, up_row(e, 0), c0, rows, tile), u, n, rows, H_);
+    swiglu_block(g, u, p0, n, c0, rows);
+  }
+}
+
+void MoeCall::gate_up_batched(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* g, float* u) {
+  const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
+  const char* xq = pr.x_pairs.data() + size_t(p0) * xg_bytes_;
+  for (int64_t c0 = r0; c0 < r1; c0 += kDotChunkRows) {  // g, u: [n, rows]
+    const int64_t rows = std::min(kDotChunkRows, r1 - c0);
+    for (int64_t j = 0; j < n; j += kBatchTokens) {
+      const int64_t m = std::min(kBatchTokens, n - j);
+      batch_gate_(H_, gate_row(e, c0), grb_, rows, xq + size_t(j) * xg_bytes_, xg_bytes_, m, g + j * rows, rows);
+      batch_up_(H_, up_row(e, c0), urb_, rows, xq + size_t(j) * xg_bytes_, xg_bytes_, m, u + j * rows, rows);
+    }
+    swiglu_block(g, u, p0, n, c0, rows);
+  }
+}
+
+void MoeCall::gate_up_dot(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* g, float* u) {
+  const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
+  const int64_t step = small_ && n == 1 ? r1 - r0 : kDotChunkRows;
+  for (int64_t c0 = r0; c0 < r1; c0 += step) {
+    const int64_t rows = std::min(step, r1 - c0);
+    for (int64_t i = p0; i < p0 + n; ++i) {
+      const int64_t t = pr.plan.pair_token[size_t(i)];
+      const float* xr = host_ptr<float>(x_) + t * H_;
+      const void* ag = quant_gate_ ? static_cast<const void*>(pr.x_gate.data() + size_t(t) * xg_bytes_) : xr;
+      const void* au = quant_up_ ? static_cast<const void*>(pr.x_up.data() + size_t(t) * xu_bytes_)
+                     : ku_->act_type == DType::F32 ? static_cast<const void*>(xr) : ag;
+      kg_->dot_rows(H_, gate_row(e, c0), grb_, rows, ag, g);
+      ku_->dot_rows(H_, up_row(e, c0), urb_, rows, au, u);
+      cpu::silu_mul(g, u, act_.data() + i * I_ + c0, rows);
+    }
+  }
+}
+
+// act rows of the dot-path experts' pairs, quantized by ranges of each expert's pairs.
+void MoeCall::quantize_act(int ith, int nth) {
+  const MoePlan& p = shared_.plan;
+  for (int32_t e : p.active) {
+    if (gemm(p.count(e))) continue;  // sgemm experts read act as f32
+    int64_t b, end;
+    split_range(p.count(e), ith, nth, &b, &end);
+    quantize_act_rows(shared_, p.first(e) + b, p.first(e) + end);
+  }
+}
+
+void MoeCall::down(int ith, int nth) {
+  MoePrep& pr = prep(ith);
+  int64_t r0, r1;
+  split_range(H_, ith, nth, &r0, &r1);
+  if (r0 >= r1) return;
+  if (quant_act_ && small_) quantize_act_rows(pr, 0, pr.plan.start.back());
+  float* o = host_ptr<float>(out_);
+  for (int64_t t = 0; t < T_; ++t) std::memset(o + t * H_ + r0, 0, size_t(r1 - r0) * 4);
+  float* tile = thread_block(ith);
+  for (int32_t e : pr.plan.active) down_expert(pr, e, r0, r1, tile, tile + tile_floats_);
+}
+
+void MoeCall::down_expert(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* tile, float* y) {
+  const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
+  const bool sgemm = gemm(n), batch = batched(n);
+  const int64_t step = sgemm ? kGemmTileRows : small_ && n == 1 ? r1 - r0 : kDotChunkRows;
+  for (int64_t c0 = r0; c0 < r1; c0 += step) {
+    const int64_t rows = std::min(step, r1 - c0);  // y: [n, rows]
+    if (sgemm) gemm_nt(act_.data() + p0 * I_, rows_f32(down_, down_row(e, 0), c0, rows, tile), y, n, rows, I_);
+    else if (batch) down_batched(pr, e, c0, rows, y);
+    else down_dot(pr, e, c0, rows, y);
+    add_weighted(pr.plan, p0, n, c0, rows, y);
+  }
+}
+
+void MoeCall::down_batched(const MoePrep& pr, int32_t e, int64_t c0, int64_t rows, float* y) {
+  const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
+  for (int64_t j = 0; j < n; j += kBatchTokens)
+    batch_down_(I_, down_row(e, c0), drb_, rows, pr.act_q.data() + size_t(p0 + j) * aq_bytes_, aq_bytes_,
+                std::min(kBatchTokens, n - j), y + j * rows, rows);
+}
+
+void MoeCall::down_dot(const MoePrep& pr, int32_t e, int64_t c0, int64_t rows, float* y) {
+  const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
+  for (int64_t i = 0; i < n; ++i) {
+    const void* a = quant_act_ ? static_cast<const void*>(pr.act_q.data() + size_t(p0 + i) * aq_bytes_)
+                               : static_cast<const void*>(act_.data() + (p0 + i) * I_);
+    kd_->dot_rows(I_, down_row(e, c0), drb_, rows, a, y + i * rows);
+  }
+}
+
+void MoeCall::add_weighted(const MoePlan& p, int64_t p0, int64_t n, int64_t c0, int64_t rows, const float* y) {
+  float* o = host_ptr<float>(out_);
+  for (int64_t i = 0; i < n; ++i)
+    cpu::axpy_f32(p.pair_weight[size_t(p0 + i)], y + i * rows, o + p.pair_token[size_t(p0 + i)] * H_ + c0, rows);
 }
 
 }  // namespace
@@ -174,209 +468,14 @@ void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, con
                              const Tensor& out) {
   own({&x, &gate, &up, &down, &ids, &weights, &out});
   checks::moe_experts(x, gate, up, down, ids, weights, out);
+  auto call = std::make_shared<MoeCall>(s, x, gate, up, down, ids, weights, out, pool_.size());
   CpuStream& cs = static_cast<CpuStream&>(s);
-  const int64_t T = x.rows(), H = x.cols(), E = gate.dim(0), I = gate.dim(1), k = ids.cols();
-  const int64_t P = T * k;
-  const quant::DotKernel* kg = &quant::dot_kernel(gate.dtype);  // ValueError for unsupported types
-  const quant::DotKernel* ku = &quant::dot_kernel(up.dtype);
-  const quant::DotKernel* kd = &quant::dot_kernel(down.dtype);
-  const size_t xg_bytes = dtype_bytes(kg->act_type, H), xu_bytes = dtype_bytes(ku->act_type, H);
-  const size_t aq_bytes = dtype_bytes(kd->act_type, I);
-  const size_t gate_bytes = size_t(I) * gate.row_bytes(), up_bytes = size_t(I) * up.row_bytes();
-  const size_t down_bytes = size_t(H) * down.row_bytes();
-  const bool quant_gate = kg->act_type != DType::F32;
-  const bool quant_up = ku->act_type != DType::F32 && ku->act_type != kg->act_type;  // else shares x_gate
-  const bool quant_act = kd->act_type != DType::F32;
-
-  auto sc = std::make_shared<MoeScratch>();
-  sc->decodes = T <= std::min(s.decode_rows, kMaxDecodeRows);
-  sc->small = P <= kMaxDotPairs;
-  // The batched kernels take their activation rows at one stride: gate and up must share x's
-  // quantized rows (x_pairs).
-  if (kg->act_type == ku->act_type && quant_gate) {
-    sc->batch_gate = quant::dot_batch_kernel(gate.dtype);
-    sc->batch_up = quant::dot_batch_kernel(up.dtype);
-    sc->batch_down = quant::dot_batch_kernel(down.dtype);
-    if (!sc->batch_gate || !sc->batch_up || !sc->batch_down) sc->batch_gate = sc->batch_up = sc->batch_down = nullptr;
-  }
-  if (sc->batch_gate) sc->max_dot_pairs = kMaxBatchPairs;
-  const bool any_gemm = sc->gemm(P);  // whether some expert may have enough pairs for sgemm
-  const bool any_batched = sc->batch_gate && P >= 2;
-  sc->own.resize(sc->small ? size_t(pool_.size()) : 0);
-  auto size_prep = [&](MoePrep& pr) {
-    if (quant_gate) pr.x_gate.resize(size_t(T) * xg_bytes);
-    if (quant_up) pr.x_up.resize(size_t(T) * xu_bytes);
-    if (quant_act) pr.act_q.resize(size_t(P) * aq_bytes);
-    if (any_batched) pr.x_pairs.resize(size_t(P) * xg_bytes);
-  };
-  if (sc->small) for (MoePrep& pr : sc->own) size_prep(pr);
-  else size_prep(sc->shared);
-  if (any_gemm) sc->xs.resize(size_t(P * H));
-  sc->act.resize(size_t(P * I));
-  const int64_t tile_floats = any_gemm ? kGemmTileRows * std::max(H, I) : 0;
-  const int64_t block_rows = any_gemm ? std::max(kDotChunkRows, kGemmTileRows) : kDotChunkRows;
-  // An expert chosen by one token of a small call is dotted in one call per matrix over the
-  // thread's whole row range (nothing to keep hot for a second token): long streams, one
-  // activation preparation per matrix.
-  const int64_t whole_range = sc->small ? std::max(H, I) : 0;
-  const int64_t out_floats = std::max(P * block_rows, whole_range);  // each of g and u (y: both)
-  sc->per_thread_floats = size_t(tile_floats + 2 * out_floats);
-  sc->per_thread.resize(sc->per_thread_floats * size_t(pool_.size()));
-
-  // Plans and quantizes x tokens [t0, t1) into pr.
-  auto prepare = [=](MoePrep& pr, bool plan, int64_t t0, int64_t t1) {
-    if (plan) build_plan(pr.plan, host_ptr<int32_t>(ids), host_ptr<float>(weights), P, k, E);
-    for (int64_t t = t0; t < t1; ++t) {
-      const float* xr = host_ptr<float>(x) + t * H;
-      if (quant_gate) quant::quantize_row(kg->act_type, xr, pr.x_gate.data() + size_t(t) * xg_bytes, H);
-      if (quant_up) quant::quantize_row(ku->act_type, xr, pr.x_up.data() + size_t(t) * xu_bytes, H);
-    }
-  };
-  // Copies the quantized x rows of pairs [p0, p1) into pair order (x_pairs), where the batched
-  // kernels read an expert's tokens at one stride.
-  auto gather_pairs = [=](MoePrep& pr, int64_t p0, int64_t p1) {
-    for (int64_t i = p0; i < p1; ++i)
-      std::memcpy(pr.x_pairs.data() + size_t(i) * xg_bytes,
-                  pr.x_gate.data() + size_t(pr.plan.pair_token[size_t(i)]) * xg_bytes, xg_bytes);
-  };
-  // Quantizes act rows of the dot-path pairs in [p0, p1) into pr.
-  auto quantize_act = [=](MoePrep& pr, int64_t p0, int64_t p1) {
-    for (int64_t i = p0; i < p1; ++i)
-      quant::quantize_row(kd->act_type, sc->act.data() + i * I, pr.act_q.data() + size_t(i) * aq_bytes, I);
-  };
-
-  if (!sc->small) {
-    cs.record("moe_plan", [=](int ith, int nth) {
-      int64_t b, e;
-      split_range(T, ith, nth, &b, &e);
-      prepare(sc->shared, ith == 0, b, e);
-    });
-  }
-  if (!sc->small && (any_gemm || any_batched)) {
-    cs.record("moe_gather", [=](int ith, int nth) {
-      const MoePlan& p = sc->shared.plan;
-      for (int32_t e : p.active) {
-        const bool gemm = sc->gemm(p.count(e));
-        if (!gemm && !sc->batched(p.count(e))) continue;
-        int64_t b, end;
-        split_range(p.count(e), ith, nth, &b, &end);
-        if (!gemm) {
-          gather_pairs(sc->shared, p.first(e) + b, p.first(e) + end);
-          continue;
-        }
-        for (int64_t i = p.first(e) + b; i < p.first(e) + end; ++i)
-          std::memcpy(sc->xs.data() + i * H, host_ptr<float>(x) + p.pair_token[size_t(i)] * H, size_t(H) * 4);
-      }
-    });
-  }
-
-  cs.record("moe_gate_up", [=](int ith, int nth) {
-    MoePrep& pr = sc->prep(ith);
-    if (sc->small) {
-      prepare(pr, true, 0, T);
-      for (int32_t e : pr.plan.active)
-        if (sc->batched(pr.plan.count(e))) gather_pairs(pr, pr.plan.first(e), pr.plan.first(e) + pr.plan.count(e));
-    }
-    const MoePlan& p = pr.plan;
-    int64_t r0, r1;
-    split_range(I, ith, nth, &r0, &r1);
-    if (r0 >= r1) return;
-    float* tile = sc->thread_block(ith);
-    float* g = tile + tile_floats;
-    float* u = g + out_floats;
-    const size_t grb = gate.row_bytes(), urb = up.row_bytes();
-    for (int32_t e : p.active) {
-      const int64_t p0 = p.first(e), n = p.count(e);
-      const char* ge = host_ptr<char>(gate) + size_t(e) * gate_bytes;
-      const char* ue = host_ptr<char>(up) + size_t(e) * up_bytes;
-      if (sc->gemm(n)) {
-        for (int64_t c0 = r0; c0 < r1; c0 += kGemmTileRows) {
-          const int64_t rows = std::min(kGemmTileRows, r1 - c0);
-          gemm_nt(sc->xs.data() + p0 * H, rows_f32(gate, ge, c0, rows, tile), g, n, rows, H);
-          gemm_nt(sc->xs.data() + p0 * H, rows_f32(up, ue, c0, rows, tile), u, n, rows, H);
-          for (int64_t i = 0; i < n; ++i)
-            cpu::silu_mul(g + i * rows, u + i * rows, sc->act.data() + (p0 + i) * I + c0, rows);
-        }
-        continue;
-      }
-      if (sc->batched(n)) {  // g, u: [n, rows]
-        const char* xq = pr.x_pairs.data() + size_t(p0) * xg_bytes;
-        for (int64_t c0 = r0; c0 < r1; c0 += kDotChunkRows) {
-          const int64_t rows = std::min(kDotChunkRows, r1 - c0);
-          for (int64_t j = 0; j < n; j += kBatchTokens) {
-            const int64_t m = std::min(kBatchTokens, n - j);
-            sc->batch_gate(H, ge + c0 * grb, grb, rows, xq + size_t(j) * xg_bytes, xg_bytes, m, g + j * rows, rows);
-            sc->batch_up(H, ue + c0 * urb, urb, rows, xq + size_t(j) * xg_bytes, xg_bytes, m, u + j * rows, rows);
-          }
-          for (int64_t i = 0; i < n; ++i)
-            cpu::silu_mul(g + i * rows, u + i * rows, sc->act.data() + (p0 + i) * I + c0, rows);
-        }
-        continue;
-      }
-      const int64_t step = sc->small && n == 1 ? r1 - r0 : kDotChunkRows;
-      for (int64_t c0 = r0; c0 < r1; c0 += step) {
-        const int64_t rows = std::min(step, r1 - c0);
-        for (int64_t i = p0; i < p0 + n; ++i) {
-          const int64_t t = p.pair_token[size_t(i)];
-          const float* xr = host_ptr<float>(x) + t * H;
-          const void* ag = quant_gate ? static_cast<const void*>(pr.x_gate.data() + size_t(t) * xg_bytes) : xr;
-          const void* au = quant_up ? static_cast<const void*>(pr.x_up.data() + size_t(t) * xu_bytes)
-                         : ku->act_type == DType::F32 ? static_cast<const void*>(xr) : ag;
-          kg->dot_rows(H, ge + c0 * grb, grb, rows, ag, g);
-          ku->dot_rows(H, ue + c0 * urb, urb, rows, au, u);
-          cpu::silu_mul(g, u, sc->act.data() + i * I + c0, rows);
-        }
-      }
-    }
-  });
-
-  if (quant_act && !sc->small) {
-    cs.record("moe_quantize_act", [=](int ith, int nth) {
-      const MoePlan& p = sc->shared.plan;
-      for (int32_t e : p.active) {
-        if (sc->gemm(p.count(e))) continue;  // sgemm experts read act as f32
-        int64_t b, end;
-        split_range(p.count(e), ith, nth, &b, &end);
-        quantize_act(sc->shared, p.first(e) + b, p.first(e) + end);
-      }
-    });
-  }
-
-  cs.record("moe_down", [=](int ith, int nth) {
-    MoePrep& pr = sc->prep(ith);
-    const MoePlan& p = pr.plan;
-    int64_t r0, r1;
-    split_range(H, ith, nth, &r0, &r1);
-    if (r0 >= r1) return;
-    if (quant_act && sc->small) quantize_act(pr, 0, p.start.back());
-    float* o = host_ptr<float>(out);
-    for (int64_t t = 0; t < T; ++t) std::memset(o + t * H + r0, 0, size_t(r1 - r0) * 4);
-    float* tile = sc->thread_block(ith);
-    float* y = tile + tile_floats;
-    const size_t drb = down.row_bytes();
-    for (int32_t e : p.active) {
-      const int64_t p0 = p.first(e), n = p.count(e);
-      const char* de = host_ptr<char>(down) + size_t(e) * down_bytes;
-      const bool gemm = sc->gemm(n), batched = sc->batched(n);
-      const int64_t step = gemm ? kGemmTileRows : sc->small && n == 1 ? r1 - r0 : kDotChunkRows;
-      for (int64_t c0 = r0; c0 < r1; c0 += step) {
-        const int64_t rows = std::min(step, r1 - c0);
-        if (gemm) gemm_nt(sc->act.data() + p0 * I, rows_f32(down, de, c0, rows, tile), y, n, rows, I);
-        for (int64_t j = 0; batched && j < n; j += kBatchTokens)
-          sc->batch_down(I, de + c0 * drb, drb, rows, pr.act_q.data() + size_t(p0 + j) * aq_bytes, aq_bytes,
-                         std::min(kBatchTokens, n - j), y + j * rows, rows);
-        for (int64_t i = 0; i < n; ++i) {
-          float* yi = y + i * rows;
-          if (!gemm && !batched) {
-            const void* a = quant_act ? static_cast<const void*>(pr.act_q.data() + size_t(p0 + i) * aq_bytes)
-                                      : static_cast<const void*>(sc->act.data() + (p0 + i) * I);
-            kd->dot_rows(I, de + c0 * drb, drb, rows, a, yi);
-          }
-          cpu::axpy_f32(p.pair_weight[size_t(p0 + i)], yi, o + p.pair_token[size_t(p0 + i)] * H + c0, rows);
-        }
-      }
-    }
-  });
+  if (call->has_plan_step()) cs.record("moe_plan", [call](int ith, int nth) { call->plan(ith, nth); });
+  if (call->has_gather_step()) cs.record("moe_gather", [call](int ith, int nth) { call->gather(ith, nth); });
+  cs.record("moe_gate_up", [call](int ith, int nth) { call->gate_up(ith, nth); });
+  if (call->has_quantize_step())
+    cs.record("moe_quantize_act", [call](int ith, int nth) { call->quantize_act(ith, nth); });
+  cs.record("moe_down", [call](int ith, int nth) { call->down(ith, nth); });
 }
 
 }  // namespace ferrum

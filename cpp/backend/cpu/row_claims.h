@@ -2,10 +2,10 @@
 // another. Each thread owns a contiguous share, as in a static split (its weights stream in
 // address order), and claims it front to back: all but its last eighth at once, then small
 // pieces; a thread done with its own share takes small pieces from the back of the others'.
-// The two threads of a static split finished 5-12% apart on average (one core's memory stream
-// runs slower than the other's for a while), and in the fast memory phase one thread reading
-// alone gets about half the bandwidth of two. (Claiming small pieces of the whole matrix from
-// one counter instead interleaves the two streams and was ~10% slower: docs/performance.md.)
+// The threads of a static split finish apart (one core's memory stream runs slower than the
+// other's for a while), and one thread reading alone gets less bandwidth than two. (Claiming
+// small pieces of the whole matrix from one counter instead interleaves the two streams, which
+// is slower: docs/performance.md.)
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -39,8 +39,8 @@ class RowClaims {
         if (s.bounds.compare_exchange_weak(cur, pack(run, b, e), std::memory_order_acq_rel)) break;
       return s;
     };
-    // All but the share's last eighth in one piece: kernels called on many pieces of a share ran
-    // 5-10% slower (k-quants; each call starts its stream afresh).
+    // All but the share's last eighth in one piece: kernels called on many pieces of a share run
+    // slower (k-quants; each call starts its stream afresh).
     Share& own = reach(ith);
     const uint64_t set = own.bounds.load(std::memory_order_acquire);
     const int64_t share = back(set) - front(set);

@@ -3,7 +3,7 @@
 // physical memory, where the hardware prefetchers stop at every page boundary and every 64th
 // cache line costs a TLB walk (under a hypervisor, a two-level one); a 1-2 MB matrix on its own
 // mapping did not even get a 2 MiB page. From one large, aligned region the weights stream at
-// the machine's read bandwidth (135M BF16 decode 16-35% faster, quantized 10-17%).
+// the machine's read bandwidth.
 #pragma once
 #include <cstddef>
 #include <memory>

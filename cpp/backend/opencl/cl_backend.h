@@ -49,17 +49,13 @@ class ClBackend : public Backend {
   void rms_norm(Stream& s, const Tensor& x, const Tensor& w, float eps, const Tensor& out) override;
   void add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x, const Tensor& w, float eps,
                     const Tensor& out) override;
-  void rope(Stream& s, const Tensor& x, const Tensor& positions, const RopeTable& rope) override;
   void qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                     float eps, const RopeTable& rope, const AttnBatch& batch, const AttnParams& p,
                     const Tensor& q_out, const KvLayer& kv) override;
   void paged_attention(Stream& s, const Tensor& q, const KvLayer& kv, const AttnBatch& batch,
                        const AttnParams& p, const Tensor& out) override;
   void swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) override;
-  void add(Stream& s, const Tensor& a, const Tensor& b, const Tensor& out) override;
   void gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) override;
-  void argmax(Stream& s, const Tensor& x, const Tensor& out) override;
-  void copy(Stream& s, const Tensor& src, const Tensor& dst) override;
   void moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool normalize, const Tensor& ids,
                  const Tensor& weights) override;
   void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,

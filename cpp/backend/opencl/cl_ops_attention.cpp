@@ -1,4 +1,4 @@
-// rope, qkv_to_cache and paged_attention (kernels/attention.cl, built per KV pool dtype).
+// qkv_to_cache and paged_attention (kernels/attention.cl, built per KV pool dtype).
 #include "backend/op_checks.h"
 #include "backend/opencl/cl_backend.h"
 #include "core/error.h"
@@ -12,19 +12,6 @@ void check_head_dim(int64_t hd, const char* op) {
                      std::to_string(kMaxHeadDim));
 }
 }  // namespace
-
-void ClBackend::rope(Stream& s, const Tensor& x, const Tensor& positions, const RopeTable& rope) {
-  checks::rope(x, positions, rope);
-  check_head_dim(x.dim(2), "rope");
-  const int64_t T = x.dim(0), H = x.dim(1);
-  if (T * H == 0) return;
-  Launch l = launch(attention_program(DType::F32), "rope", T * H);
-  KernelArgs(l)
-      .tensor(x, "rope").tensor(positions, "rope").tensor(rope.cos, "rope").tensor(rope.sin, "rope")
-      .i32(T).i32(H).i32(x.dim(2)).i32(rope.cos.cols()).i32(rope.cos.dim(0))
-      .i32(rope.layout == RopeLayout::Interleaved ? 1 : 0);
-  record(s, std::move(l));
-}
 
 void ClBackend::qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
                              float eps, const RopeTable& rope, const AttnBatch& batch,

@@ -1,4 +1,4 @@
-// Row and element ops: rms_norm, add_rms_norm, swiglu, add, gather_rows, argmax, copy.
+// Row and element ops: rms_norm, add_rms_norm, swiglu, gather_rows.
 #include "backend/op_checks.h"
 #include "backend/opencl/cl_backend.h"
 #include "core/error.h"
@@ -32,48 +32,12 @@ void ClBackend::swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) {
   record(s, std::move(l));
 }
 
-void ClBackend::add(Stream& s, const Tensor& a, const Tensor& b, const Tensor& out) {
-  checks::add(a, b, out);
-  if (out.numel() == 0) return;
-  Launch l = launch(elementwise_program(), "add", out.numel(), 256);
-  KernelArgs(l).tensor(a, "add").tensor(b, "add").tensor(out, "add").i64(out.numel());
-  record(s, std::move(l));
-}
-
 void ClBackend::gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) {
   checks::gather_rows(x, idx, out);
   if (out.numel() == 0) return;
   Launch l = launch(elementwise_program(), "gather_rows", out.numel(), 256);
   KernelArgs(l).tensor(x, "gather_rows").i32(x.rows()).tensor(idx, "gather_rows").tensor(out, "gather_rows")
       .i32(out.rows()).i32(out.cols());
-  record(s, std::move(l));
-}
-
-void ClBackend::argmax(Stream& s, const Tensor& x, const Tensor& out) {
-  checks::argmax(x, out);
-  if (x.rows() == 0) return;
-  Launch l = launch(elementwise_program(), "argmax_rows", x.rows(), 4);
-  KernelArgs(l).tensor(x, "argmax").tensor(out, "argmax").i32(x.rows()).i32(x.cols());
-  record(s, std::move(l));
-}
-
-void ClBackend::copy(Stream& s, const Tensor& src, const Tensor& dst) {
-  checks::copy(src, dst);
-  if (src.nbytes() == 0) return;
-  BufferView a = single_buffer(src, "copy"), b = single_buffer(dst, "copy");
-  if (a.mem == b.mem) {
-    if (a.byte_offset == b.byte_offset) return;  // a tensor onto itself
-    if (a.byte_offset < b.byte_offset + src.nbytes() && b.byte_offset < a.byte_offset + src.nbytes())
-      throw ValueError("copy: source and destination overlap");
-  }
-  Launch l;
-  l.name = "copy";
-  l.copy_src = a.mem;
-  l.copy_dst = b.mem;
-  l.copy_src_offset = a.byte_offset;
-  l.copy_dst_offset = b.byte_offset;
-  l.copy_bytes = src.nbytes();
-  l.keep = {src.storage, dst.storage};
   record(s, std::move(l));
 }
 

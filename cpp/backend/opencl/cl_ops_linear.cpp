@@ -11,8 +11,8 @@ constexpr int64_t kChunk = 32;  // elements per block_chunk
 }  // namespace
 
 // The legacy 4/5-bit types cost the most to dequantize: an 8 tokens x 2 rows tile shares each
-// dequantized chunk among 8 tokens (measured 1.5x on Q4_1 at T = 128), while for the others the
-// 4 x 4 tile's reuse of activation loads wins.
+// dequantized chunk among 8 tokens, while for the others the 4 x 4 tile's reuse of activation
+// loads wins.
 MatmulTile matmul_tile(DType w, int64_t tokens) {
   const bool wide = tokens >= 8 && (w == DType::Q4_0 || w == DType::Q4_1 || w == DType::Q5_0 || w == DType::Q5_1);
   return wide ? MatmulTile{8, 2, "linear_t8", "moe_tiles_t8"} : MatmulTile{4, 4, "linear_t4", "moe_tiles_t4"};
@@ -79,7 +79,7 @@ Tensor ClBackend::quantize_q8(Stream& s, cl_program program, const Tensor& x) {
 }
 
 // As the CPU backend does for decodes: x quantized to int8 per 32 elements once, then integer
-// dot products against the stored blocks; on pocl about half the vector instructions of
+// dot products against the stored blocks; on pocl far fewer vector instructions than
 // converting every weight to a float (kernels/README.md).
 void ClBackend::linear_q8(Stream& s, cl_program program, const Tensor& x, const Tensor& w,
                           const Tensor& bias, const Tensor& out, int64_t out_col) {

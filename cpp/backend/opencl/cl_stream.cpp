@@ -17,11 +17,6 @@ Launch& Launch::operator=(Launch&& o) noexcept {
     o.kernel = nullptr;
     global = o.global;
     local = o.local;
-    copy_src = o.copy_src;
-    copy_dst = o.copy_dst;
-    copy_src_offset = o.copy_src_offset;
-    copy_dst_offset = o.copy_dst_offset;
-    copy_bytes = o.copy_bytes;
     keep = std::move(o.keep);
   }
   return *this;
@@ -41,14 +36,7 @@ void ClStream::submit() {
   for (const Launch& l : launches_) {
     cl_event ev = nullptr;
     cl_event* evp = profiling_ ? &ev : nullptr;
-    if (l.kernel) {
-      cl_check(clEnqueueNDRangeKernel(q, l.kernel, 1, nullptr, &l.global, &l.local, 0, nullptr, evp),
-               l.name);
-    } else {
-      cl_check(clEnqueueCopyBuffer(q, l.copy_src, l.copy_dst, l.copy_src_offset, l.copy_dst_offset,
-                                   l.copy_bytes, 0, nullptr, evp),
-               "clEnqueueCopyBuffer");
-    }
+    cl_check(clEnqueueNDRangeKernel(q, l.kernel, 1, nullptr, &l.global, &l.local, 0, nullptr, evp), l.name);
     if (ev) events_.emplace_back(l.name, ev);
   }
   clFlush(q);

@@ -1,6 +1,6 @@
 // A stream is a list of prepared launches: kernels with every argument already set (tensors are
 // bound as buffer + offset; dynamic values such as token ids or block tables are read by the
-// kernels from device buffers), plus buffer copies. submit() enqueues the whole list on the
+// kernels from device buffers). submit() enqueues the whole list on the
 // in-order queue, so a recorded step is replayed after the runner rewrites its input buffers.
 // With profiling on, each launch records an event and kernel_times() reports device time.
 #pragma once
@@ -24,10 +24,8 @@ struct Launch {
   ~Launch();
 
   const char* name = "";
-  cl_kernel kernel = nullptr;  // owned; nullptr for a copy
+  cl_kernel kernel = nullptr;  // owned
   size_t global = 0, local = 0;
-  cl_mem copy_src = nullptr, copy_dst = nullptr;
-  size_t copy_src_offset = 0, copy_dst_offset = 0, copy_bytes = 0;
   std::vector<std::shared_ptr<Storage>> keep;  // buffers the launch uses stay alive with it
 };
 
