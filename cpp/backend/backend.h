@@ -68,15 +68,16 @@ class Stream {
   virtual void clear() = 0;   // drop recorded commands
   virtual size_t size() const = 0;
 
-  // Set by the recorder when every row of the step is a different sequence's next token (a
-  // batch of decodes): matmuls of up to this many rows may then take the backend's decode path
-  // (the CPU quantizes activations to 8 bits there, as for single-token decodes), so a decode
-  // computes the same whatever its batch; prompts keep the prefill numerics.
+  // How the matmuls (linear, moe_experts) recorded from now on compute their activation rows; the
+  // recorder sets these before each group of rows, as the requests the rows belong to state it.
+  // decode_rows: every row is a generation's next token (or a proposal verified with it): matmuls
+  // of up to this many rows may take the backend's decode path (the CPU quantizes activations to
+  // 8 bits there, as for single-token decodes), so a token computes the same whatever its batch;
+  // 0 keeps the prefill numerics.
   int64_t decode_rows = 0;
-  // Set by the recorder when the step returns logits at more positions than its last ones
-  // (scoring, evaluation): every matmul (linear, moe_experts) recorded while it is set keeps f32
-  // activations, whatever its row count, so scores agree with a float reference; generation's
-  // prefill and decodes may quantize activations to 8 bits (the CPU's int8 GEMM and dot kernels).
+  // float_activations: the rows are scores' or embeddings': f32 activations whatever the row
+  // count, so scores agree with a float reference; generations' rows may quantize activations to
+  // 8 bits (the CPU's int8 GEMM and dot kernels).
   bool float_activations = false;
 };
 
