@@ -98,6 +98,11 @@ class SamplingParams:
             fail(f"logprobs must be None or an integer >= 0, got {self.logprobs!r}")
         if self.seed is not None and not _is_int(self.seed):
             fail(f"seed must be None or an integer, got {self.seed!r}")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                fail(f"{name} must be True or False, got {value!r}")
+            setattr(self, name, bool(value))
 
         self.stop = self._normalise_stop(self.stop, fail)
         if self.stop_token_ids is None:
