@@ -19,7 +19,12 @@ py::object to_python(const GgufValue& v) {
     case GgufValue::Kind::UInt: return py::int_(v.u);
     case GgufValue::Kind::Float: return py::float_(v.f);
     case GgufValue::Kind::Bool: return py::bool_(v.b);
-    case GgufValue::Kind::String: return py::str(PyUnicode_DecodeUTF8(v.s.data(), py::ssize_t(v.s.size()), "replace"));
+    case GgufValue::Kind::String: {
+      // A new reference: stolen, not borrowed (py::str(PyObject*) would keep every string alive).
+      PyObject* s = PyUnicode_DecodeUTF8(v.s.data(), py::ssize_t(v.s.size()), "replace");
+      if (!s) throw py::error_already_set();
+      return py::reinterpret_steal<py::str>(s);
+    }
     case GgufValue::Kind::Array: {
       py::list l(v.array.size());
       for (size_t i = 0; i < v.array.size(); ++i) l[i] = to_python(v.array[i]);
