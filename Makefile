@@ -27,7 +27,7 @@ test-python:
 # The file readers and tokenizer metadata fuzzed for a bounded time (docs/fuzzing.md; a long run:
 # scripts/fuzz.sh 3600).
 test-fuzz:
-	bash scripts/fuzz.sh 12
+	bash scripts/fuzz.sh 10
 
 # AddressSanitizer + UBSan: a Sanitize build of the extension, then the suite under it.
 test-asan: setup-test

@@ -4,10 +4,10 @@
 # Each target first replays its kept findings (tests/fuzz_findings/<target>/), then mutates for
 # SECONDS from a seed corpus made of the test models; new inputs accumulate in build/fuzz/corpus,
 # crashes land in build/fuzz/findings/ (keep each one as a file in tests/fuzz_findings/<target>/).
-# usage: scripts/fuzz.sh [SECONDS per target, default 12]     (CI: make test-fuzz; long: 3600)
+# usage: scripts/fuzz.sh [SECONDS per target, default 10]     (CI: make test-fuzz; long: 3600)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-secs=${1:-12}
+secs=${1:-10}
 py=.venv/bin/python
 build=build/fuzz
 cmake -S fuzz -B $build -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE= > /dev/null
