@@ -1,4 +1,5 @@
 """Rung 8: bad input raises a clear Python exception and the process survives."""
+import json
 import os
 import shutil
 import struct
@@ -104,7 +105,7 @@ def test_nonsense_sampling_params(kw):
                                 dict(max_model_len=10**7), dict(device="tpu"), dict(max_num_seqs=0),
                                 dict(max_num_batched_tokens=-4), dict(max_num_seqs=2.5),
                                 dict(kv_cache_memory_fraction=0), dict(kv_cache_memory_fraction=1.5),
-                                dict(kv_cache_tokens=64, kv_cache_memory=10**6)])
+                                dict(kv_cache_tokens=64, kv_cache_memory=10**6), dict(enable_prefix_caching="no")])
 def test_nonsense_llm_options(kw):
     with pytest.raises(ValueError):
         ferrum.LLM(STORIES_FORMATS["gguf"], **kw)
@@ -358,3 +359,18 @@ def test_repeated_load_and_drop_does_not_grow(smollm2_path):
         ferrum.LLM(smollm2_path, num_threads=1, kv_cache_tokens=256)
         gc.collect()
     assert rss_mib() - before < 8, f"grew {rss_mib() - before:.1f} MiB over 4 loads"
+
+
+def test_corrupt_tokenizer_files(tmp_path):
+    from ferrum.tokenizer import Tokenizer
+    spec = json.loads(open(os.path.join(STORIES, "hf-converted", "tokenizer.json")).read())
+    spec["model"]["merges"] = ["s ;"] + spec["model"]["merges"]  # a merge of tokens not in the vocabulary
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="tokenizer.json cannot be built"):
+        Tokenizer.from_file(tmp_path / "tokenizer.json")
+    model = open(os.path.join(os.path.dirname(STORIES), "tokenizers", "llama2", "tokenizer.model"), "rb").read()
+    (tmp_path / "tokenizer.model").write_bytes(model[:1000])
+    with pytest.raises(ValueError, match="tokenizer.model: not a SentencePiece model"):
+        Tokenizer.from_file(tmp_path / "tokenizer.model")
+    with pytest.raises(FileNotFoundError):
+        Tokenizer.from_file(tmp_path / "missing.model")

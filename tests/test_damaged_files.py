@@ -270,13 +270,18 @@ def damaged_int(draw, old: int) -> int:
 
 
 @st.composite
-def gguf_damage(draw, data: bytes):
-    """One header field overwritten, or the file cut short or lengthened."""
-    kind = draw(st.sampled_from(["field"] * 8 + ["truncate", "append"]))
-    if kind == "truncate":
+def resized(draw, data: bytes):
+    """data cut short, or with a few bytes appended."""
+    if draw(st.booleans()):
         return data[:draw(st.integers(0, len(data) - 1))]
-    if kind == "append":
-        return data + draw(st.binary(min_size=1, max_size=64))
+    return data + draw(st.binary(min_size=1, max_size=64))
+
+
+@st.composite
+def gguf_damage(draw, data: bytes):
+    """One header field overwritten (4 times in 5), or the file cut short or lengthened."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(resized(data))
     f = draw(st.sampled_from(ge.fields(data)))
     (old,) = struct.unpack_from(f.fmt, data, f.offset)
     if f.fmt in ("<f", "<d"):
@@ -381,11 +386,9 @@ def test_damaged_safetensors_is_refused_or_unchanged(tmp_path):
 
 @st.composite
 def llama2c_damage(draw, data: bytes):
-    kind = draw(st.sampled_from(["header"] * 6 + ["truncate", "append"]))
-    if kind == "truncate":
-        return data[:draw(st.integers(0, len(data) - 1))]
-    if kind == "append":
-        return data + draw(st.binary(min_size=1, max_size=64))
+    """One header int overwritten (3 times in 4), or the file cut short or lengthened."""
+    if draw(st.integers(0, 3)) == 0:
+        return draw(resized(data))
     i = draw(st.integers(0, 6))
     (old,) = struct.unpack_from("<i", data, 4 * i)
     new = draw(st.sampled_from([0, -1, old + 1, old - 1, old * 2, -old, 2**31 - 1, -2**31]))

@@ -208,7 +208,8 @@ def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
         scores = _field(meta, "tokenizer.ggml.scores", "number list", [0.0] * n, length=n)
         unk_id = _special_id(meta, "unknown", n, 0)
         add_space_prefix = _field(meta, "tokenizer.ggml.add_space_prefix", "bool", True)
-        hf = _built(lambda: build_spm_tokenizer(tokens, scores, types, unk_id=unk_id, add_space_prefix=add_space_prefix))
+        hf = built(lambda: build_spm_tokenizer(tokens, scores, types, unk_id=unk_id, add_space_prefix=add_space_prefix),
+                   "the GGUF vocabulary")
         bos_default, eos_default, add_bos_default, kind = 1, 2, True, "spm"
     elif model == "gpt2":
         pre = _field(meta, "tokenizer.ggml.pre", "str") or "default"
@@ -218,7 +219,7 @@ def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
         bad = next((m for m in merges if not all(m.split(" ", 1)) or " " not in m), None)
         if bad is not None:
             raise ValueError(f"tokenizer.ggml.merges holds {bad!r}, not two tokens joined by a space")
-        hf = _built(lambda: build_byte_level_tokenizer(tokens, merges, types, pre))
+        hf = built(lambda: build_byte_level_tokenizer(tokens, merges, types, pre), "the GGUF vocabulary")
         unk_id = _special_id(meta, "unknown", n, None)
         bos_default, eos_default, kind = None, None, "byte_level"
         add_bos_default = PRE_TOKENIZER_RULES[pre].add_bos
@@ -239,12 +240,12 @@ def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
     )
 
 
-def _built(build) -> HFTokenizer:
+def built(build, what: str):
     """build(); the `tokenizers` library reports a vocabulary it cannot use (a merge of unknown
-    tokens, say) as a bare Exception, turned into ValueError here."""
+    tokens, say) as a bare Exception, turned into a ValueError about `what` here."""
     try:
         return build()
     except ValueError:
         raise
     except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for bad data
-        raise ValueError(f"the GGUF vocabulary cannot be built: {e}") from e
+        raise ValueError(f"{what} cannot be built: {e}") from e
