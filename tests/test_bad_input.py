@@ -374,3 +374,10 @@ def test_corrupt_tokenizer_files(tmp_path):
         Tokenizer.from_file(tmp_path / "tokenizer.model")
     with pytest.raises(FileNotFoundError):
         Tokenizer.from_file(tmp_path / "missing.model")
+
+
+def test_tokenizer_with_ids_the_model_cannot_embed():
+    """A tokenizer= of 49152 tokens for a model whose embedding has 512 rows."""
+    big = os.path.join(os.path.dirname(STORIES), "tokenizers", "smollm2-135m-instruct", "tokenizer.json")
+    with pytest.raises(ValueError, match="the tokenizer has 49152 tokens, but stories260K.gguf's embedding has 512 rows"):
+        ferrum.LLM(STORIES_FORMATS["gguf"], num_threads=1, tokenizer=big)

@@ -78,6 +78,7 @@ void bind_model(py::module_& m) {
              RunnerOptions o = runner_options(device, num_threads, kv_dtype, max_model_len, kv_cache_tokens,
                                               kv_cache_bytes, kv_cache_fraction, prefix_cache, progress);
              ModelFile taken = std::move(file);
+             file.path = taken.path;  // what is left: a name for the error above
              file.format.clear();
              py::gil_scoped_release nogil;
              return std::make_unique<ModelRunner>(std::move(taken), o);
