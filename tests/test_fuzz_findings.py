@@ -1,5 +1,6 @@
-"""Every kept fuzz finding (tests/fuzz_findings/<target>/, docs/fuzzing.md) loads through ferrum
-itself as the invariant says: refused with ValueError, or loaded with finite outputs."""
+"""Every kept fuzz finding (tests/fuzz_findings/<target>/, docs/fuzzing.md) goes through ferrum
+itself as the invariant says: a model file is refused with ValueError or loads with finite
+outputs; tokenizer metadata gives a ValueError or a tokenizer that encodes and decodes."""
 import struct
 from pathlib import Path
 
@@ -39,3 +40,16 @@ def test_kept_findings(target, tmp_path):
             continue
         logits = r.step([(r.add_sequence(), [1, 2, 3], "all")])
         assert np.isfinite(logits).all(), f"{f.name} loaded with non-finite logits"
+
+
+def test_kept_tokenizer_findings():
+    """Replayed through the atheris target's own function (its mutations of real vocabularies)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_tokenizer_metadata", Path(__file__).parent.parent / "fuzz" / "fuzz_tokenizer_metadata.py")
+    target = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(target)
+    files = sorted((FINDINGS / "tokenizer").iterdir())
+    assert files
+    for f in files:
+        target.test_one_input(f.read_bytes())

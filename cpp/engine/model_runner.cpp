@@ -45,9 +45,9 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) {
   if (blocks > INT32_MAX / kBlockSize) throw ValueError("kv cache too large");
   const double pool_bytes = double(blocks * kBlockSize) * bytes_per_token;
   if (pool_bytes > available)
-    throw ResourceError("a KV cache of " + std::to_string(blocks * kBlockSize) + " tokens needs " +
-                        std::to_string(int64_t(pool_bytes)) + " bytes, but the " + be_->name() + " device has " +
-                        std::to_string(int64_t(available)) + " bytes available: lower kv_cache_memory or kv_cache_tokens");
+    throw ResourceError("cannot allocate a KV cache of " + std::to_string(blocks * kBlockSize) + " tokens: it needs " +
+                        std::to_string(int64_t(pool_bytes)) + " bytes, the " + be_->name() + " device has " +
+                        std::to_string(int64_t(available)) + " available (lower kv_cache_memory or kv_cache_tokens)");
   // No sequence outgrows the pool: tables indexed by position or block stop there.
   const int64_t positions = std::min(max_model_len_, blocks * kBlockSize);
   max_blocks_ = blocks_for(positions);

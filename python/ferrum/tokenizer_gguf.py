@@ -219,6 +219,10 @@ def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
         bad = next((m for m in merges if not all(m.split(" ", 1)) or " " not in m), None)
         if bad is not None:
             raise ValueError(f"tokenizer.ggml.merges holds {bad!r}, not two tokens joined by a space")
+        known = set(tokens)
+        bad = next((m for m in merges if not {*m.split(" ", 1), m.replace(" ", "", 1)} <= known), None)
+        if bad is not None:
+            raise ValueError(f"tokenizer.ggml.merges holds {bad!r}: it or its parts are not in the vocabulary")
         hf = built(lambda: build_byte_level_tokenizer(tokens, merges, types, pre), "the GGUF vocabulary")
         unk_id = _special_id(meta, "unknown", n, None)
         bos_default, eos_default, kind = None, None, "byte_level"
@@ -241,11 +245,14 @@ def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
 
 
 def built(build, what: str):
-    """build(); the `tokenizers` library reports a vocabulary it cannot use (a merge of unknown
-    tokens, say) as a bare Exception, turned into a ValueError about `what` here."""
+    """build(); the `tokenizers` library reports a vocabulary it cannot use as a bare Exception
+    (or, where its Rust code panics, a PanicException, which derives from BaseException), turned
+    into a ValueError about `what` here."""
     try:
         return build()
     except ValueError:
         raise
-    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for bad data
+    except BaseException as e:  # noqa: BLE001 - see above; anything else goes on as it is
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
         raise ValueError(f"{what} cannot be built: {e}") from e
