@@ -213,16 +213,7 @@ def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
         bos_default, eos_default, add_bos_default, kind = 1, 2, True, "spm"
     elif model == "gpt2":
         pre = _field(meta, "tokenizer.ggml.pre", "str") or "default"
-        merges = _field(meta, "tokenizer.ggml.merges", "str list")
-        if merges is None:
-            raise ValueError("a gpt2 vocabulary needs tokenizer.ggml.merges")
-        bad = next((m for m in merges if not all(m.split(" ", 1)) or " " not in m), None)
-        if bad is not None:
-            raise ValueError(f"tokenizer.ggml.merges holds {bad!r}, not two tokens joined by a space")
-        known = set(tokens)
-        bad = next((m for m in merges if not {*m.split(" ", 1), m.replace(" ", "", 1)} <= known), None)
-        if bad is not None:
-            raise ValueError(f"tokenizer.ggml.merges holds {bad!r}: it or its parts are not in the vocabulary")
+        merges = _merges(meta, tokens)
         hf = built(lambda: build_byte_level_tokenizer(tokens, merges, types, pre), "the GGUF vocabulary")
         unk_id = _special_id(meta, "unknown", n, None)
         bos_default, eos_default, kind = None, None, "byte_level"
@@ -242,6 +233,22 @@ def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
         add_eos=_field(meta, "tokenizer.ggml.add_eos_token", "bool", False) and eos_id is not None,
         chat_template=_field(meta, "tokenizer.chat_template", "str"), kind=kind,
     )
+
+
+def _merges(meta: dict, tokens: list[str]) -> list[str]:
+    """tokenizer.ggml.merges: each two tokens of the vocabulary joined by a space, whose join is
+    a token too (the tokenizers library panics on a merge it cannot resolve)."""
+    merges = _field(meta, "tokenizer.ggml.merges", "str list")
+    if merges is None:
+        raise ValueError("a gpt2 vocabulary needs tokenizer.ggml.merges")
+    known = set(tokens)
+    for m in merges:
+        parts = m.split(" ", 1)
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"tokenizer.ggml.merges holds {m!r}, not two tokens joined by a space")
+        if not {*parts, "".join(parts)} <= known:
+            raise ValueError(f"tokenizer.ggml.merges holds {m!r}: it or its parts are not in the vocabulary")
+    return merges
 
 
 def built(build, what: str):
