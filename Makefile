@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 JOBS ?= 2
 
-.PHONY: setup setup-test demo test test-cpp test-python test-asan bench clean
+.PHONY: setup setup-test demo test test-cpp test-python test-fuzz test-asan bench clean
 
 setup:            ## system packages, venv, dependencies, build, default model
 	bash scripts/setup.sh
@@ -13,7 +13,7 @@ setup-test:
 demo: setup       ## chat with SmolLM2-135M-Instruct
 	.venv/bin/ferrum chat "What is the capital of France? Answer in one sentence." --max-tokens 64 --seed 0
 
-test: setup-test test-cpp test-python   ## the whole suite (what CI runs)
+test: setup-test test-cpp test-fuzz test-python   ## the whole suite (what CI runs)
 
 # C++ unit tests (GoogleTest) in their own build tree.
 test-cpp:
@@ -23,6 +23,11 @@ test-cpp:
 
 test-python:
 	$(PY) -m pytest tests -q
+
+# The file readers and tokenizer metadata fuzzed for a bounded time (docs/fuzzing.md; a long run:
+# scripts/fuzz.sh 3600).
+test-fuzz:
+	bash scripts/fuzz.sh 10
 
 # AddressSanitizer + UBSan: a Sanitize build of the extension, then the suite under it.
 test-asan: setup-test

@@ -10,7 +10,7 @@ extras=""
 
 # 1. System packages (Debian 12).
 apt_packages="build-essential libopenblas-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
-  libgtest-dev nlohmann-json3-dev unzip"
+  libgtest-dev nlohmann-json3-dev unzip clang libclang-rt-14-dev"  # clang + libFuzzer: scripts/fuzz.sh
 missing=""
 for p in $apt_packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

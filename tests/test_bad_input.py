@@ -1,4 +1,5 @@
 """Rung 8: bad input raises a clear Python exception and the process survives."""
+import json
 import os
 import shutil
 import struct
@@ -104,7 +105,7 @@ def test_nonsense_sampling_params(kw):
                                 dict(max_model_len=10**7), dict(device="tpu"), dict(max_num_seqs=0),
                                 dict(max_num_batched_tokens=-4), dict(max_num_seqs=2.5),
                                 dict(kv_cache_memory_fraction=0), dict(kv_cache_memory_fraction=1.5),
-                                dict(kv_cache_tokens=64, kv_cache_memory=10**6)])
+                                dict(kv_cache_tokens=64, kv_cache_memory=10**6), dict(enable_prefix_caching="no")])
 def test_nonsense_llm_options(kw):
     with pytest.raises(ValueError):
         ferrum.LLM(STORIES_FORMATS["gguf"], **kw)
@@ -240,3 +241,148 @@ def test_gguf_without_vocabulary_needs_a_tokenizer(tmp_path):
     with pytest.raises(ValueError, match="no vocabulary"):
         ferrum.LLM(str(path), num_threads=1)
     assert _core.ModelRunner(str(path)).format == "gguf"  # the weights themselves load
+
+
+# ---- typed options and metadata: refused, never coerced ----
+
+@pytest.mark.parametrize("kw", [dict(ignore_eos="no"), dict(ignore_eos=1), dict(ignore_eos=None),
+                                dict(skip_special_tokens="yes"), dict(skip_special_tokens=0),
+                                dict(max_tokens=2.0), dict(n=True), dict(seed="1"), dict(top_k=1.5)])
+def test_sampling_params_types_are_not_coerced(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        ferrum.SamplingParams(**kw)
+
+
+def _stories_tokenizer_metadata():
+    return _core.ModelFile(STORIES_FORMATS["gguf"]).pop_tokenizer_metadata()
+
+
+def _gpt2_metadata():
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+            "tokenizer.ggml.merges": ["a b"]}
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: m.pop("tokenizer.ggml.model"), "unsupported tokenizer.ggml.model None"),
+    (lambda m: m.update({"tokenizer.ggml.model": 3}), "'tokenizer.ggml.model' is not a string"),
+    (lambda m: m.update({"tokenizer.ggml.tokens": "abc"}), "'tokenizer.ggml.tokens' is not a list of strings"),
+    (lambda m: m.update({"tokenizer.ggml.tokens": [1, 2]}), "'tokenizer.ggml.tokens' is not a list of strings"),
+    (lambda m: m.update({"tokenizer.ggml.tokens": []}), "'tokenizer.ggml.tokens' is empty"),
+    (lambda m: m["tokenizer.ggml.scores"].pop(), "'tokenizer.ggml.scores' has 511 entries for 512 tokens"),
+    (lambda m: m["tokenizer.ggml.token_type"].append(1), "'tokenizer.ggml.token_type' has 513 entries"),
+    (lambda m: m.update({"tokenizer.ggml.scores": [float("nan")] * 512}), "'tokenizer.ggml.scores' is not a list of numbers"),
+    (lambda m: m.update({"tokenizer.ggml.token_type": ["1"] * 512}), "'tokenizer.ggml.token_type' is not a list of integers"),
+    (lambda m: m.update({"tokenizer.ggml.bos_token_id": "1"}), "'tokenizer.ggml.bos_token_id' is not an integer"),
+    (lambda m: m.update({"tokenizer.ggml.eos_token_id": 2.0}), "'tokenizer.ggml.eos_token_id' is not an integer"),
+    (lambda m: m.update({"tokenizer.ggml.add_bos_token": 1}), "'tokenizer.ggml.add_bos_token' is not a boolean"),
+    (lambda m: m.update({"tokenizer.chat_template": ["x"]}), "'tokenizer.chat_template' is not a string"),
+])
+def test_mistyped_tokenizer_metadata(edit, match):
+    from ferrum.tokenizer import Tokenizer
+    meta = _stories_tokenizer_metadata()
+    edit(meta)
+    with pytest.raises(ValueError, match=match):
+        Tokenizer.from_gguf_metadata(meta)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: m.pop("tokenizer.ggml.merges"), "needs tokenizer.ggml.merges"),
+    (lambda m: m.update({"tokenizer.ggml.merges": ["ab"]}), "not two tokens joined by a space"),
+    (lambda m: m.update({"tokenizer.ggml.merges": ["a c"]}), "'a c': it or its parts are not in the vocabulary"),
+    (lambda m: m.update({"tokenizer.ggml.tokens": ["a", "b"]}), "'a b': it or its parts are not in the vocabulary"),
+    (lambda m: m.update({"tokenizer.ggml.pre": "nonsense"}), "unsupported tokenizer.ggml.pre"),
+])
+def test_mistyped_byte_level_metadata(edit, match):
+    from ferrum.tokenizer import Tokenizer
+    meta = _gpt2_metadata()
+    edit(meta)
+    with pytest.raises(ValueError, match=match):
+        Tokenizer.from_gguf_metadata(meta)
+
+
+# ---- resources: bounded by what is used, exhaustion is MemoryError ----
+
+# The child's own peak RSS in MiB (VmHWM: ru_maxrss would carry over the parent's across exec).
+PEAK_MIB = "int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) >> 10"
+
+
+def _child(code: str, limit_as: int = 0) -> str:
+    """Runs code in a fresh interpreter (optionally under an address-space limit); its stdout."""
+    import subprocess
+    import sys
+    pre = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({limit_as}, {limit_as}))\n" if limit_as else ""
+    r = subprocess.run([sys.executable, "-c", pre + code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_thread_start_failure_is_memory_error():
+    """1000 workers' stacks do not fit under a 3 GB address-space limit: MemoryError, no abort."""
+    out = _child("import ferrum._core as c\n"
+                 "try:\n    c.make_backend('cpu', 1000)\nexcept MemoryError as e:\n    print('MemoryError', e)\n"
+                 "print(c.make_backend('cpu', 2) is not None)", limit_as=3 << 30)
+    assert "MemoryError could not start 999 worker threads" in out and out.strip().endswith("True")
+
+
+def test_kv_pool_larger_than_memory_is_refused_before_allocating():
+    out = _child(f"import ferrum._core as c\n"
+                 f"try:\n    c.ModelRunner({STORIES_FORMATS['gguf']!r}, num_threads=1, kv_cache_bytes=1 << 40)\n"
+                 f"except MemoryError as e:\n    print('MemoryError', e)\n"
+                 f"print({PEAK_MIB})")
+    lines = out.strip().splitlines()
+    assert "MemoryError cannot allocate a KV cache of" in lines[0] and "the cpu device has" in lines[0]
+    assert int(lines[-1]) < 400, f"peak RSS {lines[-1]} MiB before refusing"
+
+
+@pytest.mark.parametrize("kv_bytes", [30 << 30, 1 << 40])
+def test_kv_pool_larger_than_the_opencl_device_is_refused(kv_bytes):
+    with pytest.raises(MemoryError, match="cannot allocate a KV cache of .* the opencl device has"):
+        _core.ModelRunner(STORIES_FORMATS["gguf"], device="opencl", kv_cache_bytes=kv_bytes)
+
+
+def test_declared_context_does_not_size_memory(tmp_path):
+    """A 2^26-token context on a 1 MB model loads in bounded memory: tables follow the KV pool."""
+    import gguf_edit as ge
+    p = tmp_path / "long.gguf"
+    p.write_bytes(ge.overwrite(open(STORIES_FORMATS["gguf"], "rb").read(), "kv:llama.context_length", 1 << 26))
+    out = _child(f"import ferrum\n"
+                 f"llm = ferrum.LLM({str(p)!r}, num_threads=1, kv_cache_tokens=4096)\n"
+                 f"assert llm.runner.max_model_len == 1 << 26\n"
+                 f"print({PEAK_MIB})")
+    assert int(out.strip()) < 400, f"peak RSS {out.strip()} MiB"
+
+
+def test_repeated_load_and_drop_does_not_grow(smollm2_path):
+    import gc
+    def rss_mib():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+    for _ in range(2):  # allocator pools and caches settle
+        ferrum.LLM(smollm2_path, num_threads=1, kv_cache_tokens=256)
+        gc.collect()
+    before = rss_mib()
+    for _ in range(4):
+        ferrum.LLM(smollm2_path, num_threads=1, kv_cache_tokens=256)
+        gc.collect()
+    assert rss_mib() - before < 8, f"grew {rss_mib() - before:.1f} MiB over 4 loads"
+
+
+def test_corrupt_tokenizer_files(tmp_path):
+    from ferrum.tokenizer import Tokenizer
+    spec = json.loads(open(os.path.join(STORIES, "hf-converted", "tokenizer.json")).read())
+    spec["model"]["merges"] = ["s ;"] + spec["model"]["merges"]  # a merge of tokens not in the vocabulary
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="tokenizer.json cannot be built"):
+        Tokenizer.from_file(tmp_path / "tokenizer.json")
+    model = open(os.path.join(os.path.dirname(STORIES), "tokenizers", "llama2", "tokenizer.model"), "rb").read()
+    (tmp_path / "tokenizer.model").write_bytes(model[:1000])
+    with pytest.raises(ValueError, match="tokenizer.model: not a SentencePiece model"):
+        Tokenizer.from_file(tmp_path / "tokenizer.model")
+    with pytest.raises(FileNotFoundError):
+        Tokenizer.from_file(tmp_path / "missing.model")
+
+
+def test_tokenizer_with_ids_the_model_cannot_embed():
+    """A tokenizer= of 49152 tokens for a model whose embedding has 512 rows."""
+    big = os.path.join(os.path.dirname(STORIES), "tokenizers", "smollm2-135m-instruct", "tokenizer.json")
+    with pytest.raises(ValueError, match="the tokenizer has 49152 tokens, but stories260K.gguf's embedding has 512 rows"):
+        ferrum.LLM(STORIES_FORMATS["gguf"], num_threads=1, tokenizer=big)

@@ -107,6 +107,11 @@ class Backend {
   // those file pages as it goes: memory never holds both whole copies of a large weight.
   using Consumed = std::function<void(const void* begin, size_t bytes)>;
   virtual Tensor pack_weight(const Tensor& w, const Consumed& consumed) { return w; }
+  // Bytes that buffers here could still take (the KV pool is checked against it at load).
+  virtual size_t memory_available_bytes() const = 0;
+  // Backs t's memory now, so that a driver that allocates at first use fails here
+  // (ResourceError) rather than in the middle of a step. Host pages need nothing.
+  virtual void materialize(const Tensor& t) {}
 
   // ---- ops (recorded into s) ----
   // out[t, :] = table[ids[t], :] as f32. table [vocab, H] in any weight dtype.

@@ -1,10 +1,12 @@
-// File readers exposed for the Python layer (GGUF metadata feeds the tokenizer) and tests.
+// File readers exposed for the Python layer (an opened model file, whose GGUF metadata feeds the
+// tokenizer) and tests.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "io/gguf.h"
 #include "io/llama2c.h"
 #include "io/safetensors.h"
+#include "model/model_file.h"
 
 namespace py = pybind11;
 
@@ -17,7 +19,12 @@ py::object to_python(const GgufValue& v) {
     case GgufValue::Kind::UInt: return py::int_(v.u);
     case GgufValue::Kind::Float: return py::float_(v.f);
     case GgufValue::Kind::Bool: return py::bool_(v.b);
-    case GgufValue::Kind::String: return py::str(PyUnicode_DecodeUTF8(v.s.data(), py::ssize_t(v.s.size()), "replace"));
+    case GgufValue::Kind::String: {
+      // A new reference: stolen, not borrowed (py::str(PyObject*) would keep every string alive).
+      PyObject* s = PyUnicode_DecodeUTF8(v.s.data(), py::ssize_t(v.s.size()), "replace");
+      if (!s) throw py::error_already_set();
+      return py::reinterpret_steal<py::str>(s);
+    }
     case GgufValue::Kind::Array: {
       py::list l(v.array.size());
       for (size_t i = 0; i < v.array.size(); ++i) l[i] = to_python(v.array[i]);
@@ -32,18 +39,41 @@ py::dict tensor_table(const WeightSource& ws) {
   for (auto& [name, t] : ws.tensors) d[py::str(name)] = py::make_tuple(std::string(dtype_name(t.dtype)), t.shape);
   return d;
 }
+
+py::dict metadata_dict(const std::map<std::string, GgufValue>& metadata) {
+  py::dict d;
+  for (auto& [k, v] : metadata) d[py::str(k)] = to_python(v);
+  return d;
+}
 }  // namespace
 
 void bind_io(py::module_& m) {
+  py::class_<ModelFile>(m, "ModelFile",
+                        "A model file opened and checked (format, config, tensor table), before its weights load: "
+                        "ModelRunner(model_file, ...) loads them from the same open file.")
+      .def(py::init([](const std::string& path) {
+             py::gil_scoped_release nogil;
+             return open_model_file(path);
+           }),
+           py::arg("path"))
+      .def_readonly("path", &ModelFile::path)
+      .def_readonly("format", &ModelFile::format)
+      .def_property_readonly("vocab_size", [](const ModelFile& f) { return f.config.vocab; })
+      .def_property_readonly("file_bytes", [](const ModelFile& f) { return f.weights.file_bytes(); },
+                             "The sizes of the files the weights live in, added up.")
+      .def("pop_tokenizer_metadata", [](ModelFile& f) {
+        py::dict d = metadata_dict(f.tokenizer_metadata);
+        f.tokenizer_metadata.clear();
+        return d;
+      }, "GGUF's tokenizer.* metadata as Python values (arrays become lists), dropped from the file object.");
+
   m.def("gguf_metadata", [](const std::string& path) {
     GgufFile g;
     {
       py::gil_scoped_release nogil;
       g = GgufFile::open(path);
     }
-    py::dict d;
-    for (auto& [k, v] : g.metadata) d[py::str(k)] = to_python(v);
-    return d;
+    return metadata_dict(g.metadata);
   }, py::arg("path"), "GGUF metadata as a dict of Python values (arrays become lists).");
   m.def("gguf_tensors", [](const std::string& path) { return tensor_table(GgufFile::open(path).weights); },
         py::arg("path"), "{name: (dtype, shape)} of a GGUF file.");

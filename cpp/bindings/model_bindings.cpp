@@ -41,6 +41,27 @@ py::dict config_dict(const ModelConfig& c) {
   return d;
 }
 
+// `progress` outlives the constructor call it is used in.
+RunnerOptions runner_options(const std::string& device, int num_threads, const std::string& kv_dtype,
+                             int64_t max_model_len, int64_t kv_cache_tokens, int64_t kv_cache_bytes,
+                             double kv_cache_fraction, bool prefix_cache, const py::object& progress) {
+  RunnerOptions o;
+  o.device = device;
+  o.num_threads = num_threads;
+  o.kv_dtype = kv_dtype == "int8" ? DType::I8 : dtype_from_name(kv_dtype);
+  o.max_model_len = max_model_len;
+  o.kv_cache_tokens = kv_cache_tokens;
+  if (kv_cache_bytes != 0) o.kv_cache_bytes = kv_cache_bytes;
+  o.kv_cache_fraction = kv_cache_fraction;
+  o.prefix_cache = prefix_cache;
+  if (!progress.is_none())
+    o.load_progress = [&progress](int64_t done, int64_t total) {
+      py::gil_scoped_acquire gil;
+      progress(done, total);
+    };
+  return o;
+}
+
 StepItem::Logits logits_mode(const std::string& s) {
   if (s == "last") return StepItem::Logits::Last;
   if (s == "all") return StepItem::Logits::All;
@@ -51,24 +72,29 @@ StepItem::Logits logits_mode(const std::string& s) {
 
 void bind_model(py::module_& m) {
   py::class_<ModelRunner>(m, "ModelRunner")
+      .def(py::init([](ModelFile& file, const std::string& device, int num_threads, const std::string& kv_dtype,
+                       int64_t max_model_len, int64_t kv_cache_tokens, int64_t kv_cache_bytes, double kv_cache_fraction,
+                       bool prefix_cache, const py::object& progress) {
+             if (file.format.empty()) throw ValueError(file.path + ": this ModelFile was loaded already");
+             RunnerOptions o = runner_options(device, num_threads, kv_dtype, max_model_len, kv_cache_tokens,
+                                              kv_cache_bytes, kv_cache_fraction, prefix_cache, progress);
+             ModelFile taken = std::move(file);
+             file.path = taken.path;  // what is left: a name for the error above
+             file.format.clear();
+             py::gil_scoped_release nogil;
+             return std::make_unique<ModelRunner>(std::move(taken), o);
+           }),
+           py::arg("model_file"), py::arg("device") = "cpu", py::arg("num_threads") = 0,
+           py::arg("kv_dtype") = "f16", py::arg("max_model_len") = 0, py::arg("kv_cache_tokens") = 0,
+           py::arg("kv_cache_bytes") = 0, py::arg("kv_cache_fraction") = 0.0, py::arg("prefix_cache") = true,
+           py::arg("progress") = py::none(),
+           "Loads the weights of an opened ModelFile (which is then used up).")
       .def(py::init([](const std::string& path, const std::string& device, int num_threads,
                        const std::string& kv_dtype, int64_t max_model_len, int64_t kv_cache_tokens,
                        int64_t kv_cache_bytes, double kv_cache_fraction, bool prefix_cache,
                        const py::object& progress) {
-             RunnerOptions o;
-             o.device = device;
-             o.num_threads = num_threads;
-             o.kv_dtype = kv_dtype == "int8" ? DType::I8 : dtype_from_name(kv_dtype);
-             o.max_model_len = max_model_len;
-             o.kv_cache_tokens = kv_cache_tokens;
-             if (kv_cache_bytes != 0) o.kv_cache_bytes = kv_cache_bytes;
-             o.kv_cache_fraction = kv_cache_fraction;
-             o.prefix_cache = prefix_cache;
-             if (!progress.is_none())  // `progress` outlives the constructor call it is used in
-               o.load_progress = [&progress](int64_t done, int64_t total) {
-                 py::gil_scoped_acquire gil;
-                 progress(done, total);
-               };
+             RunnerOptions o = runner_options(device, num_threads, kv_dtype, max_model_len, kv_cache_tokens,
+                                              kv_cache_bytes, kv_cache_fraction, prefix_cache, progress);
              py::gil_scoped_release nogil;
              return std::make_unique<ModelRunner>(path, o);
            }),

@@ -6,6 +6,10 @@
 #include <unistd.h>
 
 #include <climits>
+#include <string>
+#include <system_error>
+
+#include "core/error.h"
 
 namespace ferrum {
 
@@ -33,14 +37,25 @@ ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = cores;
   num_threads_ = num_threads < 1 ? 1 : num_threads;
   oversubscribed_ = cores > 0 && num_threads_ > cores;
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  workers_.reserve(size_t(num_threads_ - 1));
+  try {
+    for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  } catch (const std::system_error& e) {  // out of threads or of address space for their stacks
+    const size_t started = workers_.size();
+    stop_workers();
+    throw ResourceError("could not start " + std::to_string(num_threads_ - 1) + " worker threads (" +
+                        std::to_string(started) + " started: " + e.what() + "); use fewer threads");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   stop_.store(true);
   job_generation_.fetch_add(1);
   futex_wake_all(&job_generation_);
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 // One step of a wait for other threads. With more threads than cores, the one waited for may be

@@ -13,7 +13,8 @@ namespace ferrum {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int num_threads);  // num_threads <= 0: the number of cores
+  // num_threads <= 0: the number of cores. ResourceError when the threads cannot be started.
+  explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -28,6 +29,7 @@ class ThreadPool {
 
  private:
   void worker_loop(int index);
+  void stop_workers();
   void wait_step() const;
 
   int num_threads_;

@@ -1,16 +1,8 @@
 #include "engine/model_runner.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
 
 #include "core/error.h"
-#include "io/gguf.h"
-#include "io/llama2c.h"
-#include "io/safetensors.h"
 #include "model/rope.h"
 
 namespace ferrum {
@@ -18,82 +10,48 @@ namespace ferrum {
 namespace {
 constexpr size_t kMaxGraphs = 8;
 
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-bool has_gguf_magic(const std::string& p) {
-  FILE* f = std::fopen(p.c_str(), "rb");
-  if (!f) throw FormatError(p + ": cannot open");
-  char m[4] = {0};
-  size_t n = std::fread(m, 1, 4, f);
-  std::fclose(f);
-  return n == 4 && std::memcmp(m, "GGUF", 4) == 0;
-}
-
 // Token rows are padded up to a bucket so prefills of similar length share a recorded stream.
 int64_t token_bucket(int64_t t) { return t <= 32 ? t : (t + 31) / 32 * 32; }
-
-
-// Bytes the system could hand out now (MemAvailable), for sizing the KV pool by a fraction.
-int64_t available_memory_bytes() {
-  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
-    char line[256];
-    long long kib = -1;
-    while (std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
-    std::fclose(f);
-    if (kib > 0) return int64_t(kib) * 1024;
-  }
-  return int64_t(sysconf(_SC_AVPHYS_PAGES)) * int64_t(sysconf(_SC_PAGESIZE));
-}
 }  // namespace
 
-ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) {
+ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) : ModelRunner(open_model_file(path), opt) {}
+
+ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) {
   if (!(opt.kv_cache_fraction >= 0 && opt.kv_cache_fraction <= 1))
     throw ValueError("kv_cache_fraction must be in (0, 1]");
   if (opt.kv_cache_tokens < 0 || opt.kv_cache_bytes < 0) throw ValueError("KV cache sizes must be positive");
   if (opt.kv_dtype != DType::F16 && opt.kv_dtype != DType::F32 && opt.kv_dtype != DType::I8)
     throw ValueError("kv_dtype must be f16, f32 or int8");
-  be_ = make_backend(opt.device, opt.num_threads);
-  ModelConfig cfg;
-  ModelWeights w;
-  if (is_dir(path)) {
-    format_ = "safetensors";
-    cfg = config_from_hf(path);
-    w = load_weights(*be_, open_safetensors_dir(path), cfg, opt.load_progress);
-  } else if (has_gguf_magic(path)) {
-    format_ = "gguf";
-    GgufFile g = GgufFile::open(path);
-    cfg = config_from_gguf(g);
-    g.metadata.clear();  // the tokenizer's arrays (~15 MB parsed) would add to the load's peak memory
-    w = load_weights(*be_, g.weights, cfg, opt.load_progress);
-  } else {
-    format_ = "llama2c";
-    Llama2cHeader h;
-    WeightSource ws = open_llama2c(path, &h);
-    cfg = config_from_llama2c(h);
-    w = load_weights(*be_, ws, cfg, opt.load_progress);
-  }
+  file.tokenizer_metadata.clear();  // the tokenizer's arrays (~15 MB parsed) would add to the load's peak memory
+  const ModelConfig& cfg = file.config;
+  format_ = file.format;
   max_model_len_ = opt.max_model_len > 0 ? opt.max_model_len : cfg.max_positions;
   if (max_model_len_ > cfg.max_positions)
     throw ValueError("max_model_len " + std::to_string(max_model_len_) + " exceeds the model's " +
                      std::to_string(cfg.max_positions) + " positions");
-  max_blocks_ = BlockManager::blocks_for(max_model_len_);
-  RopeTable rope = make_rope_table(*be_, cfg, max_model_len_, w.rope_freq_factors);
+  be_ = make_backend(opt.device, opt.num_threads);
+  ModelWeights w = load_weights(*be_, file.weights, cfg, opt.load_progress);
 
-  // KV pool: [blocks, kv_heads, 16, head_dim] per layer for K and V.
+  // KV pool: [blocks, kv_heads, 16, head_dim] per layer for K and V, checked against the memory
+  // the backend has left before any of it is allocated.
   const int64_t row = cfg.kv_heads * cfg.head_dim;
   const double elem = opt.kv_dtype == DType::F32 ? 4.0 : opt.kv_dtype == DType::F16 ? 2.0 : 1.0 + 4.0 / double(cfg.head_dim);
   const double bytes_per_token = 2.0 * double(cfg.layers * row) * elem;
-  const double bytes = opt.kv_cache_fraction > 0 ? opt.kv_cache_fraction * double(available_memory_bytes())
-                                                 : double(opt.kv_cache_bytes);
-  int64_t tokens = opt.kv_cache_tokens > 0 ? opt.kv_cache_tokens : int64_t(bytes / bytes_per_token);
+  const double available = double(be_->memory_available_bytes());
+  const double bytes = opt.kv_cache_fraction > 0 ? opt.kv_cache_fraction * available : double(opt.kv_cache_bytes);
+  int64_t tokens = opt.kv_cache_tokens > 0 ? opt.kv_cache_tokens : int64_t(std::min(bytes / bytes_per_token, 1e15));
   if (opt.kv_cache_tokens <= 0) tokens = std::max(tokens, std::min<int64_t>(max_model_len_, 4096));
   int64_t blocks = std::max<int64_t>(1, BlockManager::blocks_for(tokens));
   if (blocks > INT32_MAX / kBlockSize) throw ValueError("kv cache too large");
-  blocks_ = std::make_unique<BlockManager>(blocks, opt.prefix_cache);
+  const double pool_bytes = double(blocks * kBlockSize) * bytes_per_token;
+  if (pool_bytes > available)
+    throw ResourceError("cannot allocate a KV cache of " + std::to_string(blocks * kBlockSize) + " tokens: it needs " +
+                        std::to_string(int64_t(pool_bytes)) + " bytes, the " + be_->name() + " device has " +
+                        std::to_string(int64_t(available)) + " available (lower kv_cache_memory or kv_cache_tokens)");
+  // No sequence outgrows the pool: tables indexed by position or block stop there.
+  const int64_t positions = std::min(max_model_len_, blocks * kBlockSize);
+  max_blocks_ = BlockManager::blocks_for(positions);
+  RopeTable rope = make_rope_table(*be_, cfg, positions, w.rope_freq_factors);
   for (int64_t l = 0; l < cfg.layers; ++l) {
     KvLayer kv;
     Shape shape{blocks, cfg.kv_heads, kBlockSize, cfg.head_dim};
@@ -103,8 +61,11 @@ ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) {
       kv.k_scale = be_->alloc(DType::F32, {blocks, cfg.kv_heads, kBlockSize});
       kv.v_scale = be_->alloc(DType::F32, {blocks, cfg.kv_heads, kBlockSize});
     }
+    for (const Tensor* t : {&kv.k, &kv.v, &kv.k_scale, &kv.v_scale})
+      if (t->defined()) be_->materialize(*t);
     kv_.push_back(kv);
   }
+  blocks_ = std::make_unique<BlockManager>(blocks, opt.prefix_cache);
   decoder_ = std::make_unique<Decoder>(be_, cfg, std::move(w), rope);
   stats_.block_size = kBlockSize;
 }

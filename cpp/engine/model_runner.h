@@ -11,6 +11,7 @@
 #include "engine/block_manager.h"
 #include "engine/sequence.h"
 #include "model/decoder.h"
+#include "model/model_file.h"
 
 namespace ferrum {
 
@@ -66,6 +67,8 @@ struct RunnerStats {
 class ModelRunner {
  public:
   ModelRunner(const std::string& path, const RunnerOptions& opt);
+  // Loads an opened model file (its tokenizer metadata is dropped first).
+  ModelRunner(ModelFile file, const RunnerOptions& opt);
   const ModelConfig& config() const { return decoder_->config(); }
   const std::string& format() const { return format_; }
   int64_t max_model_len() const { return max_model_len_; }

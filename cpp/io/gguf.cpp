@@ -1,5 +1,6 @@
 #include "io/gguf.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -36,6 +37,7 @@ class Reader {
                         std::to_string(f_.size()) + "-byte file)");
   }
   size_t pos() const { return pos_; }
+  uint64_t left() const { return f_.size() - pos_; }
 
  private:
   const MappedFile& f_;
@@ -44,7 +46,13 @@ class Reader {
 
 enum : uint32_t { U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 };
 
-GgufValue read_value(Reader& r, uint32_t type, const std::string& path, int depth = 0) {
+// The fewest bytes a value of this type takes (a string is at least its 8-byte length).
+uint64_t min_value_bytes(uint32_t type) {
+  static const uint8_t kBytes[] = {1, 1, 2, 2, 4, 4, 4, 1, 8, 12, 8, 8, 8};
+  return type <= F64 ? kBytes[type] : 1;
+}
+
+GgufValue read_value(Reader& r, uint32_t type, const std::string& where, int depth = 0) {
   GgufValue v;
   switch (type) {
     case U8: v.kind = GgufValue::Kind::UInt; v.u = r.get<uint8_t>(); break;
@@ -57,41 +65,42 @@ GgufValue read_value(Reader& r, uint32_t type, const std::string& path, int dept
     case I64: v.kind = GgufValue::Kind::Int; v.i = r.get<int64_t>(); break;
     case F32: v.kind = GgufValue::Kind::Float; v.f = r.get<float>(); break;
     case F64: v.kind = GgufValue::Kind::Float; v.f = r.get<double>(); break;
-    case BOOL: v.kind = GgufValue::Kind::Bool; v.b = r.get<uint8_t>() != 0; break;
+    case BOOL: {
+      uint8_t b = r.get<uint8_t>();
+      if (b > 1) throw FormatError(where + " is a boolean of value " + std::to_string(b) + " (0 or 1)");
+      v.kind = GgufValue::Kind::Bool;
+      v.b = b != 0;
+      break;
+    }
     case STRING: v.kind = GgufValue::Kind::String; v.s = r.str(); break;
     case ARRAY: {
-      if (depth > 0) throw FormatError(path + ": nested GGUF arrays are not supported");
+      if (depth > 0) throw FormatError(where + " is a nested array, which ferrum does not read");
       v.kind = GgufValue::Kind::Array;
       uint32_t item = r.get<uint32_t>();
       uint64_t n = r.get<uint64_t>();
-      r.need(n, "an array of " + std::to_string(n) + " items");  // each item is >= 1 byte
+      if (n > r.left() / min_value_bytes(item)) r.need(UINT64_MAX, "an array of " + std::to_string(n) + " items");
       v.array.reserve(n);
-      for (uint64_t i = 0; i < n; ++i) v.array.push_back(read_value(r, item, path, depth + 1));
+      for (uint64_t i = 0; i < n; ++i) v.array.push_back(read_value(r, item, where, depth + 1));
       break;
     }
     default:
-      throw FormatError(path + ": unknown GGUF metadata type " + std::to_string(type));
+      throw FormatError(where + " has an unknown GGUF value type " + std::to_string(type));
   }
   return v;
 }
 
 }  // namespace
 
-double GgufValue::number() const {
+const char* GgufValue::kind_name() const {
   switch (kind) {
-    case Kind::Int: return double(i);
-    case Kind::UInt: return double(u);
-    case Kind::Float: return f;
-    case Kind::Bool: return b ? 1.0 : 0.0;
-    default: throw ValueError("GGUF value is not a number");
+    case Kind::Int:
+    case Kind::UInt: return "an integer";
+    case Kind::Float: return "a float";
+    case Kind::Bool: return "a boolean";
+    case Kind::String: return "a string";
+    case Kind::Array: return "an array";
   }
-}
-
-int64_t GgufValue::integer() const {
-  if (kind == Kind::UInt) return int64_t(u);
-  if (kind == Kind::Int) return i;
-  if (kind == Kind::Bool) return b;
-  throw ValueError("GGUF value is not an integer");
+  return "a value";
 }
 
 namespace {
@@ -148,56 +157,84 @@ GgufFile GgufFile::open(const std::string& path) {
     throw FormatError(path + ": GGUF version " + std::to_string(g.version) + " is not supported (2 or 3)");
   uint64_t n_tensors = r.get<uint64_t>();
   uint64_t n_kv = r.get<uint64_t>();
-  // Each key/value takes >= 12 bytes and each tensor info >= 24: reject counts the file can't hold.
-  if (n_kv > file->size() / 12 || n_tensors > file->size() / 24)
+  // Each key/value takes >= 13 bytes and each tensor info >= 32: reject counts the file can't hold.
+  if (n_kv > file->size() / 13 || n_tensors > file->size() / 32)
     throw FormatError(path + ": GGUF header claims " + std::to_string(n_tensors) + " tensors and " +
                       std::to_string(n_kv) + " metadata entries, more than the file can hold");
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key = r.str();
     uint32_t type = r.get<uint32_t>();
-    g.metadata[key] = read_value(r, type, path);
+    if (g.metadata.count(key)) throw FormatError(path + ": metadata key '" + key + "' appears twice");
+    g.metadata[key] = read_value(r, type, path + ": metadata '" + key + "'");
   }
   struct Raw { std::string name; uint32_t type; Shape shape; uint64_t offset; };
   std::vector<Raw> raws;
   for (uint64_t i = 0; i < n_tensors; ++i) {
     Raw t;
     t.name = r.str();
+    const std::string what = path + ": tensor '" + t.name + "'";
     uint32_t nd = r.get<uint32_t>();
-    if (nd == 0 || nd > 4) throw FormatError(path + ": tensor '" + t.name + "' has " + std::to_string(nd) + " dimensions");
+    if (nd == 0 || nd > 4) throw FormatError(what + " has " + std::to_string(nd) + " dimensions (1 to 4)");
     Shape ggml_dims(nd);
     for (uint32_t d = 0; d < nd; ++d) {
       uint64_t v = r.get<uint64_t>();
-      if (v == 0 || v > (uint64_t(1) << 40)) throw FormatError(path + ": tensor '" + t.name + "' has a bad dimension " + std::to_string(v));
+      if (v == 0 || v > (uint64_t(1) << 40)) throw FormatError(what + " has a bad dimension " + std::to_string(v));
       ggml_dims[d] = int64_t(v);
     }
     t.shape.assign(ggml_dims.rbegin(), ggml_dims.rend());  // ggml lists the innermost dim first
     t.type = r.get<uint32_t>();
     t.offset = r.get<uint64_t>();
+    if (g.weights.tensors.count(t.name)) throw FormatError(what + " appears twice");
+    g.weights.tensors[t.name].name = t.name;  // a placeholder until the data checks below
     raws.push_back(std::move(t));
   }
-  uint64_t align = uint64_t(g.get_int("general.alignment", 32));
-  if (align == 0 || (align & (align - 1))) throw FormatError(path + ": bad general.alignment");
-  uint64_t data_start = (r.pos() + align - 1) / align * align;
+  uint64_t align = 32;
+  if (std::optional<int64_t> a = g.integer("general.alignment")) {
+    if (*a <= 0 || *a > (1 << 30) || (*a & (*a - 1)))
+      throw FormatError(path + ": general.alignment " + std::to_string(*a) + " is not a power of two");
+    align = uint64_t(*a);
+  }
+  auto padded = [align](uint64_t n) { return (n + align - 1) / align * align; };
+  const uint64_t data_start = padded(r.pos());
+  const uint64_t data_bytes = file->size() > data_start ? file->size() - data_start : 0;
+  // llama.cpp's layout: tensor data in info order, each where the previous one's padded data ends.
+  uint64_t expected = 0, end = 0;
+  const std::string* previous = nullptr;
   for (Raw& t : raws) {
-    TensorInfo info;
-    info.name = t.name;
+    const std::string what = path + ": tensor '" + t.name + "'";
+    TensorInfo& info = g.weights.tensors[t.name];
     info.dtype = dtype_from_ggml(t.type, path, t.name);
     info.shape = t.shape;
-    Tensor probe;
-    probe.dtype = info.dtype;
-    probe.shape = t.shape;
-    if (probe.cols() % dtype_info(info.dtype).block_elems != 0)
-      throw FormatError(path + ": tensor '" + t.name + "' row length " + std::to_string(probe.cols()) +
-                        " is not a multiple of its block size");
-    info.nbytes = probe.nbytes();
-    if (data_start + t.offset > file->size() || info.nbytes > file->size() - data_start - t.offset)
-      throw FormatError(path + ": tensor '" + t.name + "' data (" + std::to_string(info.nbytes) +
-                        " bytes at offset " + std::to_string(data_start + t.offset) +
-                        ") runs past the end of the file (" + std::to_string(file->size()) + " bytes)");
+    info.nbytes = tensor_file_bytes(info.dtype, t.shape, what);
+    if (t.offset % align != 0)
+      throw FormatError(what + " has data offset " + std::to_string(t.offset) + ", not a multiple of the alignment " +
+                        std::to_string(align));
+    if (t.offset < expected)
+      throw FormatError(what + " data at offset " + std::to_string(t.offset) + " overlaps tensor '" + *previous +
+                        "', whose data ends at " + std::to_string(expected));
+    if (t.offset > expected)
+      throw FormatError(path + ": " + std::to_string(t.offset - expected) + " bytes of the data section before tensor '" +
+                        t.name + "' belong to no tensor" +
+                        (previous ? " (the type or shape of '" + *previous + "' does not match its data)" : ""));
+    if (info.nbytes > data_bytes || t.offset > data_bytes - info.nbytes)
+      throw FormatError(what + " data (" + std::to_string(info.nbytes) + " bytes at offset " +
+                        std::to_string(data_start + t.offset) + ") runs past the end of the file (" +
+                        std::to_string(file->size()) + " bytes)");
     info.data = file->data() + data_start + t.offset;
     info.file = file;
-    g.weights.tensors[t.name] = std::move(info);
+    end = t.offset + info.nbytes;
+    expected = padded(end);
+    previous = &t.name;
+    // Writers pad with zeros: other bytes there are data that the tensor's type or shape lost.
+    const char* pad = file->data() + data_start + end;
+    for (uint64_t i = 0; i < std::min(expected, data_bytes) - end; ++i)
+      if (pad[i] != 0)
+        throw FormatError(what + " is followed by nonzero padding (its type or shape does not match its data)");
   }
+  // The last tensor's data ends the file, but for its padding.
+  if (previous && data_bytes - end >= align)
+    throw FormatError(path + ": " + std::to_string(data_bytes - end) + " bytes after the data of tensor '" +
+                      raws.back().name + "' belong to no tensor (its type or shape does not match its data)");
   return g;
 }
 
@@ -206,19 +243,43 @@ const GgufValue* GgufFile::get(const std::string& key) const {
   return it == metadata.end() ? nullptr : &it->second;
 }
 
-int64_t GgufFile::get_int(const std::string& key, int64_t fallback) const {
+namespace {
+[[noreturn]] void wrong_type(const GgufFile& g, const std::string& key, const GgufValue& v, const char* expected) {
+  throw FormatError(g.weights.path + ": metadata '" + key + "' is " + v.kind_name() + ", expected " + expected);
+}
+}  // namespace
+
+std::optional<int64_t> GgufFile::integer(const std::string& key) const {
   const GgufValue* v = get(key);
-  return v && v->is_number() ? int64_t(v->number()) : fallback;
+  if (!v) return std::nullopt;
+  if (v->kind == GgufValue::Kind::Int) return v->i;
+  if (v->kind != GgufValue::Kind::UInt) wrong_type(*this, key, *v, "an integer");
+  if (v->u > uint64_t(INT64_MAX))
+    throw FormatError(weights.path + ": metadata '" + key + "' is out of range (" + std::to_string(v->u) + ")");
+  return int64_t(v->u);
 }
 
-double GgufFile::get_float(const std::string& key, double fallback) const {
+std::optional<double> GgufFile::real(const std::string& key) const {
   const GgufValue* v = get(key);
-  return v && v->is_number() ? v->number() : fallback;
+  if (!v) return std::nullopt;
+  if (v->kind == GgufValue::Kind::Float) return v->f;
+  if (v->kind == GgufValue::Kind::Int) return double(v->i);
+  if (v->kind == GgufValue::Kind::UInt) return double(v->u);
+  wrong_type(*this, key, *v, "a number");
 }
 
-std::string GgufFile::get_string(const std::string& key, const std::string& fallback) const {
+std::optional<bool> GgufFile::boolean(const std::string& key) const {
   const GgufValue* v = get(key);
-  return v && v->kind == GgufValue::Kind::String ? v->s : fallback;
+  if (!v) return std::nullopt;
+  if (v->kind != GgufValue::Kind::Bool) wrong_type(*this, key, *v, "a boolean");
+  return v->b;
+}
+
+std::optional<std::string> GgufFile::string(const std::string& key) const {
+  const GgufValue* v = get(key);
+  if (!v) return std::nullopt;
+  if (v->kind != GgufValue::Kind::String) wrong_type(*this, key, *v, "a string");
+  return v->s;
 }
 
 }  // namespace ferrum

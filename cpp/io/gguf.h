@@ -1,6 +1,16 @@
 // GGUF v2 / v3 reader: metadata key/values and tensor infos over a memory map.
+//
+// GgufFile::open refuses a file (FormatError naming it and the first rule it breaks) unless:
+// the magic and version are right; the counts fit in the file; no metadata key and no tensor
+// name appears twice; every value has a known type (arrays not nested); general.alignment is a
+// power of two; every tensor has 1..4 positive dimensions, a type ferrum reads and whole blocks
+// per row; and the tensors' data tile the data section as llama.cpp writes it: in the order of
+// their infos, each at an aligned offset where the previous one's (padded) data ends, the last
+// ending at the end of the file (short of the padding). That last rule is what catches a type
+// or shape that does not match the data (a gap or an overlap follows) and an offset that wraps.
 #pragma once
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,9 +27,7 @@ struct GgufValue {
   std::string s;
   std::vector<GgufValue> array;
 
-  bool is_number() const { return kind == Kind::Int || kind == Kind::UInt || kind == Kind::Float || kind == Kind::Bool; }
-  double number() const;
-  int64_t integer() const;
+  const char* kind_name() const;  // "an integer", "a string", ... for messages
 };
 
 struct GgufFile {
@@ -27,11 +35,15 @@ struct GgufFile {
   std::map<std::string, GgufValue> metadata;
   WeightSource weights;
 
-  static GgufFile open(const std::string& path);  // FormatError with the file name on any problem
+  static GgufFile open(const std::string& path);
   const GgufValue* get(const std::string& key) const;
-  int64_t get_int(const std::string& key, int64_t fallback) const;
-  double get_float(const std::string& key, double fallback) const;
-  std::string get_string(const std::string& key, const std::string& fallback = "") const;
+  // Typed reads: nullopt when the key is absent, FormatError naming the file and the key when it
+  // holds another type (no conversion between strings, booleans and numbers; an integer key
+  // takes any integer width, a real key an integer or a float).
+  std::optional<int64_t> integer(const std::string& key) const;
+  std::optional<double> real(const std::string& key) const;
+  std::optional<bool> boolean(const std::string& key) const;
+  std::optional<std::string> string(const std::string& key) const;
 };
 
 // ggml type id -> DType (FormatError for types ferrum does not read).

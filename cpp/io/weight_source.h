@@ -27,6 +27,11 @@ struct WeightSource {
     auto it = tensors.find(name);
     return it == tensors.end() ? nullptr : &it->second;
   }
+  uint64_t file_bytes() const;  // the sizes of the files the tensors live in, added up
 };
+
+// Bytes a tensor of this dtype and shape takes in a file. FormatError (prefixed with `where`)
+// when a dimension is negative, the element count overflows, or a row is not whole blocks.
+size_t tensor_file_bytes(DType dtype, const Shape& shape, const std::string& where);
 
 }  // namespace ferrum

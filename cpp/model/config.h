@@ -11,6 +11,9 @@ namespace ferrum {
 struct GgufFile;
 struct Llama2cHeader;
 
+// Loops over layers and experts stay short for any file: no model has more.
+constexpr int64_t kMaxLayers = 1024, kMaxExperts = 1024;
+
 struct ModelConfig {
   std::string arch;  // "llama", "qwen2", "qwen3", "qwen3_moe", "mistral"
   int64_t hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
@@ -35,12 +38,15 @@ struct ModelConfig {
 
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
-  void validate(const std::string& source) const;  // FormatError naming source
+  // The value rules every format shares: sizes positive and bounded, heads a multiple of KV
+  // heads, head_dim even, rms_norm_eps in (0, 1], rope_theta positive, rope scaling and MoE
+  // settings consistent. FormatError naming source and the first rule broken.
+  void validate(const std::string& source) const;
 };
 
 // Reads <dir>/config.json.
 ModelConfig config_from_hf(const std::string& dir);
 ModelConfig config_from_gguf(const GgufFile& g);
-ModelConfig config_from_llama2c(const Llama2cHeader& h);
+ModelConfig config_from_llama2c(const Llama2cHeader& h, const std::string& path);
 
 }  // namespace ferrum

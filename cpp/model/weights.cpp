@@ -3,60 +3,21 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "model/weight_names.h"
 #include "quant/quant.h"
 
 namespace ferrum {
 
 namespace {
 
-enum class Naming { HF, GGUF };
-
-// The one table of tensor names. {} is the layer index.
-struct NamePair { const char* hf; const char* gguf; };
-const NamePair kEmbed{"model.embed_tokens.weight", "token_embd.weight"};
-const NamePair kFinalNorm{"model.norm.weight", "output_norm.weight"};
-const NamePair kLmHead{"lm_head.weight", "output.weight"};
-const NamePair kAttnNorm{"model.layers.{}.input_layernorm.weight", "blk.{}.attn_norm.weight"};
-const NamePair kFfnNorm{"model.layers.{}.post_attention_layernorm.weight", "blk.{}.ffn_norm.weight"};
-const NamePair kQ{"model.layers.{}.self_attn.q_proj.weight", "blk.{}.attn_q.weight"};
-const NamePair kK{"model.layers.{}.self_attn.k_proj.weight", "blk.{}.attn_k.weight"};
-const NamePair kV{"model.layers.{}.self_attn.v_proj.weight", "blk.{}.attn_v.weight"};
-const NamePair kQBias{"model.layers.{}.self_attn.q_proj.bias", "blk.{}.attn_q.bias"};
-const NamePair kKBias{"model.layers.{}.self_attn.k_proj.bias", "blk.{}.attn_k.bias"};
-const NamePair kVBias{"model.layers.{}.self_attn.v_proj.bias", "blk.{}.attn_v.bias"};
-const NamePair kO{"model.layers.{}.self_attn.o_proj.weight", "blk.{}.attn_output.weight"};
-const NamePair kQNorm{"model.layers.{}.self_attn.q_norm.weight", "blk.{}.attn_q_norm.weight"};
-const NamePair kKNorm{"model.layers.{}.self_attn.k_norm.weight", "blk.{}.attn_k_norm.weight"};
-const NamePair kGate{"model.layers.{}.mlp.gate_proj.weight", "blk.{}.ffn_gate.weight"};
-const NamePair kUp{"model.layers.{}.mlp.up_proj.weight", "blk.{}.ffn_up.weight"};
-const NamePair kDown{"model.layers.{}.mlp.down_proj.weight", "blk.{}.ffn_down.weight"};
-const NamePair kRouter{"model.layers.{}.mlp.gate.weight", "blk.{}.ffn_gate_inp.weight"};
-// Experts: GGUF stores each as one [E, out, in] tensor; HF one tensor per expert ({e}).
-const NamePair kGateExps{"model.layers.{}.mlp.experts.{e}.gate_proj.weight", "blk.{}.ffn_gate_exps.weight"};
-const NamePair kUpExps{"model.layers.{}.mlp.experts.{e}.up_proj.weight", "blk.{}.ffn_up_exps.weight"};
-const NamePair kDownExps{"model.layers.{}.mlp.experts.{e}.down_proj.weight", "blk.{}.ffn_down_exps.weight"};
-
 class Loader {
  public:
-  Loader(Backend& be, const WeightSource& src)
-      : be_(be), src_(src), naming_(src.find(kEmbed.gguf) ? Naming::GGUF : Naming::HF) {}
+  Loader(Backend& be, const WeightSource& src) : be_(be), src_(src), naming_(naming_of(src)) {}
 
-  std::string name(const NamePair& p, int64_t layer = -1, int64_t expert = -1) const {
-    std::string n = naming_ == Naming::HF ? p.hf : p.gguf;
-    size_t at = n.find("{}");
-    if (at != std::string::npos) n.replace(at, 2, std::to_string(layer));
-    at = n.find("{e}");
-    if (at != std::string::npos) n.replace(at, 3, std::to_string(expert));
-    return n;
-  }
-  const TensorInfo* find(const NamePair& p, int64_t layer = -1) const { return src_.find(name(p, layer)); }
-  const TensorInfo& get(const NamePair& p, int64_t layer, const Shape& shape, int64_t expert = -1) const {
-    const TensorInfo* t = src_.find(name(p, layer, expert));
-    if (!t) throw FormatError(src_.path + ": missing tensor '" + name(p, layer, expert) + "'");
-    if (t->shape != shape)
-      throw FormatError(src_.path + ": tensor '" + t->name + "' has shape " + shape_str(t->shape) +
-                        " but the config needs " + shape_str(shape));
-    return *t;
+  const TensorInfo* find(const NamePair& p, int64_t layer = -1) const { return src_.find(tensor_name(p, naming_, layer)); }
+  // A tensor check_weights has vouched for.
+  const TensorInfo& get(const NamePair& p, int64_t layer, int64_t expert = -1) const {
+    return src_.tensors.at(tensor_name(p, naming_, layer, expert));
   }
 
   // Weights used as stored (the mmap'd file's bytes on the CPU backend).
@@ -79,10 +40,10 @@ class Loader {
   // One projection of all E experts as [E, out, in]: GGUF's 3-D tensor as stored, or HF's
   // per-expert tensors stacked (their pages are released once copied).
   Tensor experts(const NamePair& p, int64_t layer, int64_t E, int64_t out, int64_t in) const {
-    if (naming_ == Naming::GGUF) return supported_experts(weight(get(p, layer, {E, out, in})));
+    if (naming_ == Naming::GGUF) return supported_experts(weight(get(p, layer)));
     std::vector<const TensorInfo*> parts;
     for (int64_t e = 0; e < E; ++e) {
-      parts.push_back(&get(p, layer, {out, in}, e));
+      parts.push_back(&get(p, layer, e));
       if (parts.back()->dtype != parts[0]->dtype)
         throw FormatError(src_.path + ": experts of '" + parts.back()->name + "' differ in dtype (" +
                           dtype_name(parts.back()->dtype) + " vs " + dtype_name(parts[0]->dtype) + ")");
@@ -162,14 +123,13 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
                           const LoadProgress& progress) {
   Loader L(be, src);
   ModelWeights w;
-  const int64_t D = c.hidden, F = c.intermediate;
   const TensorInfo* head = L.find(kLmHead);
   const bool tied = c.tie_embeddings || !head;
-  const TensorInfo& embed = L.get(kEmbed, -1, {c.vocab, D});
+  const TensorInfo& embed = L.get(kEmbed, -1);
   w.embed = tied ? L.linear_weight(embed) : L.weight(embed);  // tied: also the lm_head
-  w.final_norm = L.f32(L.get(kFinalNorm, -1, {D}));
-  w.lm_head.parts.push_back(tied ? w.embed : L.linear_weight(L.get(kLmHead, -1, {c.vocab, D})));
-  if (const TensorInfo* rf = src.find("rope_freqs.weight")) {
+  w.final_norm = L.f32(L.get(kFinalNorm, -1));
+  w.lm_head.parts.push_back(tied ? w.embed : L.linear_weight(*head));
+  if (const TensorInfo* rf = src.find(kRopeFreqs)) {
     w.rope_freq_factors.resize(size_t(rf->shape[0]));
     quant::dequantize_row(rf->dtype, rf->data, w.rope_freq_factors.data(), rf->shape[0]);
   }
@@ -181,27 +141,26 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
   const bool qkv_bias = L.find(kQBias, 0) != nullptr;
   for (int64_t i = 0; i < c.layers; ++i) {
     LayerWeights lw;
-    lw.attn_norm = L.f32(L.get(kAttnNorm, i, {D}));
-    lw.ffn_norm = L.f32(L.get(kFfnNorm, i, {D}));
+    lw.attn_norm = L.f32(L.get(kAttnNorm, i));
+    lw.ffn_norm = L.f32(L.get(kFfnNorm, i));
     if (qk_norm) {
-      lw.q_norm = L.f32(L.get(kQNorm, i, {c.head_dim}));
-      lw.k_norm = L.f32(L.get(kKNorm, i, {c.head_dim}));
+      lw.q_norm = L.f32(L.get(kQNorm, i));
+      lw.k_norm = L.f32(L.get(kKNorm, i));
     }
     std::vector<const TensorInfo*> biases;
-    if (qkv_bias)
-      biases = {&L.get(kQBias, i, {c.q_dim()}), &L.get(kKBias, i, {c.kv_dim()}), &L.get(kVBias, i, {c.kv_dim()})};
-    lw.qkv = L.fused({&L.get(kQ, i, {c.q_dim(), D}), &L.get(kK, i, {c.kv_dim(), D}), &L.get(kV, i, {c.kv_dim(), D})}, biases);
-    lw.o = L.fused({&L.get(kO, i, {D, c.q_dim()})}, {});
+    if (qkv_bias) biases = {&L.get(kQBias, i), &L.get(kKBias, i), &L.get(kVBias, i)};
+    lw.qkv = L.fused({&L.get(kQ, i), &L.get(kK, i), &L.get(kV, i)}, biases);
+    lw.o = L.fused({&L.get(kO, i)}, {});
     if (c.is_moe_layer(i)) {
-      const int64_t E = c.experts, X = c.expert_intermediate;
+      const int64_t E = c.experts, X = c.expert_intermediate, D = c.hidden;
       lw.moe = true;
-      lw.router = L.fused({&L.get(kRouter, i, {E, D})}, {});
+      lw.router = L.fused({&L.get(kRouter, i)}, {});
       lw.gate_exps = L.experts(kGateExps, i, E, X, D);
       lw.up_exps = L.experts(kUpExps, i, E, X, D);
       lw.down_exps = L.experts(kDownExps, i, E, D, X);
     } else {
-      lw.gate_up = L.fused({&L.get(kGate, i, {F, D}), &L.get(kUp, i, {F, D})}, {});
-      lw.down = L.fused({&L.get(kDown, i, {D, F})}, {});
+      lw.gate_up = L.fused({&L.get(kGate, i), &L.get(kUp, i)}, {});
+      lw.down = L.fused({&L.get(kDown, i)}, {});
     }
     w.layers.push_back(std::move(lw));
     if (progress) progress(i + 1, c.layers);

@@ -42,6 +42,7 @@ struct ModelWeights {
 // Called after each layer is loaded with (layers done, layers in all): a progress bar's feed.
 using LoadProgress = std::function<void(int64_t done, int64_t total)>;
 
+// src has passed check_weights(src, cfg) (open_model_file checks it).
 ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& cfg,
                           const LoadProgress& progress = {});
 

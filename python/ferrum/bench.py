@@ -62,7 +62,7 @@ def run_bench(args) -> dict:
               "engine_rss_vs_bound": round(engine_rss / (1.15 * (file_mib + kv_mib)), 3)}
     tok_rss = _rss_mib()
     try:
-        tokenize = _tokenizer_times(path, runner.format)
+        tokenize = _tokenizer_times(path)
     except ValueError:  # a weights-only file: no tokenizer to time
         tokenize = {"encode_us_per_tok": None, "decode_us_per_tok": None}
     result = {"engine": "ferrum", "model": str(path), "device": args.device, "threads": args.threads,
@@ -93,11 +93,12 @@ _TEXT = ("The quick brown fox jumps over the lazy dog while the committee, after
          "decided that 42 apples and 3.5 litres of cider were enough for everyone's picnic. ")
 
 
-def _tokenizer_times(path, fmt: str) -> dict:
+def _tokenizer_times(path) -> dict:
     """Encode and streaming-decode cost per token with the model's own tokenizer."""
+    from . import _core
     from .llm import _load_tokenizer
     from .tokenizer import IncrementalDecoder
-    tok = _load_tokenizer(path, fmt, None)
+    tok = _load_tokenizer(path, _core.ModelFile(str(path)), None)
     text = _TEXT * 40
     t0 = time.perf_counter()
     ids = tok.encode(text)

@@ -56,6 +56,8 @@ class LLM:
                         ("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
         fraction = kv_cache_memory_fraction
         if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
                                      or not 0 < fraction <= 1):
@@ -66,13 +68,16 @@ class LLM:
         from .models import resolve_model  # here, not at import: `python -m ferrum.models` runs it fresh
         path = resolve_model(model)
         self.model_path = path
-        with _load_progress(path) as progress:
+        # Parsed once: the tokenizer is built from the open file's metadata, which is then
+        # dropped, before the weights load from the same file.
+        model_file = _core.ModelFile(str(path))
+        self.tokenizer = _load_tokenizer(path, model_file, tokenizer)
+        with _load_progress(path, model_file.file_bytes) as progress:
             self.runner = _core.ModelRunner(
-                str(path), device=device, num_threads=num_threads or 0, kv_dtype=kv_dtype,
+                model_file, device=device, num_threads=num_threads or 0, kv_dtype=kv_dtype,
                 max_model_len=max_model_len or 0, kv_cache_tokens=kv_cache_tokens or 0,
                 kv_cache_bytes=kv_cache_memory or 0, kv_cache_fraction=float(fraction or 0),
                 prefix_cache=enable_prefix_caching, progress=progress)
-        self.tokenizer = _load_tokenizer(path, self.runner.format, tokenizer)
         speculative = SpeculativeConfig.parse(speculative_config)
         draft = None
         if speculative is not None and speculative.method == "draft_model":
@@ -302,18 +307,31 @@ def _is_batch(token_ids) -> bool:
     return len(token_ids) > 0 and not isinstance(token_ids[0], (int, np.integer))
 
 
-def _load_tokenizer(path: Path, fmt: str, override) -> Tokenizer:
+def _load_tokenizer(path: Path, model_file, override) -> Tokenizer:
+    """The tokenizer for the opened model file: `override`, the vocabulary a GGUF embeds (its
+    metadata is dropped from the file object here), the llama2.c tokenizer beside the checkpoint,
+    or a model directory's. ValueError when it has ids the model has no embedding for (or, for
+    llama2.c, not exactly one token per embedding row)."""
+    metadata = model_file.pop_tokenizer_metadata()
+    exact = False
     if override is not None:
-        return Tokenizer.from_file(override)
-    if fmt == "gguf":
-        return Tokenizer.from_gguf_metadata(_core.gguf_metadata(str(path)))
-    if fmt == "llama2c":
+        tokenizer = Tokenizer.from_file(override)
+    elif model_file.format == "gguf":
+        tokenizer = Tokenizer.from_gguf_metadata(metadata)  # its size was checked with the file
+    elif model_file.format == "llama2c":
         # llama2.c keeps the tokenizer beside the checkpoint (tokenizer.bin or tok<N>.bin)
-        for cand in [path.with_name("tokenizer.bin"), *sorted(path.parent.glob("tok*.bin"))]:
-            if cand.exists():
-                return Tokenizer.from_llama2c(cand)
-        raise ValueError(f"no llama2.c tokenizer next to {path}; pass tokenizer=")
-    return Tokenizer.from_dir(path)
+        cand = next((c for c in [path.with_name("tokenizer.bin"), *sorted(path.parent.glob("tok*.bin"))]
+                     if c.exists()), None)
+        if cand is None:
+            raise ValueError(f"no llama2.c tokenizer next to {path}; pass tokenizer=")
+        tokenizer, exact = Tokenizer.from_llama2c(cand), True
+    else:
+        tokenizer = Tokenizer.from_dir(path)
+    rows = model_file.vocab_size
+    if tokenizer.vocab_size > rows or (exact and tokenizer.vocab_size != rows):
+        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, but {path.name}'s embedding has "
+                         f"{rows} rows")
+    return tokenizer
 
 
 # Models at least this big show a progress bar while their layers load.
@@ -321,10 +339,9 @@ PROGRESS_MIN_BYTES = 256 << 20
 
 
 @contextlib.contextmanager
-def _load_progress(path: Path):
+def _load_progress(path: Path, file_bytes: int):
     """A layer-count progress callback for the runner (None for small models)."""
-    files = [path] if path.is_file() else [p for p in path.iterdir() if p.suffix == ".safetensors"]
-    if sum(f.stat().st_size for f in files) < PROGRESS_MIN_BYTES:
+    if file_bytes < PROGRESS_MIN_BYTES:
         yield None
         return
     from tqdm import tqdm

@@ -113,8 +113,11 @@ class SamplingParams:
                     callable(f) for f in self.logits_processors):
                 fail("logits_processors must be a list of callables")
             self.logits_processors = list(self.logits_processors)
-        if not isinstance(self.speculative_decoding, bool):
-            fail(f"speculative_decoding must be True or False, got {self.speculative_decoding!r}")
+        for name in ("ignore_eos", "skip_special_tokens", "speculative_decoding"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                fail(f"{name} must be True or False, got {value!r}")
+            setattr(self, name, bool(value))
 
         self.stop = self._normalise_stop(self.stop, fail)
         if self.stop_token_ids is None:

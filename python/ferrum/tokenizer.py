@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .chat_template import apply_chat_template as _render_chat_template
 from .tokenizer_backends import HFBackend, SentencePieceBackend
-from .tokenizer_gguf import END_OF_TURN_TEXTS, vocab_from_gguf_metadata
+from .tokenizer_gguf import END_OF_TURN_TEXTS, built, vocab_from_gguf_metadata
 
 
 class Tokenizer:
@@ -97,6 +97,8 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path) -> "Tokenizer":
         path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"no tokenizer at '{path}'")
         if path.is_dir():
             return cls.from_dir(path)
         if path.suffix == ".json":
@@ -118,7 +120,7 @@ class Tokenizer:
     def from_llama2c(cls, path) -> "Tokenizer":
         from .tokenizer_llama2c import BOS_ID, EOS_ID, build_llama2c_tokenizer
 
-        hf = build_llama2c_tokenizer(path)
+        hf = built(lambda: build_llama2c_tokenizer(path), str(path))
         return cls(HFBackend(hf, "spm"), bos_token_id=BOS_ID, eos_token_id=EOS_ID, add_bos=True)
 
     @classmethod
@@ -127,7 +129,7 @@ class Tokenizer:
 
         text = path.read_text(encoding="utf-8")
         spec = json.loads(text)
-        hf = HFTokenizer.from_str(text)
+        hf = built(lambda: HFTokenizer.from_str(text), str(path))
         config = _read_json(path.with_name("tokenizer_config.json"))
         backend = HFBackend(hf, _hf_piece_kind(spec))
 

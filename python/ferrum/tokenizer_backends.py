@@ -80,7 +80,10 @@ class SentencePieceBackend:
     def __init__(self, path):
         import sentencepiece
 
-        self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        try:
+            self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        except RuntimeError as e:  # how sentencepiece reports a file it cannot parse
+            raise ValueError(f"{path}: not a SentencePiece model ({e})") from e
         n = self.sp.get_piece_size()
         self.special_ids = {i for i in range(n) if self.sp.is_control(i)}
         self._special_by_text = {self.sp.id_to_piece(i): i for i in self.special_ids}

@@ -82,12 +82,45 @@ class GGUFVocab:
     kind: str = "spm"  # "spm" or "byte_level": how token texts map to bytes
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and v == v  # not NaN
+
+
+# What each tokenizer key must hold: a test and its description for the error.
+_KINDS = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "int": (_is_int, "an integer"),
+    "bool": (lambda v: isinstance(v, bool), "a boolean"),
+    "str list": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "int list": (lambda v: isinstance(v, list) and all(_is_int(x) for x in v), "a list of integers"),
+    "number list": (lambda v: isinstance(v, list) and all(_is_number(x) for x in v), "a list of numbers (no NaN)"),
+}
+
+
+def _field(meta: dict, key: str, kind: str, default=None, length: int | None = None):
+    """meta[key] (default when absent), ValueError when it is not of `kind` or, for a list, not
+    `length` long: the metadata is refused, never coerced."""
+    if key not in meta:
+        return default
+    value = meta[key]
+    test, what = _KINDS[kind]
+    if not test(value):
+        raise ValueError(f"tokenizer metadata '{key}' is not {what} (got {type(value).__name__})")
+    if length is not None and len(value) != length:
+        raise ValueError(f"tokenizer metadata '{key}' has {len(value)} entries for {length} tokens")
+    return value
+
+
 def _special_id(meta: dict, key: str, n_tokens: int, default: int | None) -> int | None:
-    value = meta.get(f"tokenizer.ggml.{key}_token_id", default)
+    value = _field(meta, f"tokenizer.ggml.{key}_token_id", "int", default)
     # Converters write -1 / 0xFFFFFFFF for "none".
-    if value is None or not 0 <= int(value) < n_tokens:
+    if value is None or not 0 <= value < n_tokens:
         return None
-    return int(value)
+    return value
 
 
 def _added_tokens(tokens: list[str], types: list[int]) -> list[AddedToken]:
@@ -159,23 +192,29 @@ def build_byte_level_tokenizer(tokens: list[str], merges: list[str], types: list
 
 
 def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
-    model = meta.get("tokenizer.ggml.model")
+    """The vocabulary llama.cpp's `tokenizer.ggml.*` keys describe. ValueError when a key is
+    missing or of the wrong type, or a per-token list does not have one entry per token."""
     if "tokenizer.ggml.tokens" not in meta:
         raise ValueError("this GGUF file has no vocabulary (tokenizer.ggml.tokens): pass tokenizer= "
                          "(a tokenizer.json, tokenizer.model or a model directory)")
-    tokens = list(meta["tokenizer.ggml.tokens"])
+    model = _field(meta, "tokenizer.ggml.model", "str")
+    tokens = _field(meta, "tokenizer.ggml.tokens", "str list")
     n = len(tokens)
-    types = list(meta.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * n)
+    if n == 0:
+        raise ValueError("tokenizer metadata 'tokenizer.ggml.tokens' is empty")
+    types = _field(meta, "tokenizer.ggml.token_type", "int list", [TOKEN_NORMAL] * n, length=n)
 
     if model == "llama":
-        scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * n)
+        scores = _field(meta, "tokenizer.ggml.scores", "number list", [0.0] * n, length=n)
         unk_id = _special_id(meta, "unknown", n, 0)
-        hf = build_spm_tokenizer(tokens, scores, types, unk_id=unk_id,
-                                 add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+        add_space_prefix = _field(meta, "tokenizer.ggml.add_space_prefix", "bool", True)
+        hf = built(lambda: build_spm_tokenizer(tokens, scores, types, unk_id=unk_id, add_space_prefix=add_space_prefix),
+                   "the GGUF vocabulary")
         bos_default, eos_default, add_bos_default, kind = 1, 2, True, "spm"
     elif model == "gpt2":
-        pre = meta.get("tokenizer.ggml.pre") or "default"
-        hf = build_byte_level_tokenizer(tokens, list(meta["tokenizer.ggml.merges"]), types, pre)
+        pre = _field(meta, "tokenizer.ggml.pre", "str") or "default"
+        merges = _merges(meta, tokens)
+        hf = built(lambda: build_byte_level_tokenizer(tokens, merges, types, pre), "the GGUF vocabulary")
         unk_id = _special_id(meta, "unknown", n, None)
         bos_default, eos_default, kind = None, None, "byte_level"
         add_bos_default = PRE_TOKENIZER_RULES[pre].add_bos
@@ -190,7 +229,37 @@ def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
     return GGUFVocab(
         hf=hf, bos_id=bos_id, eos_id=eos_id, eos_ids=eos_ids, unk_id=unk_id,
         pad_id=_special_id(meta, "padding", n, None),
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)) and bos_id is not None,
-        add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos_id is not None,
-        chat_template=meta.get("tokenizer.chat_template"), kind=kind,
+        add_bos=_field(meta, "tokenizer.ggml.add_bos_token", "bool", add_bos_default) and bos_id is not None,
+        add_eos=_field(meta, "tokenizer.ggml.add_eos_token", "bool", False) and eos_id is not None,
+        chat_template=_field(meta, "tokenizer.chat_template", "str"), kind=kind,
     )
+
+
+def _merges(meta: dict, tokens: list[str]) -> list[str]:
+    """tokenizer.ggml.merges: each two tokens of the vocabulary joined by a space, whose join is
+    a token too (the tokenizers library panics on a merge it cannot resolve)."""
+    merges = _field(meta, "tokenizer.ggml.merges", "str list")
+    if merges is None:
+        raise ValueError("a gpt2 vocabulary needs tokenizer.ggml.merges")
+    known = set(tokens)
+    for m in merges:
+        parts = m.split(" ", 1)
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"tokenizer.ggml.merges holds {m!r}, not two tokens joined by a space")
+        if not {*parts, "".join(parts)} <= known:
+            raise ValueError(f"tokenizer.ggml.merges holds {m!r}: it or its parts are not in the vocabulary")
+    return merges
+
+
+def built(build, what: str):
+    """build(); the `tokenizers` library reports a vocabulary it cannot use as a bare Exception
+    (or, where its Rust code panics, a PanicException, which derives from BaseException), turned
+    into a ValueError about `what` here."""
+    try:
+        return build()
+    except ValueError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - see above; anything else goes on as it is
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
+        raise ValueError(f"{what} cannot be built: {e}") from e

@@ -4,10 +4,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/command_profile.h"
@@ -200,6 +202,18 @@ void CpuBackend::upload(const Tensor& dst, const void* src, size_t bytes) {
   check_host(dst);
   FERRUM_CHECK(bytes <= dst.nbytes(), "upload of " + std::to_string(bytes) + " bytes into " + dst.str());
   std::memcpy(host_ptr<void>(dst), src, bytes);
+}
+
+size_t CpuBackend::memory_available_bytes() const {
+  if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    long long kib = -1;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+    std::fclose(f);
+    if (kib > 0) return size_t(kib) * 1024;
+  }
+  return size_t(sysconf(_SC_AVPHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE));
 }
 
 Tensor CpuBackend::pack_weight(const Tensor& w, const Consumed& consumed) {

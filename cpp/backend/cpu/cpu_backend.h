@@ -122,6 +122,7 @@ class CpuBackend : public Backend {
   // A copy in the weight arena (2 MiB pages, streamed in order); the legacy formats, k-quants,
   // IQ4 types, F16 and BF16 in the R16 layout (quant/repack.h) where its AVX-512 kernels run.
   Tensor pack_weight(const Tensor& w, const Consumed& consumed) override;
+  size_t memory_available_bytes() const override;  // the system's MemAvailable
   void download(const Tensor& src, void* dst, size_t bytes) override;
   std::unique_ptr<Stream> new_stream() override { return std::make_unique<CpuStream>(this); }
 

@@ -94,6 +94,25 @@ void ClBackend::upload(const Tensor& dst, const void* src, size_t bytes) {
   }
 }
 
+size_t ClBackend::memory_available_bytes() const {
+  const size_t total = dc_->info().global_mem_bytes, used = pool_->bytes_in_use();
+  return used < total ? total - used : 0;
+}
+
+void ClBackend::materialize(const Tensor& t) {
+  check_owned(t, "materialize");
+  const auto& s = static_cast<const ClStorage&>(*t.storage);
+  const size_t begin = t.offset, end = t.offset + t.nbytes();
+  const cl_uchar zero = 0;
+  for (const BufferChunk& c : s.chunks) {
+    size_t lo = std::max(begin, c.begin), hi = std::min(end, c.begin + c.bytes);
+    if (lo >= hi) continue;
+    cl_check(clEnqueueFillBuffer(dc_->queue(), c.mem, &zero, 1, lo - c.begin, hi - lo, 0, nullptr, nullptr),
+             "clEnqueueFillBuffer");
+  }
+  cl_check(clFinish(dc_->queue()), "clFinish");
+}
+
 void ClBackend::download(const Tensor& src, void* dst, size_t bytes) {
   check_owned(src, "download");
   FERRUM_CHECK(bytes <= src.nbytes(), "download of " + std::to_string(bytes) + " bytes from " + src.str());

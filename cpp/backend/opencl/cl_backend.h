@@ -41,6 +41,8 @@ class ClBackend : public Backend {
                    std::shared_ptr<const void> keepalive) override;
   void upload(const Tensor& dst, const void* src, size_t bytes) override;
   void download(const Tensor& src, void* dst, size_t bytes) override;
+  size_t memory_available_bytes() const override;  // global memory less live buffers
+  void materialize(const Tensor& t) override;       // fills t with zeros and waits
   std::unique_ptr<Stream> new_stream() override { return std::make_unique<ClStream>(dc_); }
 
   void embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) override;

@@ -35,23 +35,33 @@ cl_mem BufferPool::acquire(size_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);  // give cached buffers back to the device and retry once
     for (auto& [size, b] : free_) clReleaseMemObject(b);
     free_.clear();
+    created_ -= cached_;
     cached_ = 0;
     m = clCreateBuffer(dc_->context(), CL_MEM_READ_WRITE, bytes, nullptr, &st);
   }
   if (st != CL_SUCCESS)
     throw_cl_error(st, ("clCreateBuffer(" + std::to_string(bytes) + " bytes)").c_str());
+  std::lock_guard<std::mutex> lock(mu_);
+  created_ += bytes;
   return m;
+}
+
+size_t BufferPool::bytes_in_use() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return created_ - cached_;
 }
 
 void BufferPool::release(cl_mem m, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   if (bytes > max_cached_) {
     clReleaseMemObject(m);
+    created_ -= bytes;
     return;
   }
   while (cached_ + bytes > max_cached_ && !free_.empty()) {  // evict the largest cached buffers
     auto last = std::prev(free_.end());
     cached_ -= last->first;
+    created_ -= last->first;
     clReleaseMemObject(last->second);
     free_.erase(last);
   }

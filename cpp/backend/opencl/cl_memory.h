@@ -21,10 +21,11 @@ class BufferPool {
   ~BufferPool();
   cl_mem acquire(size_t bytes);
   void release(cl_mem m, size_t bytes);
+  size_t bytes_in_use();  // held by live tensors (cached buffers not counted)
 
  private:
   std::shared_ptr<DeviceContext> dc_;
-  size_t max_cached_, cached_ = 0;
+  size_t max_cached_, cached_ = 0, created_ = 0;  // created_: every buffer not yet released
   std::mutex mu_;
   std::multimap<size_t, cl_mem> free_;
 };
