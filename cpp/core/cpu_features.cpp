@@ -1,5 +1,10 @@
 #include "core/cpu_features.h"
 
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -35,10 +40,22 @@ CpuFeatures detect() {
 #endif
   return f;
 }
+
+// f with the features above the FERRUM_CPU_ISA level cleared.
+CpuFeatures capped(CpuFeatures f) {
+  const char* isa = std::getenv("FERRUM_CPU_ISA");
+  if (isa == nullptr || *isa == '\0' || std::strcmp(isa, "avx512") == 0) return f;
+  const bool scalar = std::strcmp(isa, "scalar") == 0;
+  if (!scalar && std::strcmp(isa, "avx2") != 0)
+    throw ValueError(std::string("FERRUM_CPU_ISA=") + isa + ": expected scalar, avx2 or avx512");
+  f.avx512f = f.avx512bw = f.avx512vl = f.avx512_vnni = f.avx512_bf16 = false;
+  if (scalar) f.avx2 = f.fma = f.f16c = false;
+  return f;
+}
 }  // namespace
 
 const CpuFeatures& cpu_features() {
-  static const CpuFeatures f = detect();
+  static const CpuFeatures f = capped(detect());
   return f;
 }
 
