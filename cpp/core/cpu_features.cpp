@@ -31,12 +31,14 @@ CpuFeatures detect() {
   if (!ymm) f.fma = f.f16c = false;
   __cpuid_count(7, 0, a, b, c, d);
   f.avx2 = ymm && (b & (1u << 5));
-  f.avx512f = zmm && (b & (1u << 16));
-  f.avx512bw = zmm && (b & (1u << 30));
-  f.avx512vl = zmm && (b & (1u << 31));
-  f.avx512_vnni = zmm && (c & (1u << 11));
+  // The portable build compiles the AVX-512 kernel files for x86-64-v4 (F, CD, BW, DQ, VL;
+  // CMakeLists.txt): AVX-512 counts only with all five (every CPU with BW and VL has them).
+  const bool v4 = zmm && (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 28)) &&
+                  (b & (1u << 30)) && (b & (1u << 31));
+  f.avx512f = f.avx512bw = f.avx512vl = v4;
+  f.avx512_vnni = v4 && (c & (1u << 11));
   __cpuid_count(7, 1, a, b, c, d);
-  f.avx512_bf16 = zmm && (a & (1u << 5));
+  f.avx512_bf16 = v4 && (a & (1u << 5));
 #endif
   return f;
 }
