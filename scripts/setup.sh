@@ -11,6 +11,8 @@ extras=""
 # 1. System packages (Debian 12).
 apt_packages="build-essential libopenblas-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
   libgtest-dev nlohmann-json3-dev unzip"
+# The wheel check (make test-wheel) runs the wheel on an emulated CPU without AVX-512.
+[ -n "$extras" ] && apt_packages="$apt_packages qemu-user"
 missing=""
 for p in $apt_packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
