@@ -27,10 +27,15 @@ struct IcdLoader {
   }
 };
 
+const IcdLoader& icd_loader() {
+  static const IcdLoader loader;
+  return loader;
+}
+
 // The loader's function `name`; ValueError when there is no loader or it lacks the function.
 template <class Fn>
 Fn* resolve(const char* name) {
-  static const IcdLoader loader;
+  const IcdLoader& loader = icd_loader();
   if (!loader.handle)
     throw ValueError(std::string("OpenCL is not available: ") + kLoaderName +
                      " could not be loaded (" + loader.error +
