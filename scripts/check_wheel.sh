@@ -5,7 +5,8 @@
 # 3. outside the repository, with LD_LIBRARY_PATH cleared and the system's OpenBLAS, libgfortran and
 #    OpenCL loader hidden (bind-mounted away in a private mount namespace, where root may), it
 #    imports, generates stories260K's reference text, and device="opencl" is a clear error;
-# 4. on an emulated CPU without AVX-512 it generates what it does here capped to AVX2;
+# 4. on an emulated CPU without AVX-512 it generates what it does here capped to AVX2, and on one
+#    below x86-64-v3 `import ferrum` raises an ImportError that says so;
 # 5. the kernel tests and stories260K under each FERRUM_CPU_ISA cap (the fallback kernels).
 # usage: scripts/check_wheel.sh      (after scripts/build_wheel.sh)
 set -euo pipefail
@@ -66,6 +67,19 @@ if ! grep -q "avx2 fma f16c)" "$work/haswell.txt" || ! grep "greedy ids" "$work/
   cat "$work/host.txt" >&2
   exit 1
 fi
+
+# Below the baseline (qemu-user's Nehalem: x86-64-v2), `import ferrum` must say so, not crash.
+echo "[check] on an emulated Nehalem (qemu-x86_64 -cpu Nehalem): import ferrum refuses clearly"
+if out=$(cd /tmp && qemu-x86_64 -cpu Nehalem "$venv/bin/python" -c "import ferrum" 2>&1); then
+  echo "[check] FAIL: ferrum imported on a CPU below x86-64-v3" >&2
+  exit 1
+fi
+if ! echo "$out" | grep -q "ImportError: this ferrum build needs an x86-64-v3 CPU"; then
+  echo "[check] FAIL: not the ImportError expected:" >&2
+  echo "$out" | grep -v "TCG doesn't support" | tail -n 5 >&2
+  exit 1
+fi
+echo "$out" | grep "ImportError"
 
 # The fallback kernels against the references: the kernel, quantizer and stories260K tests.
 for isa in avx2 scalar; do
