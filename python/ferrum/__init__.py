@@ -1,6 +1,6 @@
 """ferrum: a C++ LLM inference engine for Python."""
 try:  # first: on a CPU below the build's baseline, an ImportError that says so, not SIGILL
-    from . import _cpu_check  # noqa: F401
+    import ferrum._cpu_check  # noqa: F401
 except ModuleNotFoundError:  # a package tree holding _core alone (scripts/dev_test.sh)
     pass
 from .llm import LLM
