@@ -88,7 +88,7 @@ def symbols(obj):
 
 def demangle(names):
     return subprocess.run(["c++filt"], input="\n".join(names), check=True, capture_output=True,
-                          text=True).stdout.split("\n")
+                          text=True).stdout.splitlines()
 
 
 def main(build_dir):
