@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 JOBS ?= 2
 
-.PHONY: setup setup-test demo test test-cpp test-python test-fuzz test-asan bench clean
+.PHONY: setup setup-test demo test test-cpp test-python test-fuzz test-wheel test-asan bench wheel clean
 
 setup:            ## system packages, venv, dependencies, build, default model
 	bash scripts/setup.sh
@@ -13,7 +13,7 @@ setup-test:
 demo: setup       ## chat with SmolLM2-135M-Instruct
 	.venv/bin/ferrum chat "What is the capital of France? Answer in one sentence." --max-tokens 64 --seed 0
 
-test: setup-test test-cpp test-fuzz test-python   ## the whole suite (what CI runs)
+test: setup-test test-cpp test-fuzz test-python test-wheel   ## the whole suite (what CI runs)
 
 # C++ unit tests (GoogleTest) in their own build tree.
 test-cpp:
@@ -29,6 +29,13 @@ test-python:
 test-fuzz:
 	bash scripts/fuzz.sh 10
 
+# The portable wheel (docs/install.md), built into dist/ and checked as a user gets it.
+wheel: setup-test
+	bash scripts/build_wheel.sh
+
+test-wheel: wheel
+	bash scripts/check_wheel.sh
+
 # AddressSanitizer + UBSan: a Sanitize build of the extension, then the suite under it.
 test-asan: setup-test
 	bash scripts/test_asan.sh
@@ -37,4 +44,4 @@ bench: setup-test ## ferrum vs llama.cpp side by side (see docs/performance.md)
 	$(PY) bench/compare_llamacpp.py
 
 clean:
-	rm -rf build
+	rm -rf build dist

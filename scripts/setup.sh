@@ -11,6 +11,8 @@ extras=""
 # 1. System packages (Debian 12).
 apt_packages="build-essential libopenblas-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
   libgtest-dev nlohmann-json3-dev unzip clang libclang-rt-14-dev"  # clang + libFuzzer: scripts/fuzz.sh
+# The wheel check (make test-wheel) runs the wheel on an emulated CPU without AVX-512.
+[ -n "$extras" ] && apt_packages="$apt_packages qemu-user"
 missing=""
 for p in $apt_packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -36,7 +38,7 @@ p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 reqs = list(p["dependencies"])
 if sys.argv[1]:
     extras = p["optional-dependencies"]
-    for e in ("tools", "test"):
+    for e in ("tools", "wheel", "test"):
         reqs += [r for r in extras[e] if not r.startswith("ferrum")]
 print("\n".join(reqs))
 PY

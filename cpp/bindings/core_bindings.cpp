@@ -19,6 +19,7 @@ void bind_core(py::module_& m) {
       PyErr_SetString(PyExc_MemoryError, e.what());
     }
   });
+  cpu_features();  // reads FERRUM_CPU_ISA now: a bad value fails the import, not a kernel call
   m.def("cpu_features", [] { return cpu_features().str(); },
         "The x86 features detected at run time, space separated.");
   m.def("dtype_names", [] {

@@ -1,5 +1,10 @@
 #include "core/cpu_features.h"
 
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -26,19 +31,33 @@ CpuFeatures detect() {
   if (!ymm) f.fma = f.f16c = false;
   __cpuid_count(7, 0, a, b, c, d);
   f.avx2 = ymm && (b & (1u << 5));
-  f.avx512f = zmm && (b & (1u << 16));
-  f.avx512bw = zmm && (b & (1u << 30));
-  f.avx512vl = zmm && (b & (1u << 31));
-  f.avx512_vnni = zmm && (c & (1u << 11));
+  // The portable build compiles the AVX-512 kernel files for x86-64-v4 (F, CD, BW, DQ, VL;
+  // CMakeLists.txt): AVX-512 counts only with all five (every CPU with BW and VL has them).
+  const bool v4 = zmm && (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 28)) &&
+                  (b & (1u << 30)) && (b & (1u << 31));
+  f.avx512f = f.avx512bw = f.avx512vl = v4;
+  f.avx512_vnni = v4 && (c & (1u << 11));
   __cpuid_count(7, 1, a, b, c, d);
-  f.avx512_bf16 = zmm && (a & (1u << 5));
+  f.avx512_bf16 = v4 && (a & (1u << 5));
 #endif
+  return f;
+}
+
+// f with the features above the FERRUM_CPU_ISA level cleared.
+CpuFeatures capped(CpuFeatures f) {
+  const char* isa = std::getenv("FERRUM_CPU_ISA");
+  if (isa == nullptr || *isa == '\0' || std::strcmp(isa, "avx512") == 0) return f;
+  const bool scalar = std::strcmp(isa, "scalar") == 0;
+  if (!scalar && std::strcmp(isa, "avx2") != 0)
+    throw ValueError(std::string("FERRUM_CPU_ISA=") + isa + ": expected scalar, avx2 or avx512");
+  f.avx512f = f.avx512bw = f.avx512vl = f.avx512_vnni = f.avx512_bf16 = false;
+  if (scalar) f.avx2 = f.fma = f.f16c = false;
   return f;
 }
 }  // namespace
 
 const CpuFeatures& cpu_features() {
-  static const CpuFeatures f = detect();
+  static const CpuFeatures f = capped(detect());
   return f;
 }
 

@@ -1,4 +1,6 @@
 // x86 features detected once at run time (cpuid + xgetbv), so one binary picks its kernels.
+// FERRUM_CPU_ISA=scalar|avx2|avx512 caps what is reported (the kernels of a smaller CPU can then
+// be tested on a bigger one); unset means everything detected.
 #pragma once
 #include <string>
 
@@ -11,6 +13,7 @@ struct CpuFeatures {
   std::string str() const;
 };
 
+// Throws ValueError on an unknown FERRUM_CPU_ISA.
 const CpuFeatures& cpu_features();
 
 }  // namespace ferrum

@@ -1,4 +1,8 @@
 """ferrum: a C++ LLM inference engine for Python."""
+try:  # first: on a CPU below the build's baseline, an ImportError that says so, not SIGILL
+    import ferrum._cpu_check  # noqa: F401
+except ModuleNotFoundError:  # a package tree holding _core alone (scripts/dev_test.sh)
+    pass
 from .llm import LLM
 from .outputs import CompletionDelta, CompletionOutput, RequestDelta, RequestOutput
 from .sampling import SamplingParams

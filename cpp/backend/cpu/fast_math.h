@@ -36,8 +36,9 @@ inline f32x16 splat(float x) {
 // v, held in a register. Without this GCC folds the load of a vector used by several FMAs into
 // each of them as a memory operand; on Zen 4 a 512-bit load takes all of a cycle's load
 // bandwidth, so the FMAs wait on the loads.
+// (Only where 16 floats fit one register: AVX-512.)
 inline f32x16 in_register(f32x16 v) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__AVX512F__) && (defined(__GNUC__) || defined(__clang__))
   asm("" : "+v"(v));
 #endif
   return v;
