@@ -386,3 +386,21 @@ def test_tokenizer_with_ids_the_model_cannot_embed():
     big = os.path.join(os.path.dirname(STORIES), "tokenizers", "smollm2-135m-instruct", "tokenizer.json")
     with pytest.raises(ValueError, match="the tokenizer has 49152 tokens, but stories260K.gguf's embedding has 512 rows"):
         ferrum.LLM(STORIES_FORMATS["gguf"], num_threads=1, tokenizer=big)
+
+
+@pytest.mark.parametrize("ids, error", [
+    ([[1, 403, 1.5]], TypeError),      # a float is not a token id, not even 1.5 -> 1
+    ([[1, "5"]], TypeError),
+    ([[1, True]], TypeError),
+    ([[1, 2**31]], ValueError),        # beyond int32
+    ([[1, 2**63 + 5]], ValueError),    # beyond int64
+    ([[1, -(2**40)]], ValueError),
+])
+def test_token_ids_are_integers_of_the_vocabulary(llm, ids, error):
+    for call in (lambda: llm.generate(prompt_token_ids=ids), lambda: llm.add_request(ids[0]),
+                 lambda: llm.score(ids[0])):
+        with pytest.raises(error):
+            call()
+    with pytest.raises(TypeError):  # nested one level too deep
+        llm.generate(prompt_token_ids=[ids])
+    assert not llm.has_unfinished() and llm.stats()["kv_blocks_used"] == 0

@@ -40,18 +40,22 @@ class _Completion:
 
 
 def token_ids_of(ids) -> List[int]:
-    """Token ids as a list of ints. TypeError unless they are integers; their values are checked
-    against the vocabulary once, by the engine, when a request is admitted."""
-    arr = np.asarray(ids)
-    if arr.size == 0:
-        return []
-    if arr.ndim != 1:
-        raise TypeError(f"token ids must be a flat sequence of integers, got shape {arr.shape}")
-    if arr.dtype.kind == "O" and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise ValueError(f"token id {max(ids, key=abs)} is out of range")  # beyond 64 bits
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"token ids must be integers, got {arr.dtype} values")
-    return arr.tolist()
+    """Token ids as a list of ints. TypeError unless they are integers (bools and floats are
+    not); their values are checked against the vocabulary once, by the engine, when a request is
+    admitted (ids beyond 64 bits, which could not reach it, are refused here)."""
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise TypeError(f"token ids must be a flat array of integers, got {ids.dtype} of shape {ids.shape}")
+        return ids.tolist()
+    out = []
+    for t in ids:
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise TypeError(f"token ids must be integers, got {t!r}")
+        t = int(t)
+        if not -2**63 <= t < 2**63:
+            raise ValueError(f"token id {t} is out of range")
+        out.append(t)
+    return out
 
 
 # consume(positions int64[k], rows float32[k, width]): one sequence's rows of a step (logits, or
