@@ -326,6 +326,8 @@ class Engine:
     def _hand_out_rows(self, out: dict) -> None:
         """Hands each score or embedding its rows of this step (one contiguous run each: logits
         rows first, then hidden-state rows)."""
+        if not self._consumers:
+            return
         seqs, logit_rows = out["seqs"], len(out["logits"])
         sampled = set(out["sample_rows"].tolist())
         i = 0
