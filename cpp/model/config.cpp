@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "core/error.h"
 #include "io/gguf.h"
@@ -26,6 +27,34 @@ T get_or(const json& j, const char* key, T fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
   return it->get<T>();
+}
+
+// ferrum's arch for a config.json's architectures[0] and model_type. Either alone names it; when
+// both are given they must name the same one, or the weights would load as the wrong model.
+std::string hf_arch(const json& j, const std::string& path) {
+  static const std::pair<const char*, const char*> kArchs[] = {
+      {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}, {"Qwen3ForCausalLM", "qwen3"},
+      {"Qwen3MoeForCausalLM", "qwen3_moe"}, {"MistralForCausalLM", "mistral"}};
+  std::string arch_name;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
+    arch_name = j["architectures"][0].get<std::string>();
+  const std::string model_type = get_or<std::string>(j, "model_type", "");
+  std::string by_name, by_type;
+  for (const auto& [name, type] : kArchs) {
+    if (arch_name == name) by_name = type;
+    if (model_type == type) by_type = type;
+  }
+  const std::string runs = " (ferrum runs Llama, Qwen2, Qwen3, Qwen3-MoE and Mistral)";
+  if (!arch_name.empty() && !model_type.empty() && by_name != by_type) {
+    if (by_name.empty() && by_type.empty())
+      throw FormatError(path + ": unknown architecture '" + arch_name + "'" + runs);
+    throw FormatError(path + ": model_type '" + model_type + "' and architectures ['" + arch_name +
+                      "'] disagree" + runs);
+  }
+  if (by_name.empty() && by_type.empty())
+    throw FormatError(path + ": unknown architecture '" + (arch_name.empty() ? model_type : arch_name) + "'" +
+                      runs);
+  return by_name.empty() ? by_type : by_name;
 }
 
 void read_llama3_scaling(const json& s, ModelConfig& c, const json& top) {
@@ -98,18 +127,7 @@ ModelConfig config_from_hf(const std::string& dir) {
   }
   ModelConfig c;
   try {
-    std::string arch_name;
-    if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
-      arch_name = j["architectures"][0].get<std::string>();
-    std::string model_type = get_or<std::string>(j, "model_type", "");
-    if (arch_name == "LlamaForCausalLM" || model_type == "llama") c.arch = "llama";
-    else if (arch_name == "Qwen2ForCausalLM" || model_type == "qwen2") c.arch = "qwen2";
-    else if (arch_name == "Qwen3ForCausalLM" || model_type == "qwen3") c.arch = "qwen3";
-    else if (arch_name == "Qwen3MoeForCausalLM" || model_type == "qwen3_moe") c.arch = "qwen3_moe";
-    else if (arch_name == "MistralForCausalLM" || model_type == "mistral") c.arch = "mistral";
-    else
-      throw FormatError(path + ": unknown architecture '" + (arch_name.empty() ? model_type : arch_name) +
-                        "' (ferrum runs Llama, Qwen2, Qwen3, Qwen3-MoE and Mistral)");
+    c.arch = hf_arch(j, path);
     c.hidden = get_or<int64_t>(j, "hidden_size", 0);
     c.intermediate = get_or<int64_t>(j, "intermediate_size", 0);
     c.layers = get_or<int64_t>(j, "num_hidden_layers", 0);
