@@ -4,8 +4,9 @@ generation, with ``ferrum.eval``'s definitions.
     lm_eval --model ferrum --model_args pretrained=PATH,device=cpu --tasks TASK
 
 ``pretrained`` is anything ``ferrum.LLM`` loads (a path, a hub id; none: the default model);
-``device``, ``kv_dtype``, ``num_threads``, ``max_model_len`` and ``max_gen_toks`` (default 256)
-may be given too. Every request of a kind goes to the engine at once, so lm_eval's
+``device`` (default cpu), ``kv_dtype``, ``num_threads``, ``max_model_len`` and ``max_gen_toks``
+(default 256) may be given too. lm_eval's own ``--device`` counts only when it names a ferrum
+device (its default, cuda:0, is not one). Every request of a kind goes to the engine at once, so
 ``--batch_size`` changes nothing. Needs the ``eval`` extra (``pip install ferrum[eval]``);
 ``import ferrum`` never imports lm_eval.
 """
@@ -15,6 +16,7 @@ from typing import List, Optional, Tuple
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from lm_eval.utils import simple_parse_args_string
 
 from . import eval as ferrum_eval
 from .llm import LLM
@@ -23,18 +25,31 @@ from .sampling import SamplingParams
 
 @register_model("ferrum")
 class FerrumLM(LM):
-    def __init__(self, pretrained: Optional[str] = None, device: Optional[str] = None, kv_dtype: str = "f16",
+    def __init__(self, pretrained: Optional[str] = None, device: str = "cpu", kv_dtype: str = "f16",
                  num_threads: Optional[int] = None, max_model_len: Optional[int] = None,
                  max_gen_toks: int = 256, batch_size=None, max_batch_size=None, llm: Optional[LLM] = None):
         super().__init__()
         self.llm = llm if llm is not None else LLM(
-            pretrained, device=device or "cpu", kv_dtype=kv_dtype,
+            pretrained, device=device, kv_dtype=kv_dtype,
             num_threads=None if num_threads is None else int(num_threads),
             max_model_len=None if max_model_len is None else int(max_model_len))
         self.max_gen_toks = int(max_gen_toks)
         tok = self.llm.tokenizer
         # What an empty context (and each rolling text) is conditioned on, as lm_eval's models do.
         self.prefix_token_id = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None) -> "FerrumLM":
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: Optional[dict] = None) -> "FerrumLM":
+        """--model_args, over what lm_eval adds (batch sizes, and --device when ferrum runs it)."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        device = extra.pop("device", None)
+        if isinstance(device, str) and device.split(":")[0] in ("cpu", "opencl"):
+            extra["device"] = device
+        return cls(**{**extra, **arg_dict})
 
     @property
     def max_length(self) -> int:
@@ -55,21 +70,12 @@ class FerrumLM(LM):
         return [self.prefix_token_id], self.llm.tokenizer.encode(continuation, add_special_tokens=False)
 
     def loglikelihood_rolling(self, requests) -> List[float]:
-        """Each text's whole log-likelihood after the prefix token: ``-ferrum.eval.perplexity(...).nll``
-        over windows of the model's context length (half a window of context past the first),
-        every window of every text scored together."""
+        """Each text's whole log-likelihood after the prefix token, ``-ferrum.eval.perplexity(...).nll``:
+        windows of the model's context length, each with half a window of context past the first,
+        a text's windows scored together."""
         texts = [self._rolling_ids(req.args[0]) for req in requests]
-        seqs, starts, owners = [], [], []
-        for i, ids in enumerate(texts):
-            for begin, end, first in ferrum_eval.sliding_windows(len(ids), self.max_length, self.max_length // 2):
-                seqs.append(ids[begin:end])
-                starts.append(first - begin)
-                owners.append(i)
-        totals = [0.0] * len(texts)
-        if seqs:
-            for owner, score in zip(owners, self.llm.token_logprobs(seqs, start=starts)):
-                totals[owner] += score.total
-        return totals
+        return [-ferrum_eval.perplexity(self.llm, ids, window=self.max_length).nll if len(ids) > 1 else 0.0
+                for ids in texts]
 
     def _rolling_ids(self, text: str) -> List[int]:
         return [self.prefix_token_id] + self.llm.tokenizer.encode(text, add_special_tokens=False)
