@@ -5,6 +5,9 @@ module, imported at interpreter start by ``ferrum-lm-eval.pth``, watches for tha
 imported and then adds ``ferrum`` to lm_eval's model registry as a lazy reference to
 ``ferrum.lm_eval_model:FerrumLM``: nothing of ferrum (nor of lm_eval) is imported before lm_eval
 itself asks for the model. Until then it costs one string comparison per import.
+
+PYTEST_DONT_REWRITE: pytest would rewrite the asserts of a plugin distribution's modules, and warn
+that this one, imported at start-up, is too late for that (it has none).
 """
 import importlib.abc
 import importlib.machinery
