@@ -22,7 +22,7 @@ from .tokenizer import Tokenizer
 # (TokensPrompt); generate() and embed() take one or a list of them.
 Prompt = Union[str, Dict[str, object]]
 PromptType = Union[Prompt, Sequence[Prompt], None]
-PROMPT_TYPES = ("a prompt is a str, {'prompt': str} or {'prompt_token_ids': [int, ...]}")
+PROMPT_TYPES = "a prompt is a str, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
 
 
 class LLM:
