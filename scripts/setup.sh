@@ -2,7 +2,7 @@
 # One-time (and idempotent) setup: system packages, a venv in .venv, the Python dependencies
 # (pinned in pyproject.toml), ferrum itself (editable, compiled with CMake), and the default
 # model. Fast when nothing changed: each stage is skipped when its inputs are unchanged.
-# usage: scripts/setup.sh [--test]      (--test also installs the test dependencies)
+# usage: scripts/setup.sh [--test]      (--test also installs the test and eval dependencies)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 extras=""
@@ -38,7 +38,7 @@ p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 reqs = list(p["dependencies"])
 if sys.argv[1]:
     extras = p["optional-dependencies"]
-    for e in ("tools", "wheel", "test"):
+    for e in ("tools", "wheel", "test", "eval"):
         reqs += [r for r in extras[e] if not r.startswith("ferrum")]
 print("\n".join(reqs))
 PY

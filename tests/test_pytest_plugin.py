@@ -89,3 +89,62 @@ def test_the_pyproject_entry_point_loads_the_plugin_once(tmp_path):
     proc = subprocess.run([*base, "test_probe.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 1 and "no option named 'ferrum_device'" in proc.stdout
+
+
+REPORTED = '''
+import pytest
+
+@pytest.fixture(scope="module")
+def answers(exact_match):
+    return exact_match([("Once upon a time", "zebra"), ("The cat sat", ["dog", "mat"])], max_tokens=4)
+
+def test_answers_from_a_fixture(answers):
+    assert answers.accuracy == 1.0
+
+def test_evaluations_run_here(exact_match, loglikelihood, perplexity):
+    loglikelihood([("Once upon a time", " there"), ("Once upon a time", " zebra")])
+    perplexity("Once upon a time, there was a little girl.")
+    assert exact_match([("Lily went to the", "park")], max_tokens=4).accuracy == 1.0
+
+def test_that_passes(perplexity):
+    assert perplexity("Once upon a time, there was a cat.").perplexity > 1
+'''
+
+
+def test_failures_show_the_items_and_the_report_has_them_all(tmp_path):
+    import json
+    import ferrum
+    from ferrum import eval as ferrum_eval
+    model = STORIES_FORMATS["gguf"]
+    (tmp_path / "test_reported.py").write_text(REPORTED)
+    report = tmp_path / "report.json"
+    proc = run_pytest(["--ferrum-model", model, "--ferrum-threads", "1", "--ferrum-report", str(report),
+                       str(tmp_path / "test_reported.py")], cwd=tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 1 and "2 failed, 1 passed" in out, out[-4000:] + proc.stderr[-2000:]
+    sections = out.split("- ferrum evaluation -")
+    assert len(sections) == 3  # one table section per failed test, none for the passing one
+    fixture_table, here_table = sections[1], sections[2]
+    assert "exact_match: accuracy 0.0000, num_correct 0, num_items 2" in fixture_table
+    assert "prompt" in fixture_table and "expected" in fixture_table and "output" in fixture_table
+    assert "['dog', 'mat']" in fixture_table and "The cat sat" in fixture_table
+    assert "loglikelihood: num_items 2" in here_table and "perplexity: perplexity" in here_table
+    assert "Lily went to the" in here_table and "['park']" in here_table
+
+    got = json.loads(report.read_text())
+    assert got["model"] == model and got["threads"] == 1
+    kinds = [(e["test"].split("::")[-1], e["kind"]) for e in got["evaluations"]]
+    assert kinds == [("test_answers_from_a_fixture", "exact_match"), ("test_evaluations_run_here", "loglikelihood"),
+                     ("test_evaluations_run_here", "perplexity"), ("test_evaluations_run_here", "exact_match"),
+                     ("test_that_passes", "perplexity")]
+    llm = ferrum.LLM(model, num_threads=1)
+    want = ferrum_eval.exact_match(llm, [("Once upon a time", "zebra"), ("The cat sat", ["dog", "mat"])], max_tokens=4)
+    assert got["evaluations"][0]["items"] == [
+        {"prompt": i.prompt, "expected": i.expected, "output": i.output, "correct": i.correct} for i in want.items]
+    assert got["evaluations"][0]["metrics"] == {"accuracy": want.accuracy, "num_correct": 0, "num_items": 2}
+    ll = got["evaluations"][1]
+    assert [i["continuation"] for i in ll["items"]] == [" there", " zebra"]
+    pairs = [("Once upon a time", " there"), ("Once upon a time", " zebra")]
+    assert [i["logprob"] for i in ll["items"]] == [r.logprob for r in ferrum_eval.loglikelihood(llm, pairs)]
+    ppl = got["evaluations"][2]
+    assert ppl["metrics"]["perplexity"] == ferrum_eval.perplexity(llm, "Once upon a time, there was a little girl.").perplexity

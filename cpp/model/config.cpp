@@ -6,6 +6,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <utility>
 
 #include "core/error.h"
 #include "io/gguf.h"
@@ -52,6 +53,36 @@ std::optional<std::string> json_string(const json& j, const char* key) {
   if (it == j.end() || it->is_null()) return std::nullopt;
   if (!it->is_string()) throw FormatError(std::string("'") + key + "' is " + it->type_name() + ", expected a string");
   return it->get<std::string>();
+}
+
+// ferrum's arch for a config.json's architectures[0] and model_type. Either alone names it; when
+// both are given they must name the same one, or the weights would load as the wrong model.
+std::string hf_arch(const json& j, const std::string& path) {
+  static const std::pair<const char*, const char*> kArchs[] = {
+      {"LlamaForCausalLM", "llama"}, {"Qwen2ForCausalLM", "qwen2"}, {"Qwen3ForCausalLM", "qwen3"},
+      {"Qwen3MoeForCausalLM", "qwen3_moe"}, {"MistralForCausalLM", "mistral"}};
+  std::string arch_name;
+  if (auto it = j.find("architectures"); it != j.end() && it->is_array() && !it->empty()) {
+    if (!(*it)[0].is_string()) throw FormatError("'architectures' holds " + (*it)[0].dump() + ", not a name");
+    arch_name = (*it)[0].get<std::string>();
+  }
+  const std::string model_type = json_string(j, "model_type").value_or("");
+  std::string by_name, by_type;
+  for (const auto& [name, type] : kArchs) {
+    if (arch_name == name) by_name = type;
+    if (model_type == type) by_type = type;
+  }
+  const std::string runs = " (ferrum runs Llama, Qwen2, Qwen3, Qwen3-MoE and Mistral)";
+  if (!arch_name.empty() && !model_type.empty() && by_name != by_type) {
+    if (by_name.empty() && by_type.empty())
+      throw FormatError(path + ": unknown architecture '" + arch_name + "'" + runs);
+    throw FormatError(path + ": model_type '" + model_type + "' and architectures ['" + arch_name +
+                      "'] disagree" + runs);
+  }
+  if (by_name.empty() && by_type.empty())
+    throw FormatError(path + ": unknown architecture '" + (arch_name.empty() ? model_type : arch_name) + "'" +
+                      runs);
+  return by_name.empty() ? by_type : by_name;
 }
 
 void read_llama3_scaling(const json& s, ModelConfig& c, const json& top) {
@@ -144,20 +175,7 @@ ModelConfig config_from_hf(const std::string& dir) {
   if (!j.is_object()) throw FormatError(path + ": not a JSON object");
   ModelConfig c;
   try {
-    std::string arch_name;
-    if (auto it = j.find("architectures"); it != j.end() && it->is_array() && !it->empty()) {
-      if (!(*it)[0].is_string()) throw FormatError("'architectures' holds " + (*it)[0].dump() + ", not a name");
-      arch_name = (*it)[0].get<std::string>();
-    }
-    std::string model_type = json_string(j, "model_type").value_or("");
-    if (arch_name == "LlamaForCausalLM" || model_type == "llama") c.arch = "llama";
-    else if (arch_name == "Qwen2ForCausalLM" || model_type == "qwen2") c.arch = "qwen2";
-    else if (arch_name == "Qwen3ForCausalLM" || model_type == "qwen3") c.arch = "qwen3";
-    else if (arch_name == "Qwen3MoeForCausalLM" || model_type == "qwen3_moe") c.arch = "qwen3_moe";
-    else if (arch_name == "MistralForCausalLM" || model_type == "mistral") c.arch = "mistral";
-    else
-      throw FormatError("unknown architecture '" + (arch_name.empty() ? model_type : arch_name) +
-                        "' (ferrum runs Llama, Qwen2, Qwen3, Qwen3-MoE and Mistral)");
+    c.arch = hf_arch(j, path);
     c.hidden = json_int(j, "hidden_size").value_or(0);
     c.intermediate = json_int(j, "intermediate_size").value_or(0);
     c.layers = json_int(j, "num_hidden_layers").value_or(0);

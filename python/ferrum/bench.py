@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import statistics
+import sys
 import time
 
 import numpy as np
@@ -30,26 +33,31 @@ def run_bench(args) -> dict:
     from . import _core
     from .models import resolve_model
     path = resolve_model(args.model_path)
+    threads = args.threads or os.cpu_count()  # None: all cores, as the runner takes them
     base_rss = _rss_mib()  # the interpreter, numpy and the extension: not the model's
-    runner = _core.ModelRunner(str(path), device=args.device, num_threads=args.threads,
+    runner = _core.ModelRunner(str(path), device=args.device, num_threads=threads,
                                max_model_len=max(1024, args.n_prompt + args.n_gen + 16),
                                kv_cache_tokens=args.n_prompt + args.n_gen + 64, prefix_cache=False)
     # One sequence through the engine: the prompt in one forward, then one token a step (greedy).
     engine = _core.Engine(runner, max_num_seqs=1, max_num_batched_tokens=args.n_prompt)
     vocab = runner.config["vocab_size"]
     prompt = [int(t) for t in np.random.default_rng(0).integers(1, vocab, args.n_prompt)]
-    pp = tg = float("inf")
-    for _ in range(args.repetitions):
+    pp_times, tg_times = [], []
+    for rep in range(args.repetitions):
+        _progress(f"run {rep + 1}/{args.repetitions}: pp{args.n_prompt}")
         seq = engine.add_sequence(prompt)
         t0 = time.perf_counter()
         tok = int(engine.step()["logits"][0].argmax())
-        pp = min(pp, time.perf_counter() - t0)
+        pp_times.append(time.perf_counter() - t0)
+        _progress(f"run {rep + 1}/{args.repetitions}: tg{args.n_gen}")
         t0 = time.perf_counter()
         for _ in range(args.n_gen):
             engine.commit([seq], [tok], [False])
             tok = int(engine.step()["logits"][0].argmax())
-        tg = min(tg, time.perf_counter() - t0)
+        tg_times.append(time.perf_counter() - t0)
         engine.abort(seq)
+    _progress(None)
+    pp, tg = min(pp_times), min(tg_times)
     # The engine's memory (peak over load and generation, less the interpreter) against the
     # bound weights file + KV pool + 15%; the tokenizer is loaded after and reported apart.
     c, st = runner.config, runner.stats()
@@ -65,9 +73,10 @@ def run_bench(args) -> dict:
         tokenize = _tokenizer_times(path)
     except ValueError:  # a weights-only file: no tokenizer to time
         tokenize = {"encode_us_per_tok": None, "decode_us_per_tok": None}
-    result = {"engine": "ferrum", "model": str(path), "device": args.device, "threads": args.threads,
-              "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+    result = {"engine": "ferrum", "model": str(path), "device": args.device, "threads": threads,
+              "n_prompt": args.n_prompt, "n_gen": args.n_gen, "repetitions": args.repetitions,
               "pp_tok_s": round(args.n_prompt / pp, 2), "tg_tok_s": round(args.n_gen / tg, 2),
+              **_rate_stats("pp", args.n_prompt, pp_times), **_rate_stats("tg", args.n_gen, tg_times),
               **memory, "tokenizer_rss_mib": round(_rss_mib() - tok_rss, 1), **tokenize}
     # Tokenizing must never dominate: its cost per token as a share of the model's.
     if tokenize["encode_us_per_tok"] is not None:
@@ -76,9 +85,11 @@ def run_bench(args) -> dict:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"model: {path.name}  device: {args.device}  threads: {args.threads}")
-        print(f"pp{args.n_prompt}: {result['pp_tok_s']:.2f} tok/s   tg{args.n_gen}: {result['tg_tok_s']:.2f} tok/s   "
-              f"peak RSS: {result['peak_rss_mib']} MiB")
+        print(f"model: {path.name}  device: {args.device}  threads: {threads}  runs: {args.repetitions}")
+        for test, n in (("pp", args.n_prompt), ("tg", args.n_gen)):
+            print(f"{test}{n}: best {result[f'{test}_tok_s']:.2f} tok/s   "
+                  f"mean {result[f'{test}_tok_s_mean']:.2f} +- {result[f'{test}_tok_s_sd']:.2f} tok/s")
+        print(f"peak RSS: {result['peak_rss_mib']} MiB")
         print(f"engine memory: {result['engine_rss_mib']} MiB = {100 * result['engine_rss_vs_bound']:.0f}% of "
               f"(file {result['file_mib']} MiB + KV {result['kv_mib']} MiB) + 15%; "
               f"tokenizer {result['tokenizer_rss_mib']} MiB more")
@@ -86,6 +97,21 @@ def run_bench(args) -> dict:
             print(f"tokenizer: encode {result['encode_us_per_tok']:.2f} us/tok ({100 * result['encode_vs_pp']:.2f}% of pp), "
                   f"streaming decode {result['decode_us_per_tok']:.2f} us/tok ({100 * result['decode_vs_tg']:.2f}% of tg)")
     return result
+
+
+def _rate_stats(test: str, tokens: int, seconds) -> dict:
+    """Mean and sample standard deviation of the runs' tokens/s (llama-bench's avg +- stdev)."""
+    rates = [tokens / s for s in seconds]
+    sd = statistics.stdev(rates) if len(rates) > 1 else 0.0
+    return {f"{test}_tok_s_mean": round(statistics.fmean(rates), 2), f"{test}_tok_s_sd": round(sd, 2)}
+
+
+def _progress(what) -> None:
+    """Which run is going on, on one line of stderr when it is a terminal; None clears the line."""
+    if not sys.stderr.isatty():
+        return
+    sys.stderr.write("\r\033[K" + (f"bench: {what}" if what else ""))
+    sys.stderr.flush()
 
 
 # English prose for the tokenizer timing (repeated to a few thousand tokens).

@@ -52,18 +52,38 @@ def compile_chat_template(template: str) -> jinja2.Template:
 
 
 def apply_chat_template(template: str | None, messages: list[dict], *, add_generation_prompt: bool = True,
-                        bos_token: str | None = None, eos_token: str | None = None,
-                        tools: list[dict] | None = None, documents: list[dict] | None = None, **kwargs) -> str:
+                        continue_final_message: bool = False, bos_token: str | None = None,
+                        eos_token: str | None = None, tools: list[dict] | None = None,
+                        documents: list[dict] | None = None, **kwargs) -> str:
     """Render `messages` ([{"role": ..., "content": ...}, ...]) into the prompt string.
 
+    continue_final_message: end the prompt right after the last message's content (no end of
+    turn), so that a reply continues it; exclusive with add_generation_prompt, as in transformers.
     Extra keyword arguments (e.g. enable_thinking=False) are passed to the template as variables.
     """
     if not template:
         raise ValueError("this model has no chat template; pass a template string or format the prompt yourself")
     if not isinstance(messages, (list, tuple)) or not all(isinstance(m, dict) for m in messages):
         raise TypeError("messages must be a list of dicts like {'role': 'user', 'content': '...'}")
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message continues the last message, add_generation_prompt opens a new "
+                         "one: pass add_generation_prompt=False with continue_final_message=True")
     # Like transformers, a token the model lacks is left undefined (renders as ""), not passed as None.
     special = {name: tok for name, tok in (("bos_token", bos_token), ("eos_token", eos_token)) if tok is not None}
-    return compile_chat_template(template).render(
+    text = compile_chat_template(template).render(
         messages=list(messages), tools=tools, documents=documents, add_generation_prompt=add_generation_prompt,
         **{**special, **kwargs})
+    return _cut_after_final_message(text, messages) if continue_final_message else text
+
+
+def _cut_after_final_message(text: str, messages: list[dict]) -> str:
+    """`text` up to the end of the last message's content (where the template put it last)."""
+    final = messages[-1].get("content") if messages else None
+    if not isinstance(final, str) or not final.strip():
+        raise ValueError("continue_final_message needs a last message with text content to continue")
+    for content in (final, final.strip()):  # a template may strip the content it renders
+        at = text.rfind(content)
+        if at >= 0:
+            return text[:at + len(content)]
+    raise ValueError("continue_final_message: the chat template does not render the last message's content "
+                     "as given, so it cannot be continued")

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import sys
-import time
 
 
 def _add_model_args(p):
@@ -11,8 +12,14 @@ def _add_model_args(p):
                    help="model directory, .gguf / llama2.c .bin file, or hub id (default: SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--device", default="cpu", help="cpu or opencl[:platform[:device]] (default: cpu)")
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)")
+
+
+def _add_engine_args(p):
     p.add_argument("--kv-dtype", default="f16", choices=["f16", "f32", "int8"], help="KV cache dtype")
     p.add_argument("--max-model-len", type=int, default=None, help="context length limit")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, as vLLM configures it: \'{"method": "ngram", '
+                        '"num_speculative_tokens": 5}\' or \'{"model": DRAFT, "num_speculative_tokens": 5}\'')
 
 
 def _add_sampling_args(p, temperature):
@@ -39,50 +46,135 @@ def _params(args):
 def _llm(args):
     from .llm import LLM
     return LLM(args.model, device=args.device, kv_dtype=args.kv_dtype, num_threads=args.threads,
-               max_model_len=args.max_model_len)
+               max_model_len=args.max_model_len, speculative_config=args.speculative_config)
 
 
 def cmd_generate(args) -> int:
+    prompt = args.prompt
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise ValueError("give a PROMPT, or pipe one in (echo hi | ferrum generate)")
+        prompt = sys.stdin.read()
+        prompt = prompt[:-1] if prompt.endswith("\n") else prompt  # the newline echo and files end with
+        if not prompt:
+            raise ValueError("the prompt read from standard input is empty")
     llm = _llm(args)
-    for piece in llm.stream(args.prompt, _params(args)):
+    for piece in llm.stream(prompt, _params(args)):
         print(piece, end="", flush=True)
     print()
     return 0
 
 
-def cmd_chat(args) -> int:
-    llm = _llm(args)
-    params = _params(args)
-    history = []
-    if args.system:
-        history.append({"role": "system", "content": args.system})
+CHAT_HELP = ("/reset starts over, /system TEXT sets the system prompt, /save FILE writes the conversation "
+             "as JSON; Ctrl-C stops a reply, Ctrl-C twice or Ctrl-D quits")
 
-    def answer(text):
-        history.append({"role": "user", "content": text})
-        prompt = llm.tokenizer.apply_chat_template(history, add_generation_prompt=True)
+
+class Chat:
+    """A conversation with the model: its messages (the system prompt first, when there is one)
+    and each reply streamed to stdout as it is generated."""
+
+    def __init__(self, llm, params, system=None):
+        self.llm, self.params = llm, params
+        self.messages = [{"role": "system", "content": system}] if system else []
+
+    def reply(self, text: str) -> None:
+        """Answers `text`, printing the reply as it comes; Ctrl-C (SIGINT) stops the reply there,
+        and what was said so far stays in the conversation. The signal only raises a flag that is
+        read between deltas: an interrupt never lands inside an engine step."""
+        self.messages.append({"role": "user", "content": text})
+        prompt = self.llm.tokenizer.apply_chat_template(self.messages, add_generation_prompt=True)
+        interrupted = []
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+        pieces = self.llm.stream(self.llm.tokenizer.encode(prompt), self.params)
         reply = ""
-        for piece in llm.stream(llm.tokenizer.encode(prompt), params):
-            reply += piece
-            print(piece, end="", flush=True)
-        print()
-        history.append({"role": "assistant", "content": reply})
+        try:
+            for piece in pieces:
+                reply += piece
+                print(piece, end="", flush=True)
+                if interrupted:
+                    break
+        finally:
+            pieces.close()  # aborts the request when it stopped early
+            signal.signal(signal.SIGINT, previous)
+        print(" [stopped]" if interrupted else "", flush=True)
+        self.messages.append({"role": "assistant", "content": reply})
 
-    if args.message:  # one turn, then exit
-        print(f"> {args.message}")
-        answer(args.message)
+    def command(self, line: str) -> None:
+        """/reset, /system TEXT, /save FILE."""
+        name, _, rest = line.partition(" ")
+        rest = rest.strip()
+        if name == "/reset":
+            self.messages = [m for m in self.messages if m["role"] == "system"]
+            print("(conversation reset)", file=sys.stderr)
+        elif name == "/system" and rest:
+            self.messages = [{"role": "system", "content": rest}] + [
+                m for m in self.messages if m["role"] != "system"]
+            print("(system prompt set)", file=sys.stderr)
+        elif name == "/save" and rest:
+            with open(rest, "w") as f:
+                json.dump(self.messages, f, indent=2, ensure_ascii=False)
+                f.write("\n")
+            print(f"(saved {len(self.messages)} messages to {rest})", file=sys.stderr)
+        else:
+            print(f"unknown command {line!r}: {CHAT_HELP}", file=sys.stderr)
+
+
+def cmd_chat(args) -> int:
+    chat = Chat(_llm(args), _params(args), args.system)
+    if args.message:  # one turn: only the reply is printed
+        chat.reply(args.message)
         return 0
-    print("ferrum chat: type a message, /clear to start over, Ctrl-D to quit", file=sys.stderr)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        _enable_line_editing()
+        print(f"ferrum chat: type a message; {CHAT_HELP}", file=sys.stderr)
+    interrupted_at_prompt = False
     while True:
         try:
             text = input("> ")
         except EOFError:
             print()
             return 0
-        if text.strip() == "/clear":
-            del history[int(bool(args.system)):]
+        except KeyboardInterrupt:
+            if interrupted_at_prompt:
+                print()
+                return 0
+            interrupted_at_prompt = True
+            print("\n(Ctrl-C again or Ctrl-D to quit)", file=sys.stderr)
             continue
-        if text.strip():
-            answer(text)
+        interrupted_at_prompt = False
+        text = text.strip()
+        if text.startswith("/"):
+            try:
+                chat.command(text)
+            except OSError as e:
+                print(f"ferrum: {e}", file=sys.stderr)
+        elif text:
+            chat.reply(text)
+
+
+def _enable_line_editing() -> None:
+    """readline: line editing, and the history of earlier sessions (in ferrum's cache directory)."""
+    try:
+        import readline
+    except ImportError:  # Python built without it: plain input() still works
+        return
+    import atexit
+    from .models import cache_dir
+    path = cache_dir() / "chat_history"
+    try:
+        readline.read_history_file(path)
+    except OSError:
+        pass
+    readline.set_history_length(1000)
+
+    def save():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(path)
+        except OSError:
+            pass
+    atexit.register(save)
 
 
 def cmd_bench(args) -> int:
@@ -92,44 +184,52 @@ def cmd_bench(args) -> int:
 
 
 def main(argv=None) -> int:
+    from . import __version__
     ap = argparse.ArgumentParser(prog="ferrum", description="ferrum: LLM inference from Python and the shell")
+    ap.add_argument("--version", action="version", version=f"ferrum {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="continue a prompt and print the text as it is generated",
-                       description="Continue PROMPT and print the text as it is generated (greedy by default).")
-    g.add_argument("prompt", help="the text to continue")
+                       description="Continue PROMPT (or what standard input holds, less its final newline) "
+                                   "and print the text as it is generated (greedy by default).")
+    g.add_argument("prompt", nargs="?", default=None, help="the text to continue (default: read standard input)")
     _add_model_args(g)
+    _add_engine_args(g)
     _add_sampling_args(g, temperature=0.0)
     g.set_defaults(fn=cmd_generate)
 
     c = sub.add_parser("chat", help="chat through the model's chat template (interactive, keeps history)",
-                       description="Chat through the model's chat template. Interactive by default: the "
-                                   "conversation history is kept, /clear starts over, Ctrl-D quits. With "
-                                   "MESSAGE, answer it once and exit.")
+                       description="Chat through the model's chat template. Interactive by default, with line "
+                                   f"editing; the conversation history is kept: {CHAT_HELP}. With MESSAGE, "
+                                   "print only the reply to it and exit.")
     c.add_argument("message", nargs="?", default=None, help="answer this one message and exit")
     c.add_argument("--system", default=None, help="system prompt")
     _add_model_args(c)
+    _add_engine_args(c)
     _add_sampling_args(c, temperature=0.7)
     c.set_defaults(fn=cmd_chat)
 
     b = sub.add_parser("bench", help="llama-bench-style pp / tg tokens/s and peak RSS",
-                       description="Prompt processing (pp) and generation (tg) tokens/s, peak RSS and "
-                                   "the tokenizer's cost per token, best of R runs.")
-    b.add_argument("model_path", nargs="?", default=None, help="model (default: the default model)")
+                       description="Prompt processing (pp) and generation (tg) tokens/s (the best of R runs, "
+                                   "and their mean +- sd), peak RSS and the tokenizer's cost per token.")
+    b.add_argument("model_path", nargs="?", default=None, metavar="MODEL", help="the model (or -m MODEL)")
+    _add_model_args(b)
     b.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens (default: 128)")
     b.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens (default: 128)")
-    b.add_argument("-t", "--threads", type=int, default=2, help="threads (default: 2)")
-    b.add_argument("--device", default="cpu")
-    b.add_argument("--repetitions", "-r", type=int, default=3, help="best of r (default: 3)")
+    b.add_argument("--repetitions", "-r", type=int, default=3, help="runs (default: 3)")
     b.add_argument("--json", action="store_true", help="print one JSON line")
     b.set_defaults(fn=cmd_bench)
 
     args = ap.parse_args(argv)
+    if args.command == "bench":
+        if args.model_path is not None and args.model is not None:
+            ap.error("give the model once: as MODEL or with -m")
+        args.model_path = args.model_path or args.model
     try:
         return args.fn(args)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, FileNotFoundError, RuntimeError, MemoryError) as e:
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError, MemoryError) as e:
         print(f"ferrum: error: {e}", file=sys.stderr)
         return 2
 

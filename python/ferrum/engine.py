@@ -74,6 +74,9 @@ class _Request:
 
     def output(self) -> RequestOutput:
         outs = [c.progress.to_output() for c in self.completions]
+        params = self.completions[0].state.params
+        if params.ranks_completions:  # best_of: the n with the highest cumulative logprob
+            outs = sorted(outs, key=lambda o: o.cumulative_logprob, reverse=True)[:params.n]
         return RequestOutput(self.request_id, self.prompt, list(self.prompt_ids), outs,
                              finished=all(c.progress.finished for c in self.completions),
                              prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs))
@@ -100,7 +103,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.core = _core.Engine(runner, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens)
-        self.sampler = Sampler()
+        self.sampler = Sampler(decode_token=lambda t: tokenizer.decode([t], skip_special_tokens=False))
         self.speculative = speculative
         self.draft_model = draft_model
         self.spec_proposed = self.spec_accepted = 0  # proposals verified, and accepted
@@ -113,7 +116,7 @@ class Engine:
     # ---- requests ----
     def add_request(self, prompt_ids: List[int], params: SamplingParams, prompt: Optional[str] = None,
                     request_id: Optional[str] = None) -> str:
-        """Queues a request (its ``params.n`` completions); ValueError when it could never run."""
+        """Queues a request (its ``params.best_of`` completions); ValueError when it could never run."""
         if not isinstance(params, SamplingParams):
             raise TypeError("sampling params must be a ferrum.SamplingParams")
         prompt_ids = token_ids_of(prompt_ids)
@@ -124,7 +127,7 @@ class Engine:
         if params.prompt_logprobs is not None:
             req.prompt_logprobs = [None] * len(prompt_ids)
         try:
-            for i in range(params.n):
+            for i in range(params.best_of):
                 # The first completion returns its prompt's rows: each predicts the next prompt token.
                 seq = self.core.add_sequence(prompt_ids, 0 if i == 0 and req.prompt_logprobs is not None else -1)
                 progress = RequestProgress(params, self.tokenizer.eos_token_ids, index=i)

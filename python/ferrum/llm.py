@@ -10,14 +10,19 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 import numpy as np
 
 from . import _core
+from .embedding import PooledHiddenStates
 from .engine import Engine, RowConsumer, token_ids_of
-from .outputs import RequestDelta, RequestOutput
+from .outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestDelta, RequestOutput
 from .sampling import SamplingParams
 from .scoring import LogitsCollector, LogprobCollector, TokenLogprobs
 from .speculative import DraftModel, SpeculativeConfig
 from .tokenizer import Tokenizer
 
-PromptType = Union[str, Sequence[str], None]
+# A prompt as vLLM takes it: text, {"prompt": text} (TextPrompt) or {"prompt_token_ids": ids}
+# (TokensPrompt); generate() and embed() take one or a list of them.
+Prompt = Union[str, Dict[str, object]]
+PromptType = Union[Prompt, Sequence[Prompt], None]
+PROMPT_TYPES = "a prompt is a str, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
 
 
 class LLM:
@@ -39,7 +44,8 @@ class LLM:
 
     ``generate`` runs a list of prompts concurrently; ``stream`` yields one completion's text;
     ``add_request`` / ``step`` / ``abort`` / ``has_unfinished`` serve requests that arrive at
-    any time (a server loop calls ``step()`` and forwards each request's delta).
+    any time (a server loop calls ``step()`` and forwards each request's delta). ``close()`` (or
+    leaving a ``with LLM(...) as llm:`` block) releases the engine, the KV pool and the threads.
     """
 
     def __init__(self, model: Union[str, os.PathLike, None] = None, device: str = "cpu",
@@ -73,7 +79,7 @@ class LLM:
         model_file = _core.ModelFile(str(path))
         self.tokenizer = _load_tokenizer(path, model_file, tokenizer)
         with _load_progress(path, model_file.file_bytes) as progress:
-            self.runner = _core.ModelRunner(
+            self._runner = _core.ModelRunner(
                 model_file, device=device, num_threads=num_threads or 0, kv_dtype=kv_dtype,
                 max_model_len=max_model_len or 0, kv_cache_tokens=kv_cache_tokens or 0,
                 kv_cache_bytes=kv_cache_memory or 0, kv_cache_fraction=float(fraction or 0),
@@ -83,7 +89,7 @@ class LLM:
         if speculative is not None and speculative.method == "draft_model":
             draft = DraftModel(speculative.model, self.runner, device, num_threads or 0, max_num_seqs,
                                max_num_batched_tokens)
-        self.engine = Engine(self.runner, self.tokenizer, max_num_seqs, max_num_batched_tokens, speculative, draft)
+        self._engine = Engine(self.runner, self.tokenizer, max_num_seqs, max_num_batched_tokens, speculative, draft)
         # Deltas of requests that generate() / stream() drive, until they pick them up; and of
         # requests added with add_request(), until step() hands them out.
         self._mailboxes: Dict[str, List[RequestDelta]] = {}
@@ -96,12 +102,46 @@ class LLM:
     def config(self) -> dict:
         return self.runner.config
 
+    @property
+    def runner(self):
+        """The model (``ferrum._core.ModelRunner``); RuntimeError once closed."""
+        if self._runner is None:
+            raise RuntimeError("this LLM is closed")
+        return self._runner
+
+    @property
+    def engine(self) -> Engine:
+        """The continuous-batching engine; RuntimeError once closed."""
+        if self._engine is None:
+            raise RuntimeError("this LLM is closed")
+        return self._engine
+
+    def get_tokenizer(self):
+        """The model's ``ferrum.Tokenizer`` (vLLM's ``LLM.get_tokenizer``)."""
+        return self.tokenizer
+
+    def close(self) -> None:
+        """Releases the engine, its KV pool and its threads (and a draft model's); the LLM can no
+        longer generate (RuntimeError), its tokenizer stays usable. Closing twice is harmless."""
+        with self._lock:
+            self._engine = self._runner = None
+            self._mailboxes.clear()
+            self._unclaimed = []
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ---- generation ----
     def generate(self, prompts: PromptType = None,
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None, *,
                  prompt_token_ids: Optional[Sequence[Sequence[int]]] = None,
                  use_tqdm: bool = False) -> List[RequestOutput]:
-        """Runs every prompt concurrently through the engine; outputs in prompt order."""
+        """Runs every prompt concurrently through the engine; outputs in prompt order. prompts: a
+        str, {"prompt": str}, {"prompt_token_ids": [...]} or a list of them (or token id lists
+        given as prompt_token_ids)."""
         reqs = self._prepare(prompts, prompt_token_ids)
         params = self._params_list(sampling_params, len(reqs))
         ids = []
@@ -132,14 +172,16 @@ class LLM:
             if bar:
                 bar.close()
 
-    def stream(self, prompt: Union[str, Sequence[int]],
+    def stream(self, prompt: Union[Prompt, Sequence[int]],
                sampling_params: Optional[SamplingParams] = None) -> Iterator[str]:
         """Yields text deltas of one completion as they are generated (always whole UTF-8
         characters; text that might begin a stop string is held until it is decided)."""
-        (text, toks), = self._prepare([prompt] if isinstance(prompt, str) else None,
-                                      None if isinstance(prompt, str) else [prompt])
+        text, toks = self._single_prompt(prompt)
+        params = sampling_params or SamplingParams()
+        if isinstance(params, SamplingParams) and params.ranks_completions:
+            raise ValueError("stream() cannot rank completions (best_of > n): the best is known only at the end")
         with self._lock:
-            rid = self.engine.add_request(toks, sampling_params or SamplingParams(), prompt=text)
+            rid = self.engine.add_request(toks, params, prompt=text)
             box = self._mailboxes[rid] = []
         try:
             while True:
@@ -158,12 +200,12 @@ class LLM:
                 self.engine.abort(rid)
 
     # ---- incremental serving API ----
-    def add_request(self, prompt: Union[str, Sequence[int]], sampling_params: Optional[SamplingParams] = None,
+    def add_request(self, prompt: Union[Prompt, Sequence[int]], sampling_params: Optional[SamplingParams] = None,
                     request_id: Optional[str] = None) -> str:
-        """Queues a request (text or token ids) at any time; returns its id. Its progress comes
-        out of step(). ValueError when it could never run (too long, bigger than the KV pool)."""
-        (text, toks), = self._prepare([prompt] if isinstance(prompt, str) else None,
-                                      None if isinstance(prompt, str) else [prompt])
+        """Queues a request (a prompt as generate() takes one, or token ids) at any time; returns
+        its id. Its progress comes out of step(). ValueError when it could never run (too long,
+        bigger than the KV pool)."""
+        text, toks = self._single_prompt(prompt)
         with self._lock:
             return self.engine.add_request(toks, sampling_params or SamplingParams(), prompt=text,
                                            request_id=request_id)
@@ -205,16 +247,40 @@ class LLM:
                 (self._unclaimed if box is None else box).append(d)
 
     def chat(self, messages, sampling_params: Optional[SamplingParams] = None, *,
-             add_generation_prompt: bool = True, chat_template_kwargs: Optional[dict] = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: Optional[List[dict]] = None, chat_template_kwargs: Optional[dict] = None,
              use_tqdm: bool = False):
         """messages: one conversation (list of {"role", "content"}) or a list of them.
-        Returns a RequestOutput, or a list for a list of conversations."""
+        Returns a RequestOutput, or a list for a list of conversations.
+
+        continue_final_message: the reply continues the last message (e.g. a started assistant
+        turn) instead of opening a new one; needs add_generation_prompt=False, as in vLLM.
+        tools: tool (function) definitions, JSON schema dicts, for templates that render them."""
         single = bool(messages) and isinstance(messages[0], dict)
         convs = [messages] if single else list(messages)
-        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
-                                                      **(chat_template_kwargs or {})) for c in convs]
+        kwargs = dict(chat_template_kwargs or {}, add_generation_prompt=add_generation_prompt,
+                      continue_final_message=continue_final_message, tools=tools)
+        prompts = [self.tokenizer.apply_chat_template(c, **kwargs) for c in convs]
         outs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
         return outs[0] if single else outs
+
+    def embed(self, prompts: PromptType, *, pooling: str = "last", normalize: bool = True,
+              use_tqdm: bool = False) -> List[EmbeddingRequestOutput]:
+        """One embedding per prompt (prompts as generate() takes them): the final hidden state
+        (after the final norm) of the last prompt token (pooling="last", what a decoder has read
+        the whole prompt into) or the mean over the prompt's tokens (pooling="mean"), L2-normalised
+        unless normalize=False. All prompts share forwards, with f32 activations."""
+        reqs = self._prepare(prompts, None)
+        pooled = [PooledHiddenStates(len(toks), pooling) for _, toks in reqs]
+        bar = _progress(len(reqs), "embedding") if use_tqdm else None
+        try:
+            self._run_scores([toks for _, toks in reqs], [p.rows_from for p in pooled], pooled, embed=True)
+        finally:
+            if bar:
+                bar.update(len(reqs))
+                bar.close()
+        return [EmbeddingRequestOutput(str(i), EmbeddingOutput(p.embedding(normalize).tolist()), toks)
+                for i, ((_, toks), p) in enumerate(zip(reqs, pooled))]
 
     def score(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits [len(token_ids), vocab] at every position (position i predicts i+1).
@@ -252,15 +318,16 @@ class LLM:
         return out if batch else out[0]
 
     def _run_scores(self, feeds: List[List[int]], rows_from: List[int],
-                    consumers: List[RowConsumer]) -> None:
-        """Adds a score request per feed and steps the engine until all are done (generation
-        requests in flight progress alongside; their deltas go where they always go)."""
+                    consumers: List[RowConsumer], embed: bool = False) -> None:
+        """Adds a score request (with `embed`, an embedding) per feed and steps the engine until
+        all are done (generation requests in flight progress alongside; their deltas go where
+        they always go)."""
         seqs = []
         done = lambda: all(self.engine.score_finished(s) for s in seqs)  # noqa: E731
         try:
             with self._lock:
                 for feed, first, consume in zip(feeds, rows_from, consumers):
-                    seqs.append(self.engine.add_score(feed, first, consume))
+                    seqs.append(self.engine.add_score(feed, first, consume, embed=embed))
             while not done():
                 self._advance(done)
         finally:
@@ -275,18 +342,46 @@ class LLM:
         return self.engine.stats()
 
     # ---- helpers ----
-    def _prepare(self, prompts, prompt_token_ids):
+    def _prepare(self, prompts, prompt_token_ids) -> List[tuple]:
+        """(text or None, token ids) per prompt."""
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("pass exactly one of prompts or prompt_token_ids")
         if prompts is not None:
-            texts = [prompts] if isinstance(prompts, str) else list(prompts)
-            if not all(isinstance(t, str) for t in texts):
-                raise TypeError("prompts must be a string or a list of strings")
-            return [(t, self.tokenizer.encode(t)) for t in texts]
+            if isinstance(prompts, (str, dict)):
+                return [self._prompt(prompts)]
+            if not isinstance(prompts, (list, tuple)):
+                raise TypeError(f"prompts must be a prompt or a list of prompts ({PROMPT_TYPES}), "
+                                f"got {type(prompts).__name__}")
+            return [self._prompt(p) for p in prompts]
         ids = list(prompt_token_ids)
         if ids and isinstance(ids[0], (int, np.integer)):
             ids = [ids]
         return [(None, token_ids_of(toks)) for toks in ids]
+
+    def _prompt(self, prompt) -> tuple:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):
+            unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+            if unknown:
+                raise ValueError(f"unsupported prompt keys {unknown}: {PROMPT_TYPES}")
+            text = prompt.get("prompt")
+            if text is not None and not isinstance(text, str):
+                raise TypeError(f"'prompt' must be a str, got {type(text).__name__}")
+            if "prompt_token_ids" in prompt:  # the ids are the prompt; any text is what it reads as
+                return text, token_ids_of(prompt["prompt_token_ids"])
+            if text is not None:
+                return text, self.tokenizer.encode(text)
+        raise TypeError(f"{PROMPT_TYPES}, got {type(prompt).__name__}" + (
+            f" {prompt!r}" if isinstance(prompt, dict) else ""))
+
+    def _single_prompt(self, prompt) -> tuple:
+        """A prompt as generate() takes one, or a flat sequence of token ids."""
+        if isinstance(prompt, (str, dict)):
+            return self._prompt(prompt)
+        if not isinstance(prompt, (list, tuple, np.ndarray)):
+            raise TypeError(f"{PROMPT_TYPES} or a list of token ids, got {type(prompt).__name__}")
+        return None, token_ids_of(prompt)
 
     @staticmethod
     def _params_list(sampling_params, n):
@@ -359,6 +454,6 @@ def _load_progress(path: Path, file_bytes: int):
         bar.close()
 
 
-def _progress(total):
+def _progress(total, desc="generating"):
     from tqdm import tqdm
-    return tqdm(total=total, desc="generating", unit="req")
+    return tqdm(total=total, desc=desc, unit="req")

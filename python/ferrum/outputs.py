@@ -18,7 +18,7 @@ class Logprob:
 
     logprob: float
     rank: Optional[int] = None
-    decoded_token: Optional[str] = None
+    decoded_token: Optional[str] = None  # the token alone, decoded (special tokens as their text)
 
 
 # Per generated step: token id -> Logprob (the top-k plus the sampled token).
@@ -60,6 +60,28 @@ class RequestOutput:
     # SamplingParams(prompt_logprobs=k): None for the first prompt token (nothing predicts it),
     # then each prompt token's Logprob and the k most likely tokens at its position.
     prompt_logprobs: Optional[List[Optional[StepLogprobs]]] = None
+
+
+@dataclass
+class EmbeddingOutput:
+    """One prompt's embedding (vLLM's ``EmbeddingOutput``): its final hidden state pooled over
+    the prompt (``LLM.embed``'s ``pooling``), L2-normalised unless asked otherwise."""
+
+    embedding: List[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What ``LLM.embed`` returns per prompt (vLLM's ``EmbeddingRequestOutput``)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: List[int]
+    finished: bool = True
 
 
 @dataclass

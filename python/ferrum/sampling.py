@@ -15,7 +15,10 @@ Semantics follow vLLM (v1) unless noted:
   min-p drops tokens with probability < min_p * max probability.
 * Logprobs are computed from the log-softmax of the *raw* logits, before
   bias, penalties, temperature and filtering (vLLM's default
-  ``logprobs_mode="raw_logprobs"``).
+  ``logprobs_mode="raw_logprobs"``); each ``Logprob.decoded_token`` is its token
+  decoded alone, as vLLM does.
+* ``best_of`` > ``n``: ``best_of`` completions are sampled and the ``n`` with the
+  highest cumulative logprob are returned (vLLM's ``best_of``).
 
 Each request owns a ``SamplingState`` with its own ``np.random.Generator``;
 a row's draw uses only that generator (one uniform per step, inverse CDF), so
@@ -76,6 +79,9 @@ class SamplingParams:
     # logits)), applied in order to each step's raw logits row (float64, length vocab) before
     # logit_bias and the penalties, as vLLM's logits_processors.
     logits_processors: Optional[List[Callable]] = None
+    # Completions to sample, of which the n with the highest cumulative logprob are returned
+    # (None: n). Needs sampling: greedy completions would all be the same.
+    best_of: Optional[int] = None
     # With an LLM configured for speculative decoding: False decodes this request plainly.
     speculative_decoding: bool = True
 
@@ -113,6 +119,12 @@ class SamplingParams:
                     callable(f) for f in self.logits_processors):
                 fail("logits_processors must be a list of callables")
             self.logits_processors = list(self.logits_processors)
+        if self.best_of is None:
+            self.best_of = self.n
+        elif not _is_int(self.best_of) or self.best_of < self.n:
+            fail(f"best_of must be None or an integer >= n ({self.n}), got {self.best_of!r}")
+        elif self.best_of > self.n and self.greedy:
+            fail(f"best_of ({self.best_of}) > n ({self.n}) needs temperature > 0: greedy completions are all the same")
         for name in ("ignore_eos", "skip_special_tokens", "speculative_decoding"):
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
@@ -154,6 +166,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def ranks_completions(self) -> bool:
+        """Whether only the best ``n`` of ``best_of`` completions are returned (ranked by their
+        cumulative logprob, which every completion then tracks)."""
+        return self.best_of > self.n
 
     @property
     def plain_greedy(self) -> bool:
@@ -208,11 +226,12 @@ class TokenLogprobs:
     logprob: float
     rank: int
     top: StepLogprobs
+    decoded_token: Optional[str] = None
 
     def as_step_logprobs(self) -> StepLogprobs:
         """vLLM's per-step dict: the top-k plus the sampled token."""
         merged = dict(self.top)
-        merged.setdefault(self.token_id, Logprob(self.logprob, self.rank))
+        merged.setdefault(self.token_id, Logprob(self.logprob, self.rank, self.decoded_token))
         return merged
 
 
@@ -285,7 +304,11 @@ def _mask_top_k_top_p(logits: np.ndarray, top_k: np.ndarray, top_p: np.ndarray,
 
 
 class Sampler:
-    """Picks one token per row of a ``[B, V]`` logits batch."""
+    """Picks one token per row of a ``[B, V]`` logits batch. ``decode_token(id) -> str`` fills
+    ``Logprob.decoded_token`` (left None without it)."""
+
+    def __init__(self, decode_token: Optional[Callable[[int], str]] = None):
+        self.decode_token = decode_token
 
     def sample(self, logits: np.ndarray, requests: Sequence[SamplingState]) -> SampleResult:
         logits = np.asarray(logits)
@@ -504,11 +527,13 @@ class Sampler:
         picked = self._gather_logprobs(np.asarray(logits), np.asarray(next_ids, dtype=np.int64), params)
         return [lp.as_step_logprobs() for lp in picked]
 
-    @staticmethod
-    def _gather_logprobs(raw_logits: np.ndarray, token_ids: np.ndarray,
+    def _gather_logprobs(self, raw_logits: np.ndarray, token_ids: np.ndarray,
                          params: Sequence[SamplingParams]) -> List[Optional[TokenLogprobs]]:
+        """The chosen token's logprob and rank and the ``logprobs`` most likely tokens, for the
+        rows that report logprobs or rank completions by them (None for the others)."""
         result: List[Optional[TokenLogprobs]] = [None] * len(params)
-        rows = np.array([r for r, p in enumerate(params) if p.logprobs is not None], dtype=np.int64)
+        rows = np.array([r for r, p in enumerate(params) if p.logprobs is not None or p.ranks_completions],
+                        dtype=np.int64)
         if rows.size == 0:
             return result
         logp = _log_softmax(raw_logits[rows].astype(np.float64))
@@ -516,7 +541,7 @@ class Sampler:
         chosen_logp = logp[np.arange(rows.size), chosen]
         chosen_rank = (logp > chosen_logp[:, None]).sum(axis=1) + 1
 
-        max_k = min(max(params[r].logprobs for r in rows), logp.shape[1])
+        max_k = min(max(params[r].logprobs or 0 for r in rows), logp.shape[1])
         if max_k > 0:
             candidates = np.argpartition(-logp, max_k - 1, axis=1)[:, :max_k]
             candidate_logp = np.take_along_axis(logp, candidates, axis=1)
@@ -525,15 +550,17 @@ class Sampler:
             top_ids = np.take_along_axis(candidates, by_rank, axis=1)
             top_logp = np.take_along_axis(candidate_logp, by_rank, axis=1)
 
+        text = self.decode_token or (lambda token_id: None)
         for i, row in enumerate(rows):
-            k = min(params[row].logprobs, logp.shape[1])
+            k = min(params[row].logprobs or 0, logp.shape[1])
             top: StepLogprobs = {}
             if k > 0:
                 descending = -top_logp[i, :k]
                 # Ties share a rank: 1 + count of strictly more likely tokens.
                 ranks = np.searchsorted(descending, descending, side="left") + 1
-                top = {int(t): Logprob(float(lp), int(rk))
+                top = {int(t): Logprob(float(lp), int(rk), text(int(t)))
                        for t, lp, rk in zip(top_ids[i, :k], top_logp[i, :k], ranks)}
-            result[row] = TokenLogprobs(int(chosen[i]), float(chosen_logp[i]),
-                                        int(chosen_rank[i]), top)
+            token = int(chosen[i])
+            result[row] = TokenLogprobs(token, float(chosen_logp[i]), int(chosen_rank[i]), top,
+                                        top[token].decoded_token if token in top else text(token))
         return result

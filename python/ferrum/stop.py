@@ -84,7 +84,8 @@ class RequestProgress:
         self._emitted = 0    # how much of _text has been handed out
         self.finish_reason: Optional[str] = None
         self.stop_reason: Union[int, str, None] = None
-        self.cumulative_logprob: Optional[float] = 0.0 if params.logprobs is not None else None
+        self.cumulative_logprob: Optional[float] = (
+            0.0 if params.logprobs is not None or params.ranks_completions else None)
         self.logprobs: Optional[List[StepLogprobs]] = [] if params.logprobs is not None else None
 
     @property
@@ -107,8 +108,9 @@ class RequestProgress:
             raise RuntimeError("append() on a finished request")
         token_id = int(token_id)
         self.token_ids.append(token_id)
-        if logprobs is not None and self.logprobs is not None:
+        if logprobs is not None and self.cumulative_logprob is not None:
             self.cumulative_logprob += logprobs.logprob
+        if logprobs is not None and self.logprobs is not None:
             self.logprobs.append(logprobs.as_step_logprobs())
 
         if token_id in self._eos_ids:
