@@ -36,7 +36,7 @@ p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 reqs = list(p["dependencies"])
 if sys.argv[1]:
     extras = p["optional-dependencies"]
-    for e in ("tools", "test"):
+    for e in ("tools", "serve", "test"):
         reqs += [r for r in extras[e] if not r.startswith("ferrum")]
 print("\n".join(reqs))
 PY
