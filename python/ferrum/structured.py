@@ -26,13 +26,16 @@ import numpy as np
 class StructuredOutputsParams:
     """Exactly one constraint: ``json`` (a JSON schema, dict or text), ``json_object`` (any JSON
     object), ``regex``, ``choice`` (one of these strings) or ``grammar`` (Lark or GBNF text).
-    ValueError when it is missing, ambiguous or does not compile."""
+    ValueError when it is missing, ambiguous or does not compile. JSON may hold any whitespace
+    between tokens unless ``disable_any_whitespace`` (then none: a model that would pad it
+    forever cannot)."""
 
     json: Union[str, dict, None] = None
     regex: Optional[str] = None
     choice: Optional[List[str]] = None
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
+    disable_any_whitespace: bool = False
 
     def __post_init__(self) -> None:
         given = [name for name in ("json", "regex", "choice", "grammar", "json_object")
@@ -51,8 +54,10 @@ class StructuredOutputsParams:
                     or not all(isinstance(c, str) and c for c in self.choice)):
                 raise ValueError(f"choice must be a non-empty list of non-empty strings, got {self.choice!r}")
             self.choice = list(self.choice)
-        if self.json_object is not None and not isinstance(self.json_object, bool):
-            raise ValueError(f"json_object must be True or False, got {self.json_object!r}")
+        for name in ("json_object", "disable_any_whitespace"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         error = _llguidance().LLMatcher.validate_grammar(self.llguidance_grammar())
         if error:
             raise ValueError(f"the {given[0]} constraint does not compile: {error}")
@@ -61,11 +66,10 @@ class StructuredOutputsParams:
         """The constraint as an llguidance grammar (what ``LLMatcher`` takes)."""
         ll = _llguidance()
         try:
-            if self.json is not None:
-                schema = self.json if isinstance(self.json, str) else _json.dumps(self.json)
-                return ll.grammar_from("json_schema", schema)
-            if self.json_object:
-                return ll.grammar_from("json_schema", '{"type": "object"}')
+            if self.json is not None or self.json_object:
+                schema = self.json if self.json is not None else {"type": "object"}
+                options = {"whitespace_flexible": not self.disable_any_whitespace}
+                return ll.LLMatcher.grammar_from_json_schema(schema, overrides=options)
             if self.regex is not None:
                 return ll.grammar_from("regex", self.regex)
             if self.choice is not None:
@@ -130,34 +134,20 @@ _TOKENIZERS_LOCK = threading.Lock()
 
 
 def llguidance_tokenizer(tokenizer):
-    """The llguidance view of a ``ferrum.Tokenizer`` (each token's bytes, its specials and
-    end-of-sequence ids), built once per tokenizer."""
+    """The llguidance view of a ``ferrum.Tokenizer`` (its Hugging Face tokenizer, which tells
+    llguidance each token's bytes and how text is normalised), built once per tokenizer."""
     with _TOKENIZERS_LOCK:
         cached = _TOKENIZERS.get(tokenizer)
         if cached is None:
-            ll = _llguidance()
-            eos = sorted(tokenizer.eos_token_ids)
-            if not eos:
+            if tokenizer.hf_tokenizer is None:
+                raise ValueError("structured output needs a Hugging Face tokenizer (tokenizer.json or a GGUF "
+                                 "vocabulary), not a SentencePiece tokenizer.model")
+            if not tokenizer.eos_token_ids:
                 raise ValueError("structured output needs a tokenizer with an end-of-sequence token")
-            view = _TokenizerView(tokenizer, eos[0])
-            cached = _TOKENIZERS[tokenizer] = ll.LLTokenizer(ll.TokenizerWrapper(view), eos_token=eos)
+            cached = _TOKENIZERS[tokenizer] = _llguidance().LLTokenizer(
+                tokenizer.hf_tokenizer.to_str(), n_vocab=tokenizer.vocab_size,
+                eos_token=sorted(tokenizer.eos_token_ids))
         return cached
-
-
-class _TokenizerView:
-    """What llguidance's TokenizerWrapper reads from a tokenizer."""
-
-    def __init__(self, tokenizer, eos_token_id: int):
-        self._tokenizer = tokenizer
-        self.eos_token_id = eos_token_id
-        self.bos_token_id = tokenizer.bos_token_id
-        self.tokens = [tokenizer.token_to_piece(i) for i in range(tokenizer.vocab_size)]
-        self.special_token_ids = sorted(tokenizer.special_token_ids)
-
-    def __call__(self, text: str) -> List[int]:
-        if not isinstance(text, str):
-            raise TypeError("encodes text, not bytes")  # tells the wrapper to pass str
-        return self._tokenizer.encode(text, add_special_tokens=False)
 
 
 def _llguidance():

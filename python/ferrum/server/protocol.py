@@ -32,10 +32,12 @@ class StructuredOutputs(OpenAIModel):
     choice: Optional[List[str]] = None
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
+    disable_any_whitespace: bool = False
 
     def params(self) -> StructuredOutputsParams:
         return StructuredOutputsParams(json=self.json_schema, regex=self.regex, choice=self.choice,
-                                       grammar=self.grammar, json_object=self.json_object)
+                                       grammar=self.grammar, json_object=self.json_object,
+                                       disable_any_whitespace=self.disable_any_whitespace)
 
 
 class JsonSchemaFormat(OpenAIModel):
