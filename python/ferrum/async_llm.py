@@ -24,6 +24,10 @@ from .outputs import RequestDelta
 from .sampling import SamplingParams
 
 
+class EngineShutDown(RuntimeError):
+    """The AsyncLLM was shut down: it takes no more requests."""
+
+
 class AsyncLLM:
     """Wraps a loaded ``LLM`` (``AsyncLLM(llm)``), or loads one (``AsyncLLM.load(model, **kw)``
     with ``LLM``'s arguments). ``shutdown()`` stops the engine thread, as leaving an
@@ -61,13 +65,14 @@ class AsyncLLM:
                        request_id: Optional[str] = None) -> AsyncIterator[RequestDelta]:
         """Yields the request's progress step by step (new text and token ids per completion),
         the last delta ``finished`` with the whole ``RequestOutput``. ValueError (before the
-        first delta) when the request could never run, as ``LLM.add_request``."""
+        first delta) when the request could never run, as ``LLM.add_request``; EngineShutDown
+        after ``shutdown()``."""
         params = sampling_params or SamplingParams()
         queue: asyncio.Queue = asyncio.Queue()
         added: concurrent.futures.Future = concurrent.futures.Future()
         with self._cv:
             if self._stopping:
-                raise RuntimeError("the engine is shut down")
+                raise EngineShutDown("the engine is shut down")
             rid = f"req-{next(self._ids)}" if request_id is None else str(request_id)
             if rid in self._streams:
                 raise ValueError(f"request id {rid!r} is already in use")
@@ -106,7 +111,7 @@ class AsyncLLM:
         done: concurrent.futures.Future = concurrent.futures.Future()
         token_ids = list(token_ids)
         if not self._submit(lambda: self._start_score(token_ids, rows_from, consume, done)):
-            raise RuntimeError("the engine is shut down")
+            raise EngineShutDown("the engine is shut down")
         try:
             await asyncio.wrap_future(done)
         finally:
@@ -219,7 +224,7 @@ class AsyncLLM:
         for rid in ids:
             self.llm.abort(rid)
         for done in list(self._scores):
-            self._drop_score(done, RuntimeError("the engine is shut down"))
+            self._drop_score(done, EngineShutDown("the engine is shut down"))
         while self.llm.has_unfinished():  # hands out the aborts' final deltas
             self._deliver(self.llm.step())
         self._publish_stats()

@@ -22,7 +22,8 @@ def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = Non
               max_waiting_requests: int = 256, shutdown_grace_seconds: float = 10.0) -> FastAPI:
     """The server's app over a running engine. api_key: required (``Authorization: Bearer KEY``)
     on /v1 routes when given. max_waiting_requests: more waiting than this and new requests get
-    503. shutdown_grace_seconds: how long streams in flight may go on once the server stops."""
+    503. shutdown_grace_seconds: once uvicorn is told to stop, streams still open this long
+    later are cut."""
     if not isinstance(max_waiting_requests, int) or max_waiting_requests < 1:
         raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
     app = FastAPI(title="ferrum", summary="OpenAI-compatible completions and chat over ferrum's engine",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import threading
 from pathlib import Path
 
 
@@ -51,16 +52,31 @@ def run(args: argparse.Namespace) -> int:
     engine = AsyncLLM(llm)
     try:
         app = build_app(engine, name, api_key=args.api_key, max_waiting_requests=args.max_waiting_requests,
-                        shutdown_grace_seconds=args.shutdown_timeout)
+                        shutdown_grace_seconds=args.shutdown_timeout + 5)
+        # Streams are cut only if aborting them has not ended them by then.
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                timeout_graceful_shutdown=args.shutdown_timeout + 1)
+                                timeout_graceful_shutdown=args.shutdown_timeout + 10)
         # uvicorn raises the signal it stopped for again once it has shut down; a SIGTERM handled
         # here makes that a clean exit.
         previous = signal.signal(signal.SIGTERM, lambda *_: None)
         try:
-            uvicorn.Server(config).run()
+            _graceful_server(uvicorn, config, engine, args.shutdown_timeout).run()
         finally:
             signal.signal(signal.SIGTERM, previous)
     finally:
         engine.shutdown()
     return 0
+
+
+def _graceful_server(uvicorn, config, engine, grace_s: float):
+    """A uvicorn server that, once told to stop, gives the requests in flight `grace_s` seconds,
+    then shuts the engine down: what still runs ends with finish_reason "abort", and its
+    response (a stream too) completes normally."""
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if not self.should_exit:
+                timer = threading.Timer(grace_s, engine.shutdown)
+                timer.daemon = True  # run() shuts the engine down itself if the server stops sooner
+                timer.start()
+            super().handle_exit(sig, frame)
+    return Server(config)

@@ -75,7 +75,7 @@ class SamplingRequest(OpenAIModel):
     min_p: Optional[float] = Field(None, ge=0, le=1)
     presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
     frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
-    repetition_penalty: Optional[float] = Field(None, gt=0, le=100)
+    repetition_penalty: Optional[float] = Field(None, ge=0.01, le=100)  # no overflow dividing by it
     logit_bias: Optional[Dict[str, float]] = None
     stop: Union[str, List[str], None] = None
     stop_token_ids: Optional[List[int]] = None

@@ -12,7 +12,7 @@ from typing import AsyncIterator, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 from fastapi import Request
 
-from ..async_llm import AsyncLLM
+from ..async_llm import AsyncLLM, EngineShutDown
 from ..engine import token_ids_of
 from ..outputs import Logprob, RequestDelta, StepLogprobs
 from ..sampling import SamplingParams
@@ -79,6 +79,8 @@ class Serving:
                     yield delta
         except ValueError as e:  # the engine refused the request
             raise APIError(400, str(e)) from None
+        except EngineShutDown:
+            raise APIError(503, "The server is shutting down.") from None
         finally:
             timer.finished(reasons or ["abort"] * params.n)
 
@@ -88,7 +90,12 @@ class Serving:
         None for the first token."""
         collector = PromptLogprobs(prompt_ids, top)
         if len(prompt_ids) > 1:
-            await self.engine.score(prompt_ids[:-1], collector)  # the last token is only predicted
+            try:
+                await self.engine.score(prompt_ids[:-1], collector)  # the last token is only predicted
+            except ValueError as e:
+                raise APIError(400, str(e)) from None
+            except EngineShutDown:
+                raise APIError(503, "The server is shutting down.") from None
         return collector.entries
 
     def token_text(self, token_id: int) -> str:
