@@ -153,6 +153,24 @@ def test_json_schema_output_validates(client):
     assert out.choices[0].text[:3].isdigit() and out.choices[0].text[3] == "-" and len(out.choices[0].text) == 8
 
 
+def test_tools_go_to_the_chat_template():
+    llm = ferrum.LLM(STORIES_FORMATS["gguf"], num_threads=2, max_model_len=256)
+    llm.tokenizer.chat_template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                                   "{% if tools %} Tools: {{ tools | map(attribute='function.name') | join(', ') }}{% endif %}")
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    with running_server(llm, "stories") as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+        def prompt_tokens(**kw):
+            return client.chat.completions.create(model="stories", messages=chat("Once upon a time"), max_tokens=1,
+                                                  **kw).usage.prompt_tokens
+        plain = prompt_tokens()
+        with_tools = prompt_tokens(tools=[tool])
+        expected = llm.tokenizer.encode("Once upon a time Tools: get_weather")
+        assert with_tools == len(expected) > plain
+        assert prompt_tokens(tools=[tool], tool_choice="none") == plain
+
+
 def test_metrics_report_the_engine_and_the_requests(server, client):
     client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=5, temperature=0)
     text = requests.get(f"{server[0]}/metrics", timeout=10).text

@@ -139,17 +139,21 @@ class PromptLogprobs:
     def __call__(self, positions: np.ndarray, logits: np.ndarray) -> None:
         peak = logits.max(axis=1)
         log_norm = peak + np.log(np.exp(logits - peak[:, None]).sum(axis=1, dtype=np.float64))
+        rows = np.arange(len(positions))
+        targets = self.targets[positions + 1]
+        picked = logits[rows, targets]
+        ranks = (logits > picked[:, None]).sum(axis=1) + 1
         k = min(self.top, logits.shape[1])
+        if k:
+            best = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+            best_logits = logits[rows[:, None], best]
+            order = np.lexsort((best, -best_logits), axis=1)  # most likely first, ties by id
+            best = np.take_along_axis(best, order, axis=1)
+        logprob = lambda row, t: float(np.float32(logits[row, t] - log_norm[row]))  # noqa: E731
         for row, p in enumerate(positions):
-            target = int(self.targets[p + 1])
-            logprob = lambda t: float(np.float32(logits[row, t] - log_norm[row]))  # noqa: E731
-            rank = int((logits[row] > logits[row, target]).sum()) + 1
-            entry = {target: Logprob(logprob(target), rank)}
-            if k:
-                best = np.argpartition(-logits[row], k - 1)[:k]
-                best = best[np.lexsort((best, -logits[row, best]))]  # most likely first, ties by id
-                for r, t in enumerate(best):
-                    entry.setdefault(int(t), Logprob(logprob(t), r + 1))
+            entry = {int(targets[row]): Logprob(logprob(row, targets[row]), int(ranks[row]))}
+            for r in range(k):
+                entry.setdefault(int(best[row, r]), Logprob(logprob(row, best[row, r]), r + 1))
             self.entries[p + 1] = entry
 
 
