@@ -3,6 +3,7 @@ and chat, streamed deltas joining to the non-streamed text, usage, logprobs, ech
 stops, JSON-schema output, the small endpoints; every bad input gets its 4xx and the server goes
 on serving. A real server on 127.0.0.1, SmolLM2-135M-Instruct."""
 import json
+import re
 
 import jsonschema
 import openai
@@ -238,6 +239,21 @@ def test_bad_input_gets_its_4xx_in_openai_shape(server, path, body, status):
     error = r.json()["error"]
     assert error["code"] == status and error["message"] and error["type"]
     wait_until(lambda: pool_is_empty(engine), what="no request left behind")
+
+
+def test_a_client_leaving_a_whole_reply_aborts_its_request(server):
+    url, engine = server
+
+    def aborted():
+        text = requests.get(f"{url}/metrics", timeout=10).text
+        found = re.search(r'ferrum:request_success_total\{finished_reason="abort",model_name="smollm2"\} (\S+)', text)
+        return float(found.group(1)) if found else 0.0
+    before = aborted()
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 480, "ignore_eos": True}
+    with pytest.raises(requests.Timeout):  # the client gives up and closes the connection
+        requests.post(f"{url}/v1/completions", json=body, timeout=(10, 0.5))
+    wait_until(lambda: aborted() == before + 1, what="the request aborted")
+    wait_until(lambda: pool_is_empty(engine), what="its blocks freed")
 
 
 def test_the_server_keeps_serving_after_bad_input(client):
