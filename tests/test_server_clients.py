@@ -61,7 +61,7 @@ def test_schemathesis_finds_no_server_error(smollm2_path, tmp_path):
     with running_server(llm, "smollm2") as (url, engine):
         run = subprocess.run(
             [str(Path(sys.executable).with_name("schemathesis")), "run", f"{url}/openapi.json",
-             "--checks", "not_a_server_error", "--max-examples", "10", "--max-time", "45", "--workers", "1",
+             "--checks", "not_a_server_error", "--max-examples", "10", "--max-time", "30", "--workers", "1",
              "--seed", "29", "--generation-database", "none", "--request-timeout", "60", "--no-color",
              "--report-dir", str(tmp_path)],
             capture_output=True, text=True, timeout=240)

@@ -16,7 +16,7 @@ import json as _json
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -36,6 +36,7 @@ class StructuredOutputsParams:
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
     disable_any_whitespace: bool = False
+    _grammar: str = field(init=False, repr=False, compare=False, default="")  # compiled once, here
 
     def __post_init__(self) -> None:
         given = [name for name in ("json", "regex", "choice", "grammar", "json_object")
@@ -58,12 +59,16 @@ class StructuredOutputsParams:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
-        error = _llguidance().LLMatcher.validate_grammar(self.llguidance_grammar())
+        self._grammar = self._to_llguidance()
+        error = _llguidance().LLMatcher.validate_grammar(self._grammar)
         if error:
             raise ValueError(f"the {given[0]} constraint does not compile: {error}")
 
     def llguidance_grammar(self) -> str:
         """The constraint as an llguidance grammar (what ``LLMatcher`` takes)."""
+        return self._grammar
+
+    def _to_llguidance(self) -> str:
         ll = _llguidance()
         try:
             if self.json is not None or self.json_object:

@@ -2,17 +2,13 @@
 when given), ``response_format`` / ``structured_outputs`` constraints, logprobs, streaming."""
 from __future__ import annotations
 
-import json
-import time
-
 import jinja2
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 
 from .errors import APIError
 from .protocol import ChatCompletionRequest
-from .serving import Serving, random_id, unless_disconnected, usage
-from .streaming import Chunks, sse_response
+from .serving import Serving, reply, usage
+from .streaming import Chunks
 
 router = APIRouter()
 
@@ -34,11 +30,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     prompt_ids = serving.prompt_ids(prompt)
     serving.check_length(prompt_ids, body.completion_limit)
     serving.check_room()
-    header = {"id": random_id("chatcmpl"), "created": int(time.time()), "model": serving.model_name}
-    if body.stream:
-        return sse_response(request, _stream(serving, body, prompt_ids, params, header))
-    result = await unless_disconnected(request, _complete(serving, body, prompt_ids, params, header))
-    return Response(status_code=204) if result is None else result
+    return await reply(request, "chatcmpl", serving.model_name, body.stream,
+                       lambda header: _stream(serving, body, prompt_ids, params, header),
+                       lambda header: _complete(serving, body, prompt_ids, params, header))
 
 
 async def _complete(serving: Serving, body: ChatCompletionRequest, prompt_ids, params, header: dict) -> dict:

@@ -4,18 +4,15 @@ log-likelihoods equal ``ferrum.eval.loglikelihood``'s); streaming."""
 from __future__ import annotations
 
 import asyncio
-import json
-import time
-from typing import List, Optional, Union
+from typing import List, Union
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
 
 from ..outputs import CompletionOutput, RequestOutput
 from .errors import APIError
 from .protocol import CompletionRequest
-from .serving import Serving, merged, random_id, unless_disconnected, usage
-from .streaming import Chunks, sse_response
+from .serving import Serving, merged, reply, usage
+from .streaming import Chunks
 
 router = APIRouter()
 
@@ -41,11 +38,9 @@ async def create_completion(body: CompletionRequest, request: Request):
     for p in prompts:
         serving.check_length(p.ids, body.max_tokens)
     serving.check_room()
-    header = {"id": random_id("cmpl"), "created": int(time.time()), "model": serving.model_name}
-    if body.stream:
-        return sse_response(request, _stream(serving, body, prompts, params, header))
-    result = await unless_disconnected(request, _complete(serving, body, prompts, params, header))
-    return Response(status_code=204) if result is None else result
+    return await reply(request, "cmpl", serving.model_name, body.stream,
+                       lambda header: _stream(serving, body, prompts, params, header),
+                       lambda header: _complete(serving, body, prompts, params, header))
 
 
 async def _complete(serving: Serving, body: CompletionRequest, prompts: List[_Prompt], params, header: dict) -> dict:

@@ -1,7 +1,6 @@
 """Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}`` with the status."""
 from __future__ import annotations
 
-from http import HTTPStatus
 from typing import Optional
 
 from fastapi.responses import JSONResponse
@@ -28,7 +27,3 @@ def error_body(status: int, message: str, param: Optional[str] = None) -> dict:
 
 def error_response(status: int, message: str, param: Optional[str] = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, param), status_code=status)
-
-
-def status_phrase(status: int) -> str:
-    return HTTPStatus(status).phrase

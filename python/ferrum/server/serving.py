@@ -7,10 +7,11 @@ import asyncio
 import contextlib
 import time
 import uuid
-from typing import AsyncIterator, Dict, List, Optional, Sequence, Tuple, Union
+from typing import AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from fastapi import Request
+from fastapi.responses import Response
 
 from ..async_llm import AsyncLLM, EngineShutDown
 from ..engine import token_ids_of
@@ -18,6 +19,7 @@ from ..outputs import Logprob, RequestDelta, StepLogprobs
 from ..sampling import SamplingParams
 from .errors import APIError
 from .metrics import ServerMetrics
+from .streaming import sse_response
 
 
 class Serving:
@@ -188,6 +190,17 @@ async def merged(streams: Sequence[AsyncIterator]) -> AsyncIterator[Tuple[int, o
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def reply(request: Request, id_prefix: str, model_name: str, stream: bool,
+                streamed: Callable[[dict], AsyncIterator[str]], whole: Callable[[dict], Awaitable[dict]]):
+    """The response: the events of ``streamed(header)`` as a stream, or the body ``whole(header)``
+    returns (nothing if the client left first); header: the id, created time and model."""
+    header = {"id": random_id(id_prefix), "created": int(time.time()), "model": model_name}
+    if stream:
+        return sse_response(request, streamed(header))
+    result = await unless_disconnected(request, whole(header))
+    return Response(status_code=204) if result is None else result
 
 
 async def unless_disconnected(request: Request, work):
