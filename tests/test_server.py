@@ -103,6 +103,10 @@ def test_usage_and_logprobs(server, client):
     content = reply.choices[0].logprobs.content
     assert "".join(e.token for e in content) == reply.choices[0].message.content
     assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob == e.logprob for e in content)
+    streamed = [e for chunk in client.chat.completions.create(
+                    model=MODEL, messages=chat("Hi!"), max_tokens=6, temperature=0, logprobs=True, top_logprobs=2,
+                    stream=True) for c in chunk.choices if c.logprobs for e in c.logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
 
 
 def test_echo_returns_the_prompt_with_its_logprobs(client):
@@ -114,6 +118,13 @@ def test_echo_returns_the_prompt_with_its_logprobs(client):
     assert c.logprobs.token_logprobs[0] is None and c.logprobs.top_logprobs[0] is None
     assert all(lp <= 0 for lp in c.logprobs.token_logprobs[1:])
     assert "".join(c.logprobs.tokens[:n_prompt]) == PROMPTS[0] and len(c.logprobs.tokens) == n_prompt + 4
+    streamed_text, streamed_tokens, streamed_lps = "", [], []
+    for chunk in client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0, echo=True,
+                                           logprobs=1, stream=True):
+        streamed_text += chunk.choices[0].text
+        streamed_tokens += chunk.choices[0].logprobs.tokens
+        streamed_lps += chunk.choices[0].logprobs.token_logprobs
+    assert (streamed_text, streamed_tokens, streamed_lps) == (c.text, c.logprobs.tokens, c.logprobs.token_logprobs)
     scored = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=0, echo=True, logprobs=1)
     assert scored.choices[0].text == PROMPTS[0] and scored.usage.completion_tokens == 0
     assert scored.choices[0].logprobs.token_logprobs == c.logprobs.token_logprobs[:n_prompt]

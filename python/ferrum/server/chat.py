@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request
 
 from .errors import APIError
 from .protocol import ChatCompletionRequest
-from .serving import Serving, reply, usage
+from .serving import Serving, reply, stream_chunks, usage
 from .streaming import Chunks
 
 router = APIRouter()
@@ -55,20 +55,12 @@ async def _stream(serving: Serving, body: ChatCompletionRequest, prompt_ids, par
     event = Chunks(header, "chat.completion.chunk", body.include_usage)
     yield event([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                   "finish_reason": None} for i in range(body.n)])
-    completion_tokens = 0
-    async for delta in serving.generate(prompt_ids, params):
-        choices = []
-        for d in delta.outputs:
-            completion_tokens += len(d.token_ids)
-            if not (d.text or d.token_ids or d.finish_reason):
-                continue
-            logprobs = None
-            if body.logprobs:
-                logprobs = {"content": serving.chat_logprobs(d.token_ids, d.logprobs or [], body.top_logprobs or 0)}
-            choices.append({"index": d.index, "delta": {"content": d.text} if d.text else {},
-                            "logprobs": logprobs, "finish_reason": d.finish_reason,
-                            "stop_reason": d.stop_reason})
-        if choices:
-            yield event(choices)
-    if body.include_usage:
-        yield event([], usage(len(prompt_ids), completion_tokens))
+
+    def choice(_, d):
+        logprobs = None
+        if body.logprobs:
+            logprobs = {"content": serving.chat_logprobs(d.token_ids, d.logprobs or [], body.top_logprobs or 0)}
+        return {"index": d.index, "delta": {"content": d.text} if d.text else {}, "logprobs": logprobs,
+                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}
+    async for chunk in stream_chunks(event, [serving.generate(prompt_ids, params)], choice, len(prompt_ids)):
+        yield chunk

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from ..outputs import CompletionOutput, RequestOutput
 from .errors import APIError
 from .protocol import CompletionRequest
-from .serving import Serving, merged, reply, usage
+from .serving import Serving, reply, stream_chunks, usage
 from .streaming import Chunks
 
 router = APIRouter()
@@ -76,10 +76,10 @@ async def _complete(serving: Serving, body: CompletionRequest, prompts: List[_Pr
 
 
 async def _final_output(serving: Serving, prompt_ids: List[int], params) -> RequestOutput:
+    output = None
     async for delta in serving.generate(prompt_ids, params):
-        if delta.finished:
-            return delta.output
-    raise RuntimeError("the engine ended a request without its output")
+        output = delta.output  # the last delta's: the whole output
+    return output
 
 
 async def _stream(serving: Serving, body: CompletionRequest, prompts: List[_Prompt], params, header: dict):
@@ -92,22 +92,16 @@ async def _stream(serving: Serving, body: CompletionRequest, prompts: List[_Prom
                 lps = serving.completion_logprobs(p.ids, await serving.prompt_logprobs(p.ids, body.logprobs))
             yield event([{"index": i * n + k, "text": p.text, "logprobs": lps, "finish_reason": None}
                          for k in range(n)])
-    completion_tokens = 0
-    async for i, delta in merged([serving.generate(p.ids, params) for p in prompts]):
-        choices = []
-        for d in delta.outputs:
-            completion_tokens += len(d.token_ids)
-            if not (d.text or d.token_ids or d.finish_reason):
-                continue
-            logprobs = None
-            if body.logprobs is not None:
-                logprobs = serving.completion_logprobs(d.token_ids, d.logprobs or [])
-            choices.append({"index": i * n + d.index, "text": d.text, "logprobs": logprobs,
-                            "finish_reason": d.finish_reason, "stop_reason": d.stop_reason})
-        if choices:
-            yield event(choices)
-    if body.include_usage:
-        yield event([], usage(sum(len(p.ids) for p in prompts), completion_tokens))
+
+    def choice(i, d):
+        logprobs = None
+        if body.logprobs is not None:
+            logprobs = serving.completion_logprobs(d.token_ids, d.logprobs or [])
+        return {"index": i * n + d.index, "text": d.text, "logprobs": logprobs,
+                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}
+    streams = [serving.generate(p.ids, params) for p in prompts]
+    async for chunk in stream_chunks(event, streams, choice, sum(len(p.ids) for p in prompts)):
+        yield chunk
 
 
 async def _all(coros) -> list:

@@ -15,11 +15,11 @@ from fastapi.responses import Response
 
 from ..async_llm import AsyncLLM, EngineShutDown
 from ..engine import token_ids_of
-from ..outputs import Logprob, RequestDelta, StepLogprobs
+from ..outputs import CompletionDelta, Logprob, RequestDelta, StepLogprobs
 from ..sampling import SamplingParams
 from .errors import APIError
 from .metrics import ServerMetrics
-from .streaming import sse_response
+from .streaming import Chunks, sse_response
 
 
 class Serving:
@@ -190,6 +190,24 @@ async def merged(streams: Sequence[AsyncIterator]) -> AsyncIterator[Tuple[int, o
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def stream_chunks(event: Chunks, streams: Sequence[AsyncIterator[RequestDelta]],
+                        choice: Callable[[int, CompletionDelta], dict], prompt_tokens: int) -> AsyncIterator[str]:
+    """A chunk for each engine step in which the requests of `streams` produced text, tokens or an
+    end, with a choice per completion made by ``choice(stream index, its delta)``; then the
+    usage chunk, when the request asked for it."""
+    completion_tokens = 0
+    async for i, delta in merged(streams):
+        choices = []
+        for d in delta.outputs:
+            completion_tokens += len(d.token_ids)
+            if d.text or d.token_ids or d.finish_reason:
+                choices.append(choice(i, d))
+        if choices:
+            yield event(choices)
+    if event.include_usage:
+        yield event([], usage(prompt_tokens, completion_tokens))
 
 
 async def reply(request: Request, id_prefix: str, model_name: str, stream: bool,
