@@ -64,7 +64,7 @@ def test_schemathesis_finds_no_server_error(smollm2_path, tmp_path):
              "--checks", "not_a_server_error", "--max-examples", "10", "--max-time", "30", "--workers", "1",
              "--seed", "29", "--generation-database", "none", "--request-timeout", "60", "--no-color",
              "--report-dir", str(tmp_path)],
-            capture_output=True, text=True, timeout=240)
+            capture_output=True, text=True, timeout=240, cwd=tmp_path)  # its caches go there
         assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
         assert re.search(r"\d+ generated, \d+ passed", run.stdout), run.stdout[-2000:]
         assert requests.get(f"{url}/health", timeout=10).status_code == 200
