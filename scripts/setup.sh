@@ -38,7 +38,7 @@ p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 reqs = list(p["dependencies"])
 if sys.argv[1]:
     extras = p["optional-dependencies"]
-    for e in ("tools", "wheel", "test", "eval"):
+    for e in ("tools", "wheel", "serve", "test", "eval"):
         reqs += [r for r in extras[e] if not r.startswith("ferrum")]
 print("\n".join(reqs))
 PY

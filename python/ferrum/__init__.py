@@ -4,9 +4,11 @@ try:  # first: on a CPU below the build's baseline, an ImportError that says so,
 except ModuleNotFoundError:  # a package tree holding _core alone (scripts/dev_test.sh)
     pass
 from .llm import LLM
+from .async_llm import AsyncLLM
 from .outputs import CompletionDelta, CompletionOutput, RequestDelta, RequestOutput
 from .sampling import SamplingParams
+from .structured import StructuredOutputsParams
 from . import eval  # ferrum.eval: perplexity, loglikelihood, exact_match
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestDelta", "CompletionDelta"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "RequestDelta", "CompletionDelta"]

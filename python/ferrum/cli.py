@@ -1,4 +1,4 @@
-"""The `ferrum` command (also `python -m ferrum`): generate, chat, bench."""
+"""The `ferrum` command (also `python -m ferrum`): generate, chat, bench, serve."""
 from __future__ import annotations
 
 import argparse
@@ -177,6 +177,11 @@ def _enable_line_editing() -> None:
     atexit.register(save)
 
 
+def cmd_serve(args) -> int:
+    from .server.main import run
+    return run(args)
+
+
 def cmd_bench(args) -> int:
     from .bench import run_bench
     run_bench(args)
@@ -219,6 +224,13 @@ def main(argv=None) -> int:
     b.add_argument("--repetitions", "-r", type=int, default=3, help="runs (default: 3)")
     b.add_argument("--json", action="store_true", help="print one JSON line")
     b.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs ferrum[serve])",
+                       description="Serve MODEL over the OpenAI API (/v1/completions, /v1/chat/completions, "
+                                   "/v1/models, /health, /metrics, /tokenize, /detokenize) until Ctrl-C or SIGTERM.")
+    from .server.main import add_arguments as add_serve_arguments  # argparse only: no server imports
+    add_serve_arguments(s)
+    s.set_defaults(fn=cmd_serve)
 
     args = ap.parse_args(argv)
     if args.command == "bench":

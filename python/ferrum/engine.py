@@ -21,6 +21,7 @@ from . import _core
 from .outputs import CompletionDelta, RequestDelta, RequestOutput
 from .sampling import Sampler, SamplingParams, SamplingState
 from .speculative import DraftModel, Speculation, SpeculativeConfig, ngram_proposal
+from .structured import GrammarConstraint
 from .stop import RequestProgress
 from .tokenizer import IncrementalDecoder, Tokenizer
 
@@ -86,6 +87,8 @@ class _Request:
         d.text += text
         if token is not None:
             d.token_ids.append(token)
+            if c.progress.logprobs is not None:
+                d.logprobs = (d.logprobs or []) + c.progress.logprobs[-1:]
         d.finish_reason, d.stop_reason = c.progress.finish_reason, c.progress.stop_reason
 
 
@@ -132,6 +135,9 @@ class Engine:
                 seq = self.core.add_sequence(prompt_ids, 0 if i == 0 and req.prompt_logprobs is not None else -1)
                 progress = RequestProgress(params, self.tokenizer.eos_token_ids, index=i)
                 state = SamplingState(params, prompt_ids, index=i, output_token_ids=progress.token_ids)
+                if params.structured_outputs is not None:
+                    state.constraint = GrammarConstraint(params.structured_outputs, self.tokenizer,
+                                                         self.runner.config["vocab_size"])
                 spec = (Speculation(self.speculative.num_speculative_tokens)
                         if self.speculative and params.speculative_decoding else None)
                 req.completions.append(_Completion(

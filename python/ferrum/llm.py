@@ -339,7 +339,8 @@ class LLM:
     def stats(self) -> dict:
         """Running / waiting sequences, KV blocks used / free, prefix-cache hit rate, generated
         tokens per second of busy time (while requests were unfinished), preemptions."""
-        return self.engine.stats()
+        with self._lock:
+            return self.engine.stats()
 
     # ---- helpers ----
     def _prepare(self, prompts, prompt_token_ids) -> List[tuple]:

@@ -95,6 +95,7 @@ class CompletionDelta:
     token_ids: List[int]
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
+    logprobs: Optional[List[StepLogprobs]] = None  # one per new token, when the request asked
 
 
 @dataclass

@@ -2,9 +2,9 @@
 
 Semantics follow vLLM (v1) unless noted:
 
-* Processing order per row: logits_processors -> logit_bias -> repetition penalty -> presence /
-  frequency penalties -> (greedy rows: argmax here) -> temperature -> top-k ->
-  top-p -> min-p -> draw from the renormalised distribution.
+* Processing order per row: logits_processors -> structured-output mask -> logit_bias ->
+  repetition penalty -> presence / frequency penalties -> (greedy rows: argmax here) ->
+  temperature -> top-k -> top-p -> min-p -> draw from the renormalised distribution.
   (vLLM v1 runs min-p before top-k/top-p; we apply it last, on the
   renormalised top-k/top-p distribution.)
 * A temperature below ``GREEDY_TEMPERATURE`` (1e-5, vLLM's epsilon) is greedy:
@@ -37,6 +37,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .outputs import Logprob, StepLogprobs
+from .structured import GrammarConstraint, StructuredOutputsParams
 
 GREEDY_TEMPERATURE = 1e-5
 
@@ -84,6 +85,8 @@ class SamplingParams:
     best_of: Optional[int] = None
     # With an LLM configured for speculative decoding: False decodes this request plainly.
     speculative_decoding: bool = True
+    # Output constrained to a JSON schema, regex, choice or grammar (ferrum.structured, llguidance).
+    structured_outputs: Optional[StructuredOutputsParams] = None
 
     def __post_init__(self) -> None:
         def fail(message: str):
@@ -130,6 +133,8 @@ class SamplingParams:
             if not isinstance(value, (bool, np.bool_)):
                 fail(f"{name} must be True or False, got {value!r}")
             setattr(self, name, bool(value))
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            fail("structured_outputs must be a ferrum.structured.StructuredOutputsParams")
 
         self.stop = self._normalise_stop(self.stop, fail)
         if self.stop_token_ids is None:
@@ -177,7 +182,7 @@ class SamplingParams:
     def plain_greedy(self) -> bool:
         """Greedy on the raw logits: no logits processor, no logprobs to report."""
         return (self.greedy and not self.logit_bias and not self.logits_processors
-                and self.repetition_penalty == 1.0
+                and self.structured_outputs is None and self.repetition_penalty == 1.0
                 and self.presence_penalty == 0.0 and self.frequency_penalty == 0.0
                 and self.logprobs is None)
 
@@ -198,6 +203,7 @@ class SamplingState:
 
     ``index`` is which of the request's ``n`` completions this is.  Call
     ``append`` with each token the sampler picked for this sequence.
+    ``constraint`` masks what ``params.structured_outputs`` forbids (one per completion).
     """
 
     params: SamplingParams
@@ -205,6 +211,7 @@ class SamplingState:
     index: int = 0
     generator: Optional[np.random.Generator] = None
     output_token_ids: List[int] = field(default_factory=list)
+    constraint: Optional[GrammarConstraint] = None
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = np.asarray(self.prompt_token_ids, dtype=np.int64).reshape(-1)
@@ -388,7 +395,8 @@ class Sampler:
         return tokens.astype(np.int64), accepted, self._gather_logprobs(logits, tokens, params)
 
     def process_logits(self, logits: np.ndarray, requests: Sequence[SamplingState]) -> np.ndarray:
-        """logit_bias, then repetition, then presence/frequency penalties.
+        """Logits processors, the structured-output mask, logit_bias, then repetition, then
+        presence/frequency penalties.
 
         Returns a float64 copy (the caller's array is untouched): double
         precision keeps the top-p tail masses and inverse-CDF sums accurate.
@@ -398,6 +406,9 @@ class Sampler:
         self._check_shape(logits, requests)
         work = logits.astype(np.float64, copy=True)
         self._apply_logits_processors(work, requests)
+        for row, state in enumerate(requests):
+            if state.constraint is not None:
+                state.constraint.apply(work[row], state.output_token_ids)
         self._apply_logit_bias(work, [state.params for state in requests])
         self._apply_penalties(work, requests)
         return work

@@ -44,6 +44,11 @@ class Tokenizer:
     def special_token_ids(self) -> set[int]:
         return set(self._backend.special_ids)
 
+    @property
+    def hf_tokenizer(self):
+        """The Hugging Face ``tokenizers.Tokenizer`` doing the work, or None (SentencePiece)."""
+        return getattr(self._backend, "hf", None)
+
     def id_to_token(self, token_id: int) -> str | None:
         """The vocabulary entry as stored (e.g. 'Ġthe', '▁the', '<0x0A>', '<|im_end|>')."""
         return self._backend.id_to_token(int(token_id))

@@ -1,0 +1,82 @@
+"""``ferrum serve``: its arguments, and running the server until SIGINT / SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None,
+                   help="model directory, .gguf / llama2.c .bin file, or hub id (default: SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model's name in the API (default: the model file or directory name)")
+    p.add_argument("--device", default="cpu", help="cpu or opencl[:platform[:device]] (default: cpu)")
+    p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--kv-dtype", default="f16", choices=["f16", "f32", "int8"], help="KV cache dtype")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length limit")
+    p.add_argument("--kv-cache-tokens", type=int, default=None, help="size the KV cache in tokens")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="sequences in the running batch (default: 32)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512,
+                   help="tokens in one forward (default: 512)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="do not reuse earlier prompts' KV blocks")
+    p.add_argument("--speculative-config", default=None,
+                   help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\'')
+    p.add_argument("--max-waiting-requests", type=int, default=256,
+                   help="requests waiting to run before new ones get 503 (default: 256)")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds requests in flight may take to finish on SIGTERM before they are aborted (default: 10)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def run(args: argparse.Namespace) -> int:
+    """Loads the model, serves until SIGINT / SIGTERM, then stops: no new connections, requests
+    in flight finish within --shutdown-timeout or are aborted; returns 0 after SIGTERM."""
+    try:
+        import uvicorn
+        from .app import build_app
+    except ImportError as e:
+        raise RuntimeError(f"`ferrum serve` needs the serve extra: pip install 'ferrum[serve]' ({e})") from None
+    from ..async_llm import AsyncLLM
+    from ..llm import LLM
+
+    llm = LLM(args.model, device=args.device, kv_dtype=args.kv_dtype, num_threads=args.threads,
+              max_model_len=args.max_model_len, kv_cache_tokens=args.kv_cache_tokens,
+              enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, speculative_config=args.speculative_config)
+    name = args.served_model_name or Path(llm.model_path).name
+    engine = AsyncLLM(llm)
+    try:
+        app = build_app(engine, name, api_key=args.api_key, max_waiting_requests=args.max_waiting_requests,
+                        shutdown_grace_seconds=args.shutdown_timeout + 5)
+        # Streams are cut only if aborting them has not ended them by then.
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                timeout_graceful_shutdown=args.shutdown_timeout + 10)
+        # uvicorn raises the signal it stopped for again once it has shut down; a SIGTERM handled
+        # here makes that a clean exit.
+        previous = signal.signal(signal.SIGTERM, lambda *_: None)
+        try:
+            _graceful_server(uvicorn, config, engine, args.shutdown_timeout).run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def _graceful_server(uvicorn, config, engine, grace_s: float):
+    """A uvicorn server that, once told to stop, gives the requests in flight `grace_s` seconds,
+    then shuts the engine down: what still runs ends with finish_reason "abort", and its
+    response (a stream too) completes normally."""
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if not self.should_exit:
+                timer = threading.Timer(grace_s, engine.shutdown)
+                timer.daemon = True  # run() shuts the engine down itself if the server stops sooner
+                timer.start()
+            super().handle_exit(sig, frame)
+    return Server(config)

@@ -1,0 +1,214 @@
+"""Request bodies of the OpenAI-compatible API (OpenAI's fields, plus vLLM's extensions), and
+their translation into ``SamplingParams``.
+
+Unknown fields are ignored, as vLLM and OpenAI do; values out of range are a 400.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..sampling import SamplingParams
+from ..structured import StructuredOutputsParams
+
+MAX_N = 16  # completions per prompt
+MAX_LOGPROBS = 20  # most likely tokens reported per position (vLLM's default limit)
+SEED_RANGE = dict(ge=-(2 ** 63), le=2 ** 64 - 1)
+
+
+class OpenAIModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(OpenAIModel):
+    include_usage: bool = False
+
+
+class StructuredOutputs(OpenAIModel):
+    """vLLM's ``structured_outputs`` request field: exactly one constraint."""
+    json_schema: Union[str, Dict[str, Any], None] = Field(None, alias="json")
+    regex: Optional[str] = None
+    choice: Optional[List[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    disable_any_whitespace: bool = False
+
+    def params(self) -> StructuredOutputsParams:
+        return StructuredOutputsParams(json=self.json_schema, regex=self.regex, choice=self.choice,
+                                       grammar=self.grammar, json_object=self.json_object,
+                                       disable_any_whitespace=self.disable_any_whitespace)
+
+
+class JsonSchemaFormat(OpenAIModel):
+    name: str = "response"
+    description: Optional[str] = None
+    json_schema: Dict[str, Any] = Field(alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema")
+        return self
+
+    def structured(self) -> Optional[StructuredOutputsParams]:
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.type == "json_schema":
+            return StructuredOutputsParams(json=self.json_schema.json_schema)
+        return None
+
+
+class SamplingRequest(OpenAIModel):
+    """The fields completions and chat completions share."""
+    model: Optional[str] = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    temperature: Optional[float] = Field(None, ge=0, le=100)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    top_k: Optional[int] = Field(None, ge=-1)
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
+    frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
+    repetition_penalty: Optional[float] = Field(None, ge=0.01, le=100)  # no overflow dividing by it
+    logit_bias: Optional[Dict[str, float]] = None
+    stop: Union[str, List[str], None] = None
+    stop_token_ids: Optional[List[int]] = None
+    seed: Optional[int] = Field(None, **SEED_RANGE)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[StructuredOutputs] = None
+    user: Optional[str] = None
+
+    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int], vocab_size: int) -> SamplingParams:
+        """ValueError for a value SamplingParams or the vocabulary rejects."""
+        bias = None
+        if self.logit_bias:
+            bias = {}
+            for key, value in self.logit_bias.items():
+                try:
+                    token = int(key)
+                except ValueError:
+                    raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+                if not 0 <= token < vocab_size:
+                    raise ValueError(f"logit_bias token id {token} is out of range [0, {vocab_size})")
+                bias[token] = min(max(value, -100.0), 100.0)  # OpenAI's range
+        structured = self.response_format.structured() if self.response_format else None
+        if self.structured_outputs is not None:
+            if structured is not None:
+                raise ValueError("give response_format or structured_outputs, not both")
+            structured = self.structured_outputs.params()
+        return SamplingParams(
+            n=self.n, max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0, presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=self.repetition_penalty or 1.0, logit_bias=bias, stop=self.stop,
+            stop_token_ids=self.stop_token_ids, seed=self.seed, ignore_eos=self.ignore_eos,
+            logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+            structured_outputs=structured)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+TokenIds = List[int]
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Union[str, List[str], TokenIds, List[TokenIds]]
+    max_tokens: Optional[int] = Field(16, ge=0)
+    echo: bool = False
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    suffix: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _supported(self):
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be at least 1 unless echo is set")
+        if self.max_tokens == 0 and self.stream:
+            raise ValueError("max_tokens=0 cannot stream")
+        return self
+
+    def prompts(self) -> List[Union[str, TokenIds]]:
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        if not p:
+            raise ValueError("the prompt is empty")
+        return list(p)
+
+
+class ContentPart(OpenAIModel):
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # tool_calls, tool_call_id, ...: the template reads them
+    role: str
+    content: Union[str, List[ContentPart], None] = None
+    name: Optional[str] = None
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it: text content as one string."""
+        message = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            if any(part.type != "text" or part.text is None for part in self.content):
+                raise ValueError("only text content parts are supported")
+            message["content"] = "".join(part.text for part in self.content)
+        return message
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: List[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Union[str, Dict[str, Any], None] = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
+
+    @property
+    def completion_limit(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def logprobs_count(self) -> Optional[int]:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(OpenAIModel):
+    """vLLM's /tokenize: a prompt, or chat messages rendered through the chat template."""
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[List[ChatMessage]] = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(OpenAIModel):
+    model: Optional[str] = None
+    tokens: List[int]

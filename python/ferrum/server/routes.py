@@ -1,0 +1,74 @@
+"""The small endpoints: /v1/models, /health, /metrics, /tokenize, /detokenize, /tokenizer_info
+(vLLM's, which lm-evaluation-harness reads to tokenize through the server)."""
+from __future__ import annotations
+
+import jinja2
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from .errors import APIError
+from .protocol import DetokenizeRequest, TokenizeRequest
+from .serving import Serving
+
+v1 = APIRouter()  # behind the API key, when the server has one
+public = APIRouter()
+
+
+def _serving(request: Request) -> Serving:
+    return request.app.state.serving
+
+
+@v1.get("/v1/models")
+async def list_models(request: Request):
+    s = _serving(request)
+    return {"object": "list", "data": [{"id": s.model_name, "object": "model", "created": s.created,
+                                        "owned_by": "ferrum", "root": str(s.engine.llm.model_path),
+                                        "max_model_len": s.max_model_len}]}
+
+
+@public.get("/health")
+async def health():
+    return {"status": "ok"}
+
+
+@public.get("/metrics")
+async def metrics(request: Request):
+    s = _serving(request)
+    return Response(s.metrics.scrape(s.engine.stats()), media_type=CONTENT_TYPE_LATEST)
+
+
+@public.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request):
+    s = _serving(request)
+    s.check_model(body.model)
+    text = body.prompt
+    add_special_tokens = body.add_special_tokens
+    if body.messages is not None:
+        try:
+            text = s.tokenizer.apply_chat_template([m.for_template() for m in body.messages],
+                                                   add_generation_prompt=body.add_generation_prompt)
+        except (ValueError, TypeError, jinja2.TemplateError) as e:
+            raise APIError(400, str(e)) from None
+        add_special_tokens = False  # the template writes any BOS itself
+    tokens = s.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    return {"count": len(tokens), "max_model_len": s.max_model_len, "tokens": tokens}
+
+
+@public.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request):
+    s = _serving(request)
+    s.check_model(body.model)
+    try:
+        return {"prompt": s.tokenizer.decode(body.tokens)}
+    except ValueError as e:
+        raise APIError(400, str(e)) from None
+
+
+@public.get("/tokenizer_info")
+async def tokenizer_info(request: Request):
+    s = _serving(request)
+    tok = s.tokenizer
+    return {"tokenizer_class": "ferrum.Tokenizer", "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+            "pad_token": None, "chat_template": tok.chat_template, "model_max_length": s.max_model_len,
+            "add_bos_token": tok.add_bos}
