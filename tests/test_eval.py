@@ -272,3 +272,19 @@ def test_import_ferrum_needs_no_test_only_package():
     out = subprocess.run([sys.executable, *(["-S"] if sys.flags.no_site else []), "-c", code],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_scores_do_not_depend_on_chunking_batching_or_row_count(smollm2_path):
+    """A score's logits are the same bits however its sequence is chunked (token budgets of 7 to
+    512), batched (with others of any length before it) or cut (one token): on a quantized model
+    with an f16 KV cache, where any difference in a K/V value would show."""
+    ids = ferrum.LLM(smollm2_path, num_threads=2).tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 5)
+    other = list(range(1000, 1037))
+    alone = ferrum.LLM(smollm2_path, num_threads=2, enable_prefix_caching=False)
+    want = alone.score(ids)
+    for budget in (7, 16, 33, 64):
+        llm = ferrum.LLM(smollm2_path, num_threads=2, enable_prefix_caching=False, max_num_batched_tokens=budget)
+        np.testing.assert_array_equal(llm.score(ids), want)
+    for k in (1, 5, 17, 36):
+        np.testing.assert_array_equal(alone.score([other[:k], ids])[1], want)
+    np.testing.assert_array_equal(alone.score(ids[:1]), want[:1])

@@ -11,8 +11,9 @@
 //     weights go to sgemm on each thread's slice of N; other types are dequantized a tile of
 //     rows at a time into per-thread scratch, then sgemm. Two to eight rows of f32 weights: sgemm.
 //   - a scoring step (Stream::float_activations) never quantizes activations: every matmul over
-//     weights whose kernels would is dequantize + sgemm, one row or many, so scores agree with a
-//     float reference.
+//     weights whose kernels would is dequantize + an f32 GEMM (ferrum's on AVX512_BF16 CPUs,
+//     whose rows do not depend on how many there are; else sgemm), one row or many, so scores
+//     agree with a float reference.
 // Weights in the R16 layout (pack_weight) take the same paths; threads split them at 16-row
 // group starts.
 #include <cblas.h>
@@ -49,15 +50,17 @@ struct Matmul {
   size_t w_row_bytes;
   quant::WeightLayout layout;
   int64_t unit;  // rows that go to one thread together: a 16-row group of R16 weights, else 1
+  bool exact_rows;  // a scoring step's: results must not depend on T (Stream::float_activations)
 
   float* out_cols() const { return host_ptr<float>(out) + out_col; }  // column 0 of this weight's
   const char* weight_rows(int64_t r) const { return host_ptr<char>(w) + r * w_row_bytes; }
 };
 
-Matmul describe(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out, int64_t out_col) {
+Matmul describe(const Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                int64_t out_col) {
   const quant::WeightLayout layout = layout_of(w);
   return {x, w, bias, out, out_col, x.rows(), x.cols(), w.dim(0), out.cols(), w.row_bytes(), layout,
-          layout == quant::WeightLayout::R16 ? quant::kR16Rows : 1};
+          layout == quant::WeightLayout::R16 ? quant::kR16Rows : 1, s.float_activations};
 }
 
 // The path a call takes: the chosen kernels and whether it is prefill-sized.
@@ -109,6 +112,24 @@ const float* weight_rows_f32(const Matmul& m, int64_t r0, int64_t rows, float* t
   return tile;
 }
 
+// f32 weight rows times f32 activations. Where the CPU has it, ferrum's f32 GEMM, whose results do
+// not depend on the number of activation rows (sgemm's do, for small counts); else, for a
+// scoring step, the portable GEMM with that property, so a score's rows come out the same
+// however its sequence is chunked or batched; else sgemm.
+void f32_matmul(const Matmul& m, const float* w_rows, int64_t rows, float* out) {
+  static const quant::DotBatchFn gemm = quant::gemm_kernel(DType::F32, quant::WeightLayout::Plain);
+  if (gemm) {
+    gemm(m.K, w_rows, size_t(m.K) * 4, rows, host_ptr<float>(m.x), size_t(m.K) * 4, m.T, out, m.ldo);
+    return;
+  }
+  if (m.exact_rows) {
+    quant::gemm_f32_exact(m.K, w_rows, rows, host_ptr<float>(m.x), m.T, out, m.ldo);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m.T), int(rows), int(m.K), 1.0f, host_ptr<float>(m.x),
+              int(m.K), w_rows, int(m.K), 0.0f, out, int(m.ldo));
+}
+
 void record_dequantize_sgemm(CpuStream& cs, const Matmul& m, std::shared_ptr<std::vector<char>> tiles) {
   cs.record("linear_gemm", [m, tiles](int ith, int nth) {
     int64_t r0, r1;
@@ -117,8 +138,7 @@ void record_dequantize_sgemm(CpuStream& cs, const Matmul& m, std::shared_ptr<std
     float* op = m.out_cols();
     for (int64_t t0 = r0; t0 < r1; t0 += kTileRows) {
       const int64_t rows = std::min(kTileRows, r1 - t0);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m.T), int(rows), int(m.K), 1.0f, host_ptr<float>(m.x),
-                  int(m.K), weight_rows_f32(m, t0, rows, tile), int(m.K), 0.0f, op + t0, int(m.ldo));
+      f32_matmul(m, weight_rows_f32(m, t0, rows, tile), rows, op + t0);
     }
     add_bias(m, op, r0, r1);
   });
@@ -231,7 +251,7 @@ void CpuBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tenso
   own({&x, &w, &bias, &out});
   checks::linear(x, w, bias, out, out_col);
   CpuStream& cs = static_cast<CpuStream&>(s);
-  const Matmul m = describe(x, w, bias, out, out_col);
+  const Matmul m = describe(s, x, w, bias, out, out_col);
   const LinearPath path = choose_path(s, m);
   if (path.sgemm) {
     record_dequantize_sgemm(cs, m, scratch(Scratch::GemmTiles, sgemm_scratch_bytes(m, pool_.size())));
