@@ -404,3 +404,16 @@ def test_token_ids_are_integers_of_the_vocabulary(llm, ids, error):
     with pytest.raises(TypeError):  # nested one level too deep
         llm.generate(prompt_token_ids=[ids])
     assert not llm.has_unfinished() and llm.stats()["kv_blocks_used"] == 0
+
+
+def test_integers_beyond_64_bits_in_sampling_params(llm):
+    """Huge but valid values mean 'no limit'; a logit_bias id beyond the vocabulary is a ValueError."""
+    huge = 2**90
+    for kw in [dict(top_k=huge, temperature=1.0, seed=huge), dict(max_tokens=huge), dict(stop_token_ids=[huge]),
+               dict(logprobs=huge), dict(prompt_logprobs=huge)]:
+        out = llm.generate(["Once"], ferrum.SamplingParams(**{"max_tokens": 3, **kw}))[0]
+        assert out.outputs[0].token_ids, kw
+    for bias in [{huge: 1.0}, {512: 1.0}]:
+        with pytest.raises(ValueError, match="logit_bias token id"):
+            llm.generate(["Once"], ferrum.SamplingParams(logit_bias=bias))
+    assert not llm.has_unfinished() and llm.stats()["kv_blocks_used"] == 0

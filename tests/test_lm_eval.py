@@ -129,3 +129,12 @@ def test_import_ferrum_does_not_import_lm_eval():
                         "import sys, ferrum; assert 'lm_eval' not in sys.modules, sorted(sys.modules)"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_importing_ferrums_model_keeps_lm_evals_own_models():
+    # lm_eval fills its registry with its own models only while the registry is empty.
+    r = subprocess.run([sys.executable, *(["-S"] if sys.flags.no_site else []), "-c",
+                        "from ferrum.lm_eval_model import FerrumLM; from lm_eval.api.registry import get_model; "
+                        "assert get_model('ferrum') is FerrumLM; get_model('local-completions')"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]

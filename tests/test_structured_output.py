@@ -85,6 +85,14 @@ def test_unconstrained_requests_beside_constrained_ones_are_unchanged(smollm2, c
     assert MASK_COST.snapshot()["steps"] > steps  # each constrained step's mask is measured
 
 
+def test_a_complete_grammar_ends_the_completion_even_with_ignore_eos(smollm2, chat_prompt):
+    params = constrained(json={"type": "boolean"}, max_tokens=60)  # complete after `true` or `false`
+    params.ignore_eos = True
+    for prompt in [chat_prompt("Is water wet? Answer in JSON."), "true"]:
+        c = smollm2.generate([prompt], params)[0].outputs[0]
+        assert c.finish_reason == "stop" and json.loads(c.text) in (True, False), c.text
+
+
 def test_a_tiny_model_still_produces_valid_json():
     """stories260K knows no JSON: the mask alone makes its output parse."""
     llm = ferrum.LLM(STORIES_FORMATS["gguf"], num_threads=2, max_model_len=512)

@@ -123,6 +123,9 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise TypeError("sampling params must be a ferrum.SamplingParams")
         prompt_ids = token_ids_of(prompt_ids)
+        vocab = self.runner.config["vocab_size"]
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias token id {max(params.logit_bias)} is out of range [0, {vocab})")
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -136,8 +139,7 @@ class Engine:
                 progress = RequestProgress(params, self.tokenizer.eos_token_ids, index=i)
                 state = SamplingState(params, prompt_ids, index=i, output_token_ids=progress.token_ids)
                 if params.structured_outputs is not None:
-                    state.constraint = GrammarConstraint(params.structured_outputs, self.tokenizer,
-                                                         self.runner.config["vocab_size"])
+                    state.constraint = GrammarConstraint(params.structured_outputs, self.tokenizer, vocab)
                 spec = (Speculation(self.speculative.num_speculative_tokens)
                         if self.speculative and params.speculative_decoding else None)
                 req.completions.append(_Completion(

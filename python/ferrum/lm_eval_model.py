@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+import lm_eval.models  # noqa: F401  lm_eval lists its own models only while its registry is empty
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import simple_parse_args_string

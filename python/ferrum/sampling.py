@@ -498,10 +498,9 @@ class Sampler:
     def _filtered_probs(scaled: np.ndarray, params: Sequence[SamplingParams]) -> np.ndarray:
         """Temperature-scaled logits -> top-k/top-p/min-p filtered, renormalised probs."""
         vocab = scaled.shape[1]
-        top_k = np.array([p.top_k for p in params], dtype=np.int64)
+        top_k = np.array([0 if p.top_k >= vocab else p.top_k for p in params], dtype=np.int64)  # k >= V keeps all
         top_p = np.array([p.top_p for p in params], dtype=np.float64)
         min_p = np.array([p.min_p for p in params], dtype=np.float64)
-        top_k = np.where(top_k >= vocab, 0, top_k)  # k >= V keeps everything
 
         filtered = np.flatnonzero((top_k > 0) | (top_p < 1.0))
         if filtered.size:

@@ -5,7 +5,8 @@ string may span several token deltas) and tells how much text can be shown
 without risking a later stop-string match.  ``RequestProgress`` drives one
 completion token by token, vLLM-style:
 
-* EOS (unless ``ignore_eos``) or a ``stop_token_ids`` hit -> "stop"; the
+* EOS (unless ``ignore_eos``; a structured output's EOS, which its grammar
+  allows only once complete, always) or a ``stop_token_ids`` hit -> "stop"; the
   token id is kept in ``token_ids`` but its text is not added to the output.
 * A stop string -> "stop"; the output is cut before it (stop string excluded,
   vLLM's default ``include_stop_str_in_output=False``).
@@ -64,7 +65,7 @@ class RequestProgress:
     """One completion's output state, advanced once per generated token.
 
     ``eos_token_ids`` are the tokenizer's end-of-sequence ids (ignored when
-    ``params.ignore_eos``).
+    ``params.ignore_eos``, unless the output is structured: its grammar's end is the end).
     """
 
     def __init__(self, params: SamplingParams,
@@ -75,7 +76,8 @@ class RequestProgress:
             eos_token_ids = ()
         elif isinstance(eos_token_ids, numbers.Integral):
             eos_token_ids = (eos_token_ids,)
-        self._eos_ids = frozenset() if params.ignore_eos else frozenset(eos_token_ids)
+        ends_at_eos = not params.ignore_eos or params.structured_outputs is not None
+        self._eos_ids = frozenset(eos_token_ids) if ends_at_eos else frozenset()
         self._stop_ids = frozenset(params.stop_token_ids or ())
         self._checker = StopChecker(params.stop or ())
 
