@@ -4,7 +4,6 @@
 
 #include "backend/cpu/attention_kernel.h"
 #include "backend/op_checks.h"
-#include "core/cpu_features.h"
 
 namespace ferrum {
 
@@ -22,8 +21,7 @@ void make_tiles(const int32_t* seq, int64_t tokens, std::vector<cpu::AttnTile>& 
 }
 
 cpu::AttendItemsFn attention_kernel() {
-  const CpuFeatures& f = cpu_features();
-  return f.avx512f && f.avx512bw && f.avx512vl ? cpu::attend_items_avx512 : cpu::attend_items;
+  return cpu::avx512_copies() ? cpu::attend_items_avx512 : cpu::attend_items;
 }
 
 }  // namespace

@@ -8,57 +8,33 @@
 #include <limits>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/fast_math.h"
+#include "backend/cpu/row_kernels.h"
+#include "core/cpu_features.h"
 #include "quant/quant.h"
 
 namespace ferrum::cpu {
 
-// Two chains of 16 lanes, then hsum: the same floats in the same order on every ISA and build.
-float dot_f32(const float* a, const float* b, int64_t n) {
-  int64_t i = 0;
-  f32x16 acc0 = {}, acc1 = {};
-  for (; i + 32 <= n; i += 32) {
-    acc0 = fmadd(load16(a + i), load16(b + i), acc0);
-    acc1 = fmadd(load16(a + i + 16), load16(b + i + 16), acc1);
-  }
-  for (; i + 16 <= n; i += 16) acc0 = fmadd(load16(a + i), load16(b + i), acc0);
-  float sum = hsum(acc0 + acc1);
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+namespace {
+const RowKernels& row_kernels() {
+  static const RowKernels& k = avx512_copies() ? row_kernels_avx512() : impl::kRowKernels;
+  return k;
+}
+}  // namespace
+
+bool avx512_copies() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx512f && f.avx512bw && f.avx512vl;
 }
 
-void axpy_f32(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
+float dot_f32(const float* a, const float* b, int64_t n) { return row_kernels().dot_f32(a, b, n); }
+void axpy_f32(float a, const float* x, float* y, int64_t n) { row_kernels().axpy_f32(a, x, y, n); }
 void rms_norm_row(const float* x, const float* w, float eps, float* out, int64_t d) {
-  float ss = dot_f32(x, x, d);
-  float inv = 1.0f / std::sqrt(ss / float(d) + eps);
-  for (int64_t i = 0; i < d; ++i) out[i] = x[i] * inv * w[i];
+  row_kernels().rms_norm_row(x, w, eps, out, d);
 }
-
 void rope_head(float* x, const float* cos, const float* sin, int64_t rot_half, RopeLayout layout) {
-  if (layout == RopeLayout::HalfSplit) {
-    for (int64_t i = 0; i < rot_half; ++i) {
-      float a = x[i], b = x[i + rot_half];
-      x[i] = a * cos[i] - b * sin[i];
-      x[i + rot_half] = b * cos[i] + a * sin[i];
-    }
-  } else {
-    for (int64_t i = 0; i < rot_half; ++i) {
-      float a = x[2 * i], b = x[2 * i + 1];
-      x[2 * i] = a * cos[i] - b * sin[i];
-      x[2 * i + 1] = b * cos[i] + a * sin[i];
-    }
-  }
+  row_kernels().rope_head(x, cos, sin, rot_half, layout);
 }
-
-void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + fast_exp(-g)) * up[i];
-  }
-}
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) { row_kernels().silu_mul(gate, up, out, n); }
 
 namespace {
 
