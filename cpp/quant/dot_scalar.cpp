@@ -1,6 +1,8 @@
 // Portable dot kernels: the reference the SIMD kernels are tested against. Within a block they
 // sum integer products exactly and apply the float scales once per (sub-)block, the same
-// factorisation the SIMD kernels use.
+// factorisation the SIMD kernels use. For the legacy formats (Q4_0 .. Q8_0) the float chain,
+// fused multiply-adds spelled out, is also the SIMD kernels': every ISA gives the same bits.
+#include <cmath>
 #include <cstring>
 
 #include "quant/formats.h"
@@ -63,8 +65,8 @@ float dot_legacy(int64_t n, const void* w, const void* a) {
       sum_a += y[i].qs[j] + y[i].qs[j + kQK / 2];
     }
     const float da = h2f(y[i].d);
-    sum += h2f(x[i].d) * da * float(sum_qa);
-    if constexpr (kHasMin) sum += h2f(x[i].m) * da * float(sum_a);
+    sum = std::fma(h2f(x[i].d) * da, float(sum_qa), sum);
+    if constexpr (kHasMin) sum = std::fma(h2f(x[i].m) * da, float(sum_a), sum);
   }
   return sum;
 }
@@ -76,7 +78,7 @@ float dot_q8_0(int64_t n, const void* w, const void* a) {
   for (int64_t i = 0; i < n / kQK; ++i) {
     int s = 0;
     for (int j = 0; j < kQK; ++j) s += x[i].qs[j] * y[i].qs[j];
-    sum += h2f(x[i].d) * h2f(y[i].d) * float(s);
+    sum = std::fma(h2f(x[i].d) * h2f(y[i].d), float(s), sum);
   }
   return sum;
 }

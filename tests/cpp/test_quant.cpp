@@ -365,6 +365,30 @@ TEST(DotKernel, EveryIsaMatchesDequantizedReference) {
   EXPECT_GE(checked, 13);
 }
 
+// The legacy formats' kernels share the scalar kernel's float chain (whole integer sums per
+// block, then one fused multiply-add per scale), so a model computes the same bits on every
+// CPU, and FERRUM_CPU_ISA caps change no result.
+TEST(DotKernel, LegacyFormatsGiveTheSameBitsOnEveryIsa) {
+  std::mt19937 rng(11);
+  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0}) {
+    const int64_t n = 1024 + 96, rows = 37;
+    const size_t row_bytes = dtype_bytes(wt, n);
+    std::vector<uint8_t> w(row_bytes * size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) quantize_row(wt, random_row(rng, n).data(), w.data() + r * row_bytes, n);
+    const DotKernel& scalar = dot_kernel_scalar(wt);
+    std::vector<uint8_t> aq(dtype_bytes(scalar.act_type, n));
+    quantize_row(scalar.act_type, random_row(rng, n).data(), aq.data(), n);
+    std::vector<float> ref(size_t(rows), 0.0f);
+    scalar.dot_rows(n, w.data(), row_bytes, rows, aq.data(), ref.data());
+    for (const char* isa : dot_kernel_isas(wt)) {
+      std::vector<float> out(size_t(rows), 0.0f);
+      dot_kernel_for_isa(wt, isa)->dot_rows(n, w.data(), row_bytes, rows, aq.data(), out.data());
+      for (int64_t r = 0; r < rows; ++r)
+        EXPECT_EQ(out[r], ref[r]) << dtype_name(wt) << " " << isa << " row " << r;
+    }
+  }
+}
+
 TEST(DotKernel, BestIsaIsTheFirstListed) {
   for (DType wt : {DType::F32, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
     auto isas = dot_kernel_isas(wt);
