@@ -405,7 +405,7 @@ TEST(DotKernel, ScalarKernelsEqualTheGemmsBitForBit) {
     const size_t act_bytes = dtype_bytes(scalar.act_type, n);
     std::vector<uint8_t> act(act_bytes * size_t(T));
     for (int64_t t = 0; t < T; ++t) quantize_row(scalar.act_type, random_row(rng, n).data(), act.data() + t * act_bytes, n);
-    std::vector<float> got(size_t(T * rows)), want(size_t(rows));
+    std::vector<float> got(static_cast<size_t>(T * rows)), want(static_cast<size_t>(rows));
     gemm(n, w.data(), row_bytes, rows, act.data(), act_bytes, T, got.data(), rows);
     for (int64_t t = 0; t < T; ++t) {
       scalar.dot_rows(n, w.data(), row_bytes, rows, act.data() + t * act_bytes, want.data());
@@ -414,7 +414,9 @@ TEST(DotKernel, ScalarKernelsEqualTheGemmsBitForBit) {
     ++checked;
   }
   const CpuFeatures& f = cpu_features();
-  if (f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni) EXPECT_GE(checked, 10);
+  if (f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni) {
+    EXPECT_GE(checked, 10);
+  }
 }
 
 TEST(DotKernel, BestIsaIsTheFirstListed) {
