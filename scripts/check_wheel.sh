@@ -81,6 +81,10 @@ if ! echo "$out" | grep -q "ImportError: this ferrum build needs an x86-64-v3 CP
 fi
 echo "$out" | grep "ImportError"
 
+# The backend's AVX-512 copies of its loops (x86-64-v4) against their baseline copies (x86-64-v3).
+echo "[check] the AVX-512 copies of the CPU backend's loops compute their baseline copies' bits"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_cpu_isa_copies.py
+
 # The fallback kernels against the references: the kernel, quantizer, MoE and stories260K tests,
 # and SmolLM2 against llama.cpp (8-bit activations: a kernel rounding in another order than the
 # AVX-512 one shows as near-ties there).
