@@ -7,7 +7,7 @@
 #    imports, generates stories260K's reference text, and device="opencl" is a clear error;
 # 4. on an emulated CPU without AVX-512 it generates what it does here capped to AVX2, and on one
 #    below x86-64-v3 `import ferrum` raises an ImportError that says so;
-# 5. the kernel tests and stories260K under each FERRUM_CPU_ISA cap (the fallback kernels).
+# 5. the kernel, MoE, stories260K and SmolLM2 tests under each FERRUM_CPU_ISA cap (the fallback kernels).
 # usage: scripts/check_wheel.sh      (after scripts/build_wheel.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -81,12 +81,20 @@ if ! echo "$out" | grep -q "ImportError: this ferrum build needs an x86-64-v3 CP
 fi
 echo "$out" | grep "ImportError"
 
-# The fallback kernels against the references: the kernel, quantizer and stories260K tests.
+# The backend's AVX-512 copies of its loops (x86-64-v4) against their baseline copies (x86-64-v3).
+echo "[check] the AVX-512 copies of the CPU backend's loops compute their baseline copies' bits"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_cpu_isa_copies.py
+
+# The fallback kernels against the references: the kernel, quantizer, MoE and stories260K tests,
+# and SmolLM2 against llama.cpp (8-bit activations: a kernel rounding in another order than the
+# AVX-512 one shows as near-ties there).
 for isa in avx2 scalar; do
-  echo "[check] FERRUM_CPU_ISA=$isa: kernel and stories260K tests on the wheel"
+  echo "[check] FERRUM_CPU_ISA=$isa: kernel, MoE, stories260K and SmolLM2 tests on the wheel"
   FERRUM_CPU_ISA=$isa "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/test_ops.py tests/test_quantize_q8_0.py tests/test_quantize_q8_k.py \
+    tests/test_ops.py tests/test_quantize_q8_0.py tests/test_quantize_q8_k.py tests/test_moe_ops.py \
     "tests/test_models_real.py::test_stories260k_greedy_from_bos_and_logits" \
-    "tests/test_models_real.py::test_stories260k_prompt_continuation"
+    "tests/test_models_real.py::test_stories260k_prompt_continuation" \
+    "tests/test_models_real.py::test_smollm2_llama_cpp_tokens_are_ours_or_near_ties" \
+    "tests/test_models_real.py::test_smollm2_greedy_agrees_with_llama_cpp"
 done
 echo "[check] the wheel passed"

@@ -2,6 +2,9 @@
 // this file with -mno-avx512f), so this is genuine AVX2 code that runs on AVX2-only CPUs.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 
@@ -83,69 +86,65 @@ FERRUM_AVX2 inline __m256i unsigned_quants(const Block& b) {
   return q;
 }
 
-// Unsigned quants q (0..31) times int8 activations: maddubs pairs stay within int16
-// (2 * 31 * 127). The zero point is removed as offset * sum(a), also summed by maddubs.
-// One block's contribution, as 8 float lanes.
+// The sums of the 8 int32 lanes of v0 .. v3 (exact), as 4 floats.
+FERRUM_AVX2 inline __m128 lane_sums(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+  const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+  return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
+}
+
+// The f16 fields at byte offset `at` of 4 blocks, as floats.
+template <class Block>
+FERRUM_AVX2 inline __m128 halves4(const Block* const b[4], size_t at) {
+  uint16_t h[4];
+  for (int r = 0; r < 4; ++r) std::memcpy(&h[r], reinterpret_cast<const char*>(b[r]) + at, 2);
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h)));
+}
+
+// Legacy formats: a block's integer sums whole, then the scalar kernel's float chain
+// (dot_scalar.cpp), which the AVX-512 kernels also take: every ISA gives the same bits. The
+// chain is serial, so four rows run at once, one per float lane, sharing the activation block.
+// Q4_0 .. Q5_1: unsigned quants q (0..31) times int8 activations, maddubs pairs within int16
+// (2 * 31 * 127); the zero point is removed as offset * sum(a), also summed by maddubs.
+// Q8_0: |w| (unsigned) times a with w's sign; both within +-127, so no pair saturates.
 template <class Block, int kBits, int kOffsetShift, bool kHasMin>
-FERRUM_AVX2 inline __m256 legacy_block(const Block& x, const BlockQ8_0& y) {
+FERRUM_AVX2 void dot_rows_legacy(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+                                 float* out) {
+  const BlockQ8_0* y = static_cast<const BlockQ8_0*>(act);
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-  const __m256i q = unsigned_quants<Block, kBits>(x);
-  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs));
-  const __m256i qa = _mm256_maddubs_epi16(q, a);
-  const __m256i sa = _mm256_maddubs_epi16(ones8, a);
-  const float da = h2f(y.d);
-  if constexpr (kHasMin) {
-    const __m256 sum_qa = _mm256_cvtepi32_ps(_mm256_madd_epi16(qa, ones16));
-    const __m256 sum_a = _mm256_cvtepi32_ps(_mm256_madd_epi16(sa, ones16));
-    return _mm256_fmadd_ps(sum_qa, _mm256_set1_ps(h2f(x.d) * da),
-                           _mm256_mul_ps(sum_a, _mm256_set1_ps(h2f(x.m) * da)));
-  } else {
-    const __m256i centred = _mm256_sub_epi16(qa, _mm256_slli_epi16(sa, kOffsetShift));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(centred, ones16)),
-                         _mm256_set1_ps(h2f(x.d) * da));
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    const int live = int(std::min<int64_t>(4, rows - r0));
+    const Block* x[4];  // rows past `live` repeat the last one (computed, not stored)
+    for (int r = 0; r < 4; ++r)
+      x[r] = reinterpret_cast<const Block*>(static_cast<const char*>(w) + size_t(r0 + std::min(r, live - 1)) * w_row_bytes);
+    __m128 sum = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / kQK; ++i) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+      const __m256i sa = _mm256_maddubs_epi16(ones8, a);
+      __m256i isum[4];
+      for (int r = 0; r < 4; ++r) {
+        __m256i pairs;
+        if constexpr (kBits == 8) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][i].qs));
+          pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
+        } else {
+          pairs = _mm256_maddubs_epi16(unsigned_quants<Block, kBits>(x[r][i]), a);
+          if constexpr (!kHasMin) pairs = _mm256_sub_epi16(pairs, _mm256_slli_epi16(sa, kOffsetShift));
+        }
+        isum[r] = _mm256_madd_epi16(pairs, ones16);
+      }
+      const Block* blocks[4] = {&x[0][i], &x[1][i], &x[2][i], &x[3][i]};
+      const __m128 da = _mm_set1_ps(h2f(y[i].d));
+      sum = _mm_fmadd_ps(_mm_mul_ps(halves4(blocks, offsetof(Block, d)), da), lane_sums(isum[0], isum[1], isum[2], isum[3]),
+                         sum);
+      if constexpr (kHasMin) {
+        const __m256i sa32 = _mm256_madd_epi16(sa, ones16);
+        sum = _mm_fmadd_ps(_mm_mul_ps(halves4(blocks, offsetof(Block, m)), da), lane_sums(sa32, sa32, sa32, sa32), sum);
+      }
+    }
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, sum);
+    for (int r = 0; r < live; ++r) out[r0 + r] = lanes[r];
   }
-}
-
-// Unsigned quants q (0..31) times int8 activations: maddubs pairs stay within int16
-// (2 * 31 * 127). The zero point is removed as offset * sum(a), also summed by maddubs.
-template <class Block, int kBits, int kOffsetShift, bool kHasMin>
-FERRUM_AVX2 float dot_legacy(int64_t n, const void* w, const void* act) {
-  const Block* x = static_cast<const Block*>(w);
-  const BlockQ8_0* y = static_cast<const BlockQ8_0*>(act);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-  const int64_t nb = n / kQK;
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    acc0 = _mm256_add_ps(acc0, legacy_block<Block, kBits, kOffsetShift, kHasMin>(x[i], y[i]));
-    acc1 = _mm256_add_ps(acc1,
-                         legacy_block<Block, kBits, kOffsetShift, kHasMin>(x[i + 1], y[i + 1]));
-  }
-  if (i < nb) acc0 = _mm256_add_ps(acc0, legacy_block<Block, kBits, kOffsetShift, kHasMin>(x[i], y[i]));
-  return hsum(_mm256_add_ps(acc0, acc1));
-}
-
-// Q8_0 x Q8_0: |w| (unsigned) times a with w's sign; both quants are within +-127, so the
-// maddubs pairs cannot saturate.
-FERRUM_AVX2 float dot_q8_0(int64_t n, const void* w, const void* act) {
-  const BlockQ8_0* x = static_cast<const BlockQ8_0*>(w);
-  const BlockQ8_0* y = static_cast<const BlockQ8_0*>(act);
-  const __m256i ones16 = _mm256_set1_epi16(1);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-  const int64_t nb = n / kQK;
-  int64_t i = 0;
-  auto block = [&](int64_t k) FERRUM_AVX2 {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[k].qs));
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[k].qs));
-    const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones16)),
-                         _mm256_set1_ps(h2f(x[k].d) * h2f(y[k].d)));
-  };
-  for (; i + 2 <= nb; i += 2) {
-    acc0 = _mm256_add_ps(acc0, block(i));
-    acc1 = _mm256_add_ps(acc1, block(i + 1));
-  }
-  if (i < nb) acc0 = _mm256_add_ps(acc0, block(i));
-  return hsum(_mm256_add_ps(acc0, acc1));
 }
 
 // ---- k-quants against Q8_K ----
@@ -346,11 +345,11 @@ DotRowsFn avx2_dot_rows(DType t) {
     case DType::F32: return for_each_row<dot_float<float, load8_f32, scalar_f32>>;
     case DType::F16: return for_each_row<dot_float<uint16_t, load8_f16, scalar_f16>>;
     case DType::BF16: return for_each_row<dot_float<uint16_t, load8_bf16, scalar_bf16>>;
-    case DType::Q4_0: return for_each_row<dot_legacy<BlockQ4_0, 4, 3, false>>;
-    case DType::Q4_1: return for_each_row<dot_legacy<BlockQ4_1, 4, 0, true>>;
-    case DType::Q5_0: return for_each_row<dot_legacy<BlockQ5_0, 5, 4, false>>;
-    case DType::Q5_1: return for_each_row<dot_legacy<BlockQ5_1, 5, 0, true>>;
-    case DType::Q8_0: return for_each_row<dot_q8_0>;
+    case DType::Q4_0: return dot_rows_legacy<BlockQ4_0, 4, 3, false>;
+    case DType::Q4_1: return dot_rows_legacy<BlockQ4_1, 4, 0, true>;
+    case DType::Q5_0: return dot_rows_legacy<BlockQ5_0, 5, 4, false>;
+    case DType::Q5_1: return dot_rows_legacy<BlockQ5_1, 5, 0, true>;
+    case DType::Q8_0: return dot_rows_legacy<BlockQ8_0, 8, 0, false>;
     case DType::Q2_K: return for_each_row<dot_k2<false>>;
     case DType::Q3_K: return for_each_row<dot_k2<true>>;
     case DType::IQ4_NL: return for_each_row<dot_iq4_nl>;

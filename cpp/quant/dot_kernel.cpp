@@ -92,7 +92,21 @@ const DotKernel& dot_kernel(DType weight_type, WeightLayout layout) {
 DotBatchFn dot_batch_kernel(DType weight_type, WeightLayout layout) {
   static const bool avx512 = isa_supported(0);
   if (!avx512) return nullptr;
-  return layout == WeightLayout::R16 ? detail::avx512_r16_gemm(weight_type) : detail::avx512_dot_batch(weight_type);
+  if (layout == WeightLayout::R16) return detail::avx512_r16_gemm(weight_type);
+  return has_dot_batch(weight_type) ? detail::avx512_dot_batch(weight_type) : nullptr;
+}
+
+bool has_dot_batch(DType weight_type) {
+  switch (weight_type) {
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q8_0:
+      return true;
+    default:
+      return false;
+  }
 }
 
 namespace {

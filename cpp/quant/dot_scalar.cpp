@@ -1,6 +1,8 @@
 // Portable dot kernels: the reference the SIMD kernels are tested against. Within a block they
 // sum integer products exactly and apply the float scales once per (sub-)block, the same
-// factorisation the SIMD kernels use.
+// factorisation the SIMD kernels use. For the legacy formats (Q4_0 .. Q8_0) the float chain,
+// fused multiply-adds spelled out, is also the SIMD kernels': every ISA gives the same bits.
+#include <cmath>
 #include <cstring>
 
 #include "quant/formats.h"
@@ -63,8 +65,8 @@ float dot_legacy(int64_t n, const void* w, const void* a) {
       sum_a += y[i].qs[j] + y[i].qs[j + kQK / 2];
     }
     const float da = h2f(y[i].d);
-    sum += h2f(x[i].d) * da * float(sum_qa);
-    if constexpr (kHasMin) sum += h2f(x[i].m) * da * float(sum_a);
+    sum = std::fma(h2f(x[i].d) * da, float(sum_qa), sum);
+    if constexpr (kHasMin) sum = std::fma(h2f(x[i].m) * da, float(sum_a), sum);
   }
   return sum;
 }
@@ -76,7 +78,7 @@ float dot_q8_0(int64_t n, const void* w, const void* a) {
   for (int64_t i = 0; i < n / kQK; ++i) {
     int s = 0;
     for (int j = 0; j < kQK; ++j) s += x[i].qs[j] * y[i].qs[j];
-    sum += h2f(x[i].d) * h2f(y[i].d) * float(s);
+    sum = std::fma(h2f(x[i].d) * h2f(y[i].d), float(s), sum);
   }
   return sum;
 }
@@ -92,7 +94,7 @@ float dot_iq4_nl(int64_t n, const void* w, const void* a) {
   const BlockIQ4_NL* x = static_cast<const BlockIQ4_NL*>(w);
   const BlockQ8_0* y = static_cast<const BlockQ8_0*>(a);
   float sum = 0;
-  for (int64_t i = 0; i < n / kQK; ++i) sum += h2f(x[i].d) * h2f(y[i].d) * float(iq4_dot32(x[i].qs, y[i].qs));
+  for (int64_t i = 0; i < n / kQK; ++i) sum = std::fma(h2f(x[i].d) * h2f(y[i].d), float(iq4_dot32(x[i].qs, y[i].qs)), sum);
   return sum;
 }
 
@@ -103,9 +105,16 @@ float dot_iq4_xs(int64_t n, const void* w, const void* a) {
   for (int64_t i = 0; i < n / kQKK; ++i) {
     int sum_scaled = 0;
     for (int s = 0; s < 8; ++s) sum_scaled += iq4xs_scale(x[i], s) * iq4_dot32(x[i].qs + 16 * s, y[i].qs + 32 * s);
-    sum += y[i].d * h2f(x[i].d) * float(sum_scaled);
+    sum = std::fma(float(sum_scaled), h2f(x[i].d) * y[i].d, sum);
   }
   return sum;
+}
+
+// A super-block's float step in the k-quant GEMMs' order (gemm_kquant_avx512.cpp, also the R16
+// kernels'): sum + isum * (d * d_a) - min_sum * (dmin * d_a), each fused.
+float kquant_step(float sum, int isum, int min_sum, float d, float dmin, float d_a) {
+  sum = std::fma(float(isum), d * d_a, sum);
+  return std::fma(-float(min_sum), dmin * d_a, sum);
 }
 
 // Sum of Q8_K activations over 32-element sub-block j (two bsums).
@@ -127,7 +136,7 @@ float dot_q2_k(int64_t n, const void* w, const void* a) {
       sum_scaled += (x[i].scales[s] & 15) * sq;
       sum_min += (x[i].scales[s] >> 4) * y[i].bsums[s];
     }
-    sum += y[i].d * (h2f(x[i].d) * float(sum_scaled) - h2f(x[i].dmin) * float(sum_min));
+    sum = kquant_step(sum, sum_scaled, sum_min, h2f(x[i].d), h2f(x[i].dmin), y[i].d);
   }
   return sum;
 }
@@ -148,7 +157,7 @@ float dot_q3_k(int64_t n, const void* w, const void* a) {
       }
       sum_scaled += (q3k_scale(x[i].scales, s) - 32) * sq;
     }
-    sum += y[i].d * h2f(x[i].d) * float(sum_scaled);
+    sum = std::fma(float(sum_scaled), h2f(x[i].d) * y[i].d, sum);
   }
   return sum;
 }
@@ -173,7 +182,7 @@ float dot_k4(int64_t n, const void* w, const void* a) {  // Q4_K and Q5_K
       sum_scaled += sc * sq;
       sum_min += m * bsum32(y[i], j);
     }
-    sum += y[i].d * (h2f(x[i].d) * float(sum_scaled) - h2f(x[i].dmin) * float(sum_min));
+    sum = kquant_step(sum, sum_scaled, sum_min, h2f(x[i].d), h2f(x[i].dmin), y[i].d);
   }
   return sum;
 }
@@ -194,7 +203,7 @@ float dot_q6_k(int64_t n, const void* w, const void* a) {
       }
       sum_scaled += x[i].scales[s] * sq;
     }
-    sum += y[i].d * h2f(x[i].d) * float(sum_scaled);
+    sum = std::fma(float(sum_scaled), h2f(x[i].d) * y[i].d, sum);
   }
   return sum;
 }

@@ -57,6 +57,11 @@ std::vector<const char*> dot_kernel_isas(DType weight_type, WeightLayout layout 
 using DotBatchFn = void (*)(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
                             const void* act, size_t act_row_bytes, int64_t T, float* out, int64_t ldo);
 DotBatchFn dot_batch_kernel(DType weight_type, WeightLayout layout = WeightLayout::Plain);
+// Whether weights of type t (file layout) have a batched kernel on CPUs with AVX-512 VNNI: the
+// legacy formats Q4_0 .. Q8_0. A caller that sizes its paths by this, rather than by whether
+// dot_batch_kernel returns one here, takes the same paths on every CPU (without the kernel,
+// dot_rows once per activation row gives the same results).
+bool has_dot_batch(DType weight_type);
 // The same contract for many activation rows (prefill), register-tiled over weight rows and
 // activation rows, except that act rows are in gemm_act_type(t). A result does not depend on T
 // or the row's place in a tile; for the legacy formats (Q4_0 .. Q8_0) it also equals the row

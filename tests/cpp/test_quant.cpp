@@ -365,6 +365,60 @@ TEST(DotKernel, EveryIsaMatchesDequantizedReference) {
   EXPECT_GE(checked, 13);
 }
 
+// The legacy formats' kernels share the scalar kernel's float chain (whole integer sums per
+// block, then one fused multiply-add per scale), so a model computes the same bits on every
+// CPU, and FERRUM_CPU_ISA caps change no result.
+TEST(DotKernel, LegacyFormatsGiveTheSameBitsOnEveryIsa) {
+  std::mt19937 rng(11);
+  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0}) {
+    const int64_t n = 1024 + 96, rows = 37;
+    const size_t row_bytes = dtype_bytes(wt, n);
+    std::vector<uint8_t> w(row_bytes * size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) quantize_row(wt, random_row(rng, n).data(), w.data() + r * row_bytes, n);
+    const DotKernel& scalar = dot_kernel_scalar(wt);
+    std::vector<uint8_t> aq(dtype_bytes(scalar.act_type, n));
+    quantize_row(scalar.act_type, random_row(rng, n).data(), aq.data(), n);
+    std::vector<float> ref(size_t(rows), 0.0f);
+    scalar.dot_rows(n, w.data(), row_bytes, rows, aq.data(), ref.data());
+    for (const char* isa : dot_kernel_isas(wt)) {
+      std::vector<float> out(size_t(rows), 0.0f);
+      dot_kernel_for_isa(wt, isa)->dot_rows(n, w.data(), row_bytes, rows, aq.data(), out.data());
+      for (int64_t r = 0; r < rows; ++r)
+        EXPECT_EQ(out[r], ref[r]) << dtype_name(wt) << " " << isa << " row " << r;
+    }
+  }
+}
+
+// The scalar kernels take the int8 GEMMs' float order (so do the R16 kernels, test_repack.cpp):
+// a model capped to scalar (FERRUM_CPU_ISA) computes what an AVX-512 VNNI CPU does.
+TEST(DotKernel, ScalarKernelsEqualTheGemmsBitForBit) {
+  std::mt19937 rng(13);
+  int checked = 0;
+  for (DType wt : kAllTypes) {
+    const DotBatchFn gemm = is_quantized(wt) ? gemm_kernel(wt) : nullptr;
+    if (!gemm) continue;
+    const int64_t n = 5 * std::max<int64_t>(dtype_info(wt).block_elems, 64), rows = 21, T = 3;
+    const size_t row_bytes = dtype_bytes(wt, n);
+    std::vector<uint8_t> w(row_bytes * size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) quantize_row(wt, random_row(rng, n).data(), w.data() + r * row_bytes, n);
+    const DotKernel& scalar = dot_kernel_scalar(wt);
+    const size_t act_bytes = dtype_bytes(scalar.act_type, n);
+    std::vector<uint8_t> act(act_bytes * size_t(T));
+    for (int64_t t = 0; t < T; ++t) quantize_row(scalar.act_type, random_row(rng, n).data(), act.data() + t * act_bytes, n);
+    std::vector<float> got(static_cast<size_t>(T * rows)), want(static_cast<size_t>(rows));
+    gemm(n, w.data(), row_bytes, rows, act.data(), act_bytes, T, got.data(), rows);
+    for (int64_t t = 0; t < T; ++t) {
+      scalar.dot_rows(n, w.data(), row_bytes, rows, act.data() + t * act_bytes, want.data());
+      for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(got[size_t(t * rows + r)], want[size_t(r)]) << dtype_name(wt) << " t " << t << " r " << r;
+    }
+    ++checked;
+  }
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni) {
+    EXPECT_GE(checked, 10);
+  }
+}
+
 TEST(DotKernel, BestIsaIsTheFirstListed) {
   for (DType wt : {DType::F32, DType::Q4_0, DType::Q4_K, DType::Q6_K}) {
     auto isas = dot_kernel_isas(wt);

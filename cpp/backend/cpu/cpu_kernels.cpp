@@ -8,73 +8,33 @@
 #include <limits>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/fast_math.h"
+#include "backend/cpu/row_kernels.h"
+#include "core/cpu_features.h"
 #include "quant/quant.h"
-
-// GCC 12 reports _mm512_reduce_add_ps's deliberately undefined upper lanes as uninitialized.
-#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace ferrum::cpu {
 
-float dot_f32(const float* a, const float* b, int64_t n) {
-  int64_t i = 0;
-  float sum = 0.0f;
-#if defined(__AVX512F__)
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  for (; i + 32 <= n; i += 32) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
-  }
-  for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
-  sum = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-#elif defined(__AVX2__) && defined(__FMA__)
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
-  }
-  __m256 acc = _mm256_add_ps(acc0, acc1);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_hadd_ps(s, s);
-  s = _mm_hadd_ps(s, s);
-  sum = _mm_cvtss_f32(s);
-#endif
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+namespace {
+const RowKernels& row_kernels() {
+  static const RowKernels& k = avx512_copies() ? row_kernels_avx512() : impl::kRowKernels;
+  return k;
+}
+}  // namespace
+
+bool avx512_copies() {
+  const CpuFeatures& f = cpu_features();
+  return f.avx512f && f.avx512bw && f.avx512vl;
 }
 
-void axpy_f32(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
+float dot_f32(const float* a, const float* b, int64_t n) { return row_kernels().dot_f32(a, b, n); }
+void axpy_f32(float a, const float* x, float* y, int64_t n) { row_kernels().axpy_f32(a, x, y, n); }
 void rms_norm_row(const float* x, const float* w, float eps, float* out, int64_t d) {
-  float ss = dot_f32(x, x, d);
-  float inv = 1.0f / std::sqrt(ss / float(d) + eps);
-  for (int64_t i = 0; i < d; ++i) out[i] = x[i] * inv * w[i];
+  row_kernels().rms_norm_row(x, w, eps, out, d);
 }
-
 void rope_head(float* x, const float* cos, const float* sin, int64_t rot_half, RopeLayout layout) {
-  if (layout == RopeLayout::HalfSplit) {
-    for (int64_t i = 0; i < rot_half; ++i) {
-      float a = x[i], b = x[i + rot_half];
-      x[i] = a * cos[i] - b * sin[i];
-      x[i + rot_half] = b * cos[i] + a * sin[i];
-    }
-  } else {
-    for (int64_t i = 0; i < rot_half; ++i) {
-      float a = x[2 * i], b = x[2 * i + 1];
-      x[2 * i] = a * cos[i] - b * sin[i];
-      x[2 * i + 1] = b * cos[i] + a * sin[i];
-    }
-  }
+  row_kernels().rope_head(x, cos, sin, rot_half, layout);
 }
-
-void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + fast_exp(-g)) * up[i];
-  }
-}
+void silu_mul(const float* gate, const float* up, float* out, int64_t n) { row_kernels().silu_mul(gate, up, out, n); }
 
 namespace {
 

@@ -12,6 +12,9 @@ void rope_head(float* x, const float* cos, const float* sin, int64_t rot_half, R
 void silu_mul(const float* gate, const float* up, float* out, int64_t n);
 float dot_f32(const float* a, const float* b, int64_t n);
 void axpy_f32(float a, const float* x, float* y, int64_t n);  // y += a * x
+// The five above, and paged attention, have a copy compiled for AVX-512 (files *_avx512*): run
+// where the CPU reports AVX-512 F/BW/VL, FERRUM_CPU_ISA permitting.
+bool avx512_copies();
 
 // K pools whose block size is a multiple of kKeyPanel keep their rows in panels of kKeyPanel
 // consecutive rows stored dimension-major: element d of row r at (r / 16 * hd + d) * 16 + r % 16.

@@ -44,7 +44,7 @@ namespace {
 // in a batch of up to kMaxDecodeRows decodes. With a batched dot kernel for all three weights
 // (which unpacks each weight block once for all the expert's tokens) the dot path beats sgemm
 // up to kMaxBatchPairs: a prompt's experts, chosen by tokens * top_k / experts tokens each,
-// stay on it (docs/moe.md).
+// stay on it (docs/moe.md). Such types keep that limit on CPUs without the batched kernel.
 constexpr int64_t kMaxDotPairs = 8;
 constexpr int64_t kMaxBatchPairs = 64;
 constexpr int64_t kMaxDecodeRows = 64;
@@ -221,14 +221,18 @@ void MoeCall::choose_paths(const Stream& s) {
   decodes_ = T_ <= std::min(s.decode_rows, kMaxDecodeRows);
   small_ = !float_acts_ && P_ <= kMaxDotPairs;
   // The batched kernels take their activation rows at one stride: gate and up must share x's
-  // quantized rows (x_pairs).
-  if (kg_->act_type == ku_->act_type && quant_gate_) {
+  // quantized rows (x_pairs). Where all three types have one (quant::has_dot_batch), experts
+  // stay on the dot path up to kMaxBatchPairs on every CPU, on the row kernel where this one
+  // lacks the batched kernel: a token's results never depend on how many tokens chose its
+  // expert, whatever the ISA.
+  if (kg_->act_type == ku_->act_type && quant_gate_ && quant::has_dot_batch(gate_.dtype) &&
+      quant::has_dot_batch(up_.dtype) && quant::has_dot_batch(down_.dtype)) {
+    max_dot_pairs_ = kMaxBatchPairs;
     batch_gate_ = quant::dot_batch_kernel(gate_.dtype);
     batch_up_ = quant::dot_batch_kernel(up_.dtype);
     batch_down_ = quant::dot_batch_kernel(down_.dtype);
     if (!batch_gate_ || !batch_up_ || !batch_down_) batch_gate_ = batch_up_ = batch_down_ = nullptr;
   }
-  if (batch_gate_) max_dot_pairs_ = kMaxBatchPairs;
   any_gemm_ = gemm(P_);  // whether some expert may have enough pairs for sgemm
   any_batched_ = batch_gate_ && P_ >= 2;
 }

@@ -1,6 +1,7 @@
 // Branch-free float math for the CPU kernels' inner loops, on scalars and on 16-float vectors
 // (GCC/Clang vector extensions: one AVX-512 register, or two AVX2 ones, without intrinsics).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,10 @@ namespace ferrum::cpu {
 
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
+
+// Internal linkage: a file compiled for AVX-512 (attention's AVX-512 copy) and baseline files
+// each keep their own copies, never one for both (docs/install.md).
+namespace {
 
 inline f32x16 load16(const float* p) {
   f32x16 v;
@@ -55,6 +60,22 @@ inline f32x16 fmadd(f32x16 a, f32x16 b, f32x16 c) {
   for (int i = 0; i < 16; ++i) r[i] = std::fma(a[i], b[i], c[i]);
   return r;
 #endif
+}
+
+// The sum of v's lanes in the order of _mm512_reduce_add_ps (halves, quarters, then
+// (v0 + v2) + (v1 + v3)), whatever the ISA: the AVX-512 and baseline copies of a kernel agree.
+inline float hsum(f32x16 v) {
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  return (v[0] + v[2]) + (v[1] + v[3]);
+}
+
+inline float hmax(f32x16 v) {
+  f32x16 w = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v = v > w ? v : w;
+  w = __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v = v > w ? v : w;
+  return std::max(std::max(v[0], v[2]), std::max(v[1], v[3]));
 }
 
 namespace detail {
@@ -98,4 +119,5 @@ inline f32x16 fast_exp(f32x16 x) {
   return p * scale;
 }
 
+}  // namespace
 }  // namespace ferrum::cpu
