@@ -13,6 +13,8 @@ def _add_model_args(p):
     p.add_argument("--threads", "-t", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--kv-dtype", default="f16", choices=["f16", "f32", "int8"], help="KV cache dtype")
     p.add_argument("--max-model-len", type=int, default=None, help="context length limit")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="split the model between this many ranks over MPI (docs/distributed.md)")
 
 
 def _add_sampling_args(p, temperature):
@@ -39,7 +41,7 @@ def _params(args):
 def _llm(args):
     from .llm import LLM
     return LLM(args.model, device=args.device, kv_dtype=args.kv_dtype, num_threads=args.threads,
-               max_model_len=args.max_model_len)
+               max_model_len=args.max_model_len, tensor_parallel_size=args.tensor_parallel_size)
 
 
 def cmd_generate(args) -> int:
