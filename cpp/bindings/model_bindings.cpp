@@ -167,11 +167,13 @@ void bind_model(py::module_& m) {
           d["kv_bytes"] = m.kv_bytes;
           d["rss_bytes"] = m.rss_bytes;
           d["peak_rss_bytes"] = m.peak_rss_bytes;
+          d["load_rss_bytes"] = m.load_rss_bytes;
+          d["pid"] = m.pid;
           out.append(d);
         }
         return out;
       }, "Each tensor-parallel rank's memory (one entry without a group): weight and KV buffers' bytes, "
-         "the process's resident and peak resident bytes.");
+         "the process's resident and peak resident bytes and what loading the weights added, its pid.");
 }
 
 }  // namespace ferrum::bindings

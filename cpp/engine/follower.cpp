@@ -1,5 +1,6 @@
 #include "engine/follower.h"
 
+#include <map>
 #include <stdexcept>
 
 #include "engine/model_runner.h"
@@ -35,28 +36,31 @@ std::unique_ptr<ModelRunner> load(const std::shared_ptr<Communicator>& group, co
 }  // namespace
 
 void follow_orders(const std::shared_ptr<Communicator>& group) {
-  std::unique_ptr<ModelRunner> runner;
+  std::map<int64_t, std::unique_ptr<ModelRunner>> models;  // by rank 0's number
   StepPlan plan;
+  const auto model = [&](const Order& order) -> ModelRunner& {
+    auto it = models.find(order.model);
+    if (it == models.end()) throw std::logic_error("a tensor-parallel order for a model that is not loaded");
+    return *it->second;
+  };
   for (;;) {
     Order order = receive_order(*group);
     switch (order.kind) {
       case OrderKind::Load:
-        runner = load(group, order);
+        if (auto runner = load(group, order)) models[order.model] = std::move(runner);
         break;
       case OrderKind::Step:
-        if (!runner) throw std::logic_error("a step order without a model");
         decode_step(order.payload, &plan);
-        runner->run(plan);
+        model(order).run(plan);
         break;
       case OrderKind::Memory:
-        if (!runner) throw std::logic_error("a memory order without a model");
-        runner->report_memory();
+        model(order).report_memory();
         break;
       case OrderKind::Close:
-        runner.reset();
+        models.erase(order.model);
         break;
       case OrderKind::End:
-        runner.reset();
+        models.clear();
         group->close();
         return;
     }

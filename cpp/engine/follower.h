@@ -1,6 +1,6 @@
 // A rank of a tensor-parallel group other than rank 0: it waits for rank 0's orders
-// (engine/rank_orders.h) and carries them out with a ModelRunner of its own, for as many models
-// as rank 0 loads, until rank 0 ends the group. A model that fails to load on any rank is
+// (engine/rank_orders.h) and carries them out with a ModelRunner of its own for each model rank 0
+// has loaded, until rank 0 ends the group. A model that fails to load on any rank is
 // reported on rank 0 (its ModelRunner throws); the followers then wait for the next order.
 #pragma once
 #include <memory>

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "core/error.h"
 #include "engine/rank_orders.h"
 #include "model/rope.h"
@@ -65,7 +67,10 @@ int64_t proc_status_bytes(const char* key) {
 
 ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.group) {
   if (group_ && group_->size() == 1) group_.reset();
-  if (leads()) send_order(*group_, OrderKind::Load, encode_load(file.path, opt));
+  if (leads()) {
+    model_number_ = next_model_number();
+    send_order(*group_, OrderKind::Load, model_number_, encode_load(file.path, opt));
+  }
   int64_t blocks = 0;
   ModelWeights w;
   try {  // with a group, every rank hears how every other's load went
@@ -83,7 +88,10 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
       throw ValueError("max_model_len " + std::to_string(max_model_len_) + " exceeds the model's " +
                        std::to_string(cfg_.max_positions) + " positions");
     be_ = make_backend(opt.device, threads_of(opt));
+    const int64_t rss = proc_status_bytes("VmRSS:");
     w = load_weights(*be_, file.weights, cfg_, split_, opt.load_progress);
+    file.weights = WeightSource{};  // the file stays mapped only where weights are used as stored
+    load_rss_bytes_ = proc_status_bytes("VmRSS:") - rss;
     blocks = kv_pool_blocks(opt, split_.local(cfg_), max_model_len_, *be_);
   } catch (...) {
     if (!group_) throw;
@@ -113,7 +121,7 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
     blocks_ = std::make_unique<BlockManager>(blocks, opt.prefix_cache);
     decoder_ = std::make_unique<Decoder>(be_, local, std::move(w), rope);
   } catch (...) {
-    if (leads()) send_order(*group_, OrderKind::Close);  // the followers' runners are built: drop them
+    if (leads()) send_order(*group_, OrderKind::Close, model_number_);  // the followers' runners are built: drop them
     throw;
   }
   stats_.block_size = kBlockSize;
@@ -123,7 +131,7 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
 ModelRunner::~ModelRunner() {
   if (!leads() || !group_->is_open()) return;
   try {
-    send_order(*group_, OrderKind::Close);
+    send_order(*group_, OrderKind::Close, model_number_);
   } catch (...) {  // a group that failed has ended its ranks already
   }
 }
@@ -198,7 +206,7 @@ ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
       if (pos >= it.rows_from && pos < it.rows_from + it.rows) p.row_index[size_t(r++)] = int32_t(t);
     }
   }
-  if (group_) send_order(*group_, OrderKind::Step, encode_step(p));
+  if (group_) send_order(*group_, OrderKind::Step, model_number_, encode_step(p));
   return run(p);
 }
 
@@ -267,12 +275,14 @@ RankMemory ModelRunner::memory() const {
       if (t->defined()) m.kv_bytes += int64_t(t->nbytes());
   m.rss_bytes = proc_status_bytes("VmRSS:");
   m.peak_rss_bytes = proc_status_bytes("VmHWM:");
+  m.load_rss_bytes = load_rss_bytes_;
+  m.pid = getpid();
   return m;
 }
 
 std::vector<RankMemory> ModelRunner::rank_memory() {
   if (!group_) return {memory()};
-  send_order(*group_, OrderKind::Memory);
+  send_order(*group_, OrderKind::Memory, model_number_);
   const RankMemory mine = memory();
   std::vector<RankMemory> all(size_t(group_->size()));
   group_->gather(&mine, sizeof mine, all.data(), 0);

@@ -91,9 +91,11 @@ struct RunnerStats {
   ReduceTime all_reduce; // this rank's sums across the ranks
 };
 
-// One rank's memory: its weights' and KV pool's buffers, and its process's resident set.
+// One rank's memory: its weights' and KV pool's buffers, its process's resident set (now, at its
+// peak, and what loading the weights added to it), and the process.
 struct RankMemory {
-  int64_t weight_bytes = 0, kv_bytes = 0, rss_bytes = 0, peak_rss_bytes = 0;
+  int64_t weight_bytes = 0, kv_bytes = 0, rss_bytes = 0, peak_rss_bytes = 0, load_rss_bytes = 0;
+  int64_t pid = 0;
 };
 
 class ModelRunner {
@@ -149,6 +151,8 @@ class ModelRunner {
   void gather_logits(const Tensor& logits, int64_t rows, std::vector<float>& out);
 
   std::shared_ptr<Communicator> group_;
+  int64_t model_number_ = 0;  // rank 0's, in its orders about this model
+  int64_t load_rss_bytes_ = 0;
   ModelConfig cfg_;
   TensorSplit split_;
   std::shared_ptr<Backend> be_;

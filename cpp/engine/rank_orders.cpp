@@ -1,6 +1,7 @@
 #include "engine/rank_orders.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -62,7 +63,7 @@ class Reader {
 };
 
 struct OrderHeader {
-  int64_t kind, payload_bytes;
+  int64_t kind, model, payload_bytes;
 };
 
 // A rank's load outcome as the ranks exchange it.
@@ -108,8 +109,8 @@ LoadStatus status_of(std::exception_ptr error, int64_t kv_blocks) {
 
 }  // namespace
 
-void send_order(Communicator& group, OrderKind kind, const std::vector<char>& payload) {
-  OrderHeader h{int64_t(kind), int64_t(payload.size())};
+void send_order(Communicator& group, OrderKind kind, int64_t model, const std::vector<char>& payload) {
+  OrderHeader h{int64_t(kind), model, int64_t(payload.size())};
   group.broadcast(&h, sizeof h, 0);
   if (!payload.empty()) group.broadcast(const_cast<char*>(payload.data()), payload.size(), 0);
 }
@@ -119,14 +120,19 @@ Order receive_order(Communicator& group) {
   group.broadcast(&h, sizeof h, 0, Communicator::Wait::Forever);
   if (h.kind < int64_t(OrderKind::Load) || h.kind > int64_t(OrderKind::End) || h.payload_bytes < 0)
     throw std::logic_error("an unknown tensor-parallel order");
-  Order o{OrderKind(h.kind), std::vector<char>(size_t(h.payload_bytes))};
+  Order o{OrderKind(h.kind), h.model, std::vector<char>(size_t(h.payload_bytes))};
   if (!o.payload.empty()) group.broadcast(o.payload.data(), o.payload.size(), 0);
   return o;
 }
 
+int64_t next_model_number() {
+  static std::atomic<int64_t> next{0};
+  return ++next;
+}
+
 void end_group(Communicator& group) {
   if (!group.is_open()) return;
-  send_order(group, OrderKind::End);
+  send_order(group, OrderKind::End, 0);
   group.close();
 }
 

@@ -1,10 +1,11 @@
 // What rank 0 of a tensor-parallel group tells the other ranks (orders), each broadcast before the
-// collective work it starts, and how the ranks agree that a model loaded. Rank 0's ModelRunner
-// gives orders; the other ranks wait for them in engine/follower.h's loop:
+// collective work it starts, and how the ranks agree that a model loaded. Rank 0's ModelRunners
+// give orders about their model (numbered by rank 0: several may be loaded at once); the other
+// ranks wait for them in engine/follower.h's loop:
 //   Load    open the model at a path with the runner's options, load this rank's share;
-//   Step    run one forward (its StepPlan);
-//   Memory  report this rank's memory (gathered on rank 0);
-//   Close   the model is done with: drop it, wait for the next Load;
+//   Step    run one forward of the model (its StepPlan);
+//   Memory  report this rank's memory for the model (gathered on rank 0);
+//   Close   the model is done with: drop it;
 //   End     leave the group.
 #pragma once
 #include <exception>
@@ -20,11 +21,14 @@ enum class OrderKind : int64_t { Load = 1, Step, Memory, Close, End };
 
 struct Order {
   OrderKind kind;
+  int64_t model;
   std::vector<char> payload;
 };
 
 // Rank 0.
-void send_order(Communicator& group, OrderKind kind, const std::vector<char>& payload = {});
+void send_order(Communicator& group, OrderKind kind, int64_t model, const std::vector<char>& payload = {});
+// A number for a model rank 0 loads, unique in this process.
+int64_t next_model_number();
 // The others: waits for rank 0 without a deadline (it may have nothing to run for a long time).
 Order receive_order(Communicator& group);
 // Rank 0: ends the followers' loops and closes the group (nothing when it is closed already).

@@ -21,10 +21,12 @@ TensorInfo rows_of(const TensorInfo& t, int64_t begin, int64_t count) {
   return r;
 }
 
-// Columns [c0, c0 + n) of a rows x cols matrix of type t at src -> dst, rows of n elements.
-void copy_columns(DType t, const char* src, int64_t rows, int64_t cols, int64_t c0, int64_t n, char* dst) {
-  const size_t row = dtype_bytes(t, cols), skip = dtype_bytes(t, c0), share = dtype_bytes(t, n);
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + size_t(r) * share, src + size_t(r) * row + skip, share);
+// Columns [c0, c0 + dst.cols()) of the rows of a matrix of `cols` columns of dst's type at src ->
+// dst, row by row (no host copy of the share: its freed pages would stay resident).
+void upload_columns(Backend& be, const Tensor& dst, const char* src, int64_t cols, int64_t c0) {
+  const size_t row = dtype_bytes(dst.dtype, cols), skip = dtype_bytes(dst.dtype, c0);
+  const Tensor rows = dst.reshape({dst.rows(), dst.cols()});
+  for (int64_t r = 0; r < rows.dim(0); ++r) be.upload(rows.slice(r, 1), src + size_t(r) * row + skip, dst.row_bytes());
 }
 
 // A share of a block-quantized row must be whole blocks: the ranks' activations are then
@@ -71,9 +73,7 @@ class Loader {
     if (n == t.shape[1]) return fused({&t}, {});
     check_whole_blocks(t, c0, n);
     Tensor part = be_.alloc(t.dtype, {t.shape[0], n});
-    std::vector<char> host(part.nbytes());
-    copy_columns(t.dtype, t.data, t.shape[0], t.shape[1], c0, n, host.data());
-    be_.upload(part, host.data(), host.size());
+    upload_columns(be_, part, t.data, t.shape[1], c0);
     t.file->release_pages(t.data, t.nbytes);  // this rank reads no other column of it
     Linear lin;
     lin.parts.push_back(be_.pack_weight(part, {}));
@@ -87,7 +87,7 @@ class Loader {
     const TensorInfo share = rows_of(t, r0, n);
     Tensor table = be_.alloc(t.dtype, {n + kZeroRows, t.shape[1]});
     be_.upload(table.slice(0, n), share.data, share.nbytes);
-    const std::vector<char> zeros(table.slice(n, kZeroRows).nbytes());
+    const std::vector<char> zeros(table.slice(n, kZeroRows).nbytes());  // a few KB
     be_.upload(table.slice(n, kZeroRows), zeros.data(), zeros.size());
     share.file->release_pages(share.data, share.nbytes);
     return tied ? be_.pack_weight(table, {}) : table;
@@ -114,16 +114,11 @@ class Loader {
     if (cols != in) check_whole_blocks(*parts[0], c0, cols);
     Tensor t = be_.alloc(dtype, {E, rows, cols});
     const size_t expert_bytes = dtype_bytes(dtype, out * in);
-    std::vector<char> host(cols != in ? dtype_bytes(dtype, rows * cols) : 0);
     for (int64_t e = 0; e < E; ++e) {
       const TensorInfo& src = *parts[size_t(e)];
       const char* matrix = src.data + (naming_ == Naming::GGUF ? size_t(e) * expert_bytes : 0);
-      if (cols == in) {
-        be_.upload(t.slice(e, 1), matrix + dtype_bytes(dtype, r0 * in), dtype_bytes(dtype, rows * in));
-      } else {
-        copy_columns(dtype, matrix, out, in, c0, cols, host.data());
-        be_.upload(t.slice(e, 1), host.data(), host.size());
-      }
+      if (cols == in) be_.upload(t.slice(e, 1), matrix + dtype_bytes(dtype, r0 * in), dtype_bytes(dtype, rows * in));
+      else upload_columns(be_, t.slice(e, 1), matrix, in, c0);
       if (naming_ == Naming::HF) src.file->release_pages(src.data, src.nbytes);
     }
     if (naming_ == Naming::GGUF) parts[0]->file->release_pages(parts[0]->data, parts[0]->nbytes);

@@ -57,9 +57,7 @@ def group(tensor_parallel_size: int):
         raise ValueError(f"mpirun started {launched} ranks, but tensor_parallel_size is {n}: they must be equal")
     if n == 1:
         return None
-    if not _core.mpi_available():
-        _core.mpi_world(1.0)  # raises the ValueError that says how to build with MPI
-    _at_exit_end_groups()
+    _at_exit_end_groups()  # (without MPI in this build, the group's making raises ValueError)
     if launched:
         world = _world_group()
         if world.rank != 0:
