@@ -1,4 +1,5 @@
 // Tensor parallelism's groups (MPI) and the followers' loop; python/ferrum/dist.py builds on them.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -16,7 +17,16 @@ void bind_dist(py::module_& m) {
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def_property_readonly("ranks_on_this_host", &Communicator::ranks_on_this_host)
-      .def_property_readonly("is_open", &Communicator::is_open);
+      .def_property_readonly("is_open", &Communicator::is_open)
+      .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>(),
+           "Leaves the group (a collective while it is open).")
+      .def("all_reduce_sum", [](Communicator& c, py::array_t<float, py::array::c_style> a) {
+             py::buffer_info b = a.request(true);
+             py::gil_scoped_release nogil;
+             c.all_reduce_sum(static_cast<float*>(b.ptr), size_t(b.size));
+           }, py::arg("a"),
+           "a (float32, in place) = its sum over the ranks; every rank calls it. For benchmarks and tests: "
+           "not on a group that runs a model.");
   m.def("mpi_available", &mpi_available, "Whether this build has tensor parallelism over MPI.");
   m.def("mpi_world", &mpi_world, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
         "The ranks mpirun started, as one group.");
