@@ -5,19 +5,21 @@ usage: python bench/tp_bench.py [--model PATH] [--ranks 1 2] [-p 32] [-n 64] [-r
                                 [--launch mpirun|spawn] [--data-dir ~/.cache/ferrum-bench]
                                 [--link NAME:LATENCY_US:GBPS ...]
 The default model is TinyLlama-1.1B's shape with random weights in Q4_K_M (written once into
---data-dir). Each rank count runs in fresh processes (`mpirun --oversubscribe -np N`, or one
-process spawning its ranks), one thread per rank, -r runs; the best run is printed (on a shared
+--data-dir). Each rank count runs in fresh processes (`mpirun --oversubscribe --bind-to none -np N`,
+or one process spawning its ranks), one thread per rank, -r runs; the best run is printed (on a shared
 machine the least disturbed one). A run: a -p token prompt, then -n greedy tokens of one
 sequence, timed from the first decode step; rank 0's all-reduces (count and time, waits for the
 other ranks included) come from the runner's stats.
 
 The prediction for N machines of one rank each: a decode step's compute is the 1-rank step's / N
 (each rank reads 1/N of the weights), plus per step 2 * layers + 1 all-reduces of `hidden` f32
-values (ring: 2 (N - 1) / N of the bytes over the link, 2 (N - 1) latencies) and the gather of
-the logits on rank 0 ((N - 1) / N * vocab f32 values, one latency).
+values (recursive doubling, as MPI sums messages this small: log2 N rounds of one latency and the
+whole message each) and the gather of the logits on rank 0 ((N - 1) / N * vocab f32 values, one
+latency).
 """
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,6 +27,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+# Ranks not pinned to cores: on a machine others use too, a pinned rank waits whenever another
+# process runs on its core, and every rank waits for it at the next all-reduce.
+MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none"]
 LINKS = ["10GbE:20:10", "100Gb-InfiniBand:2:100"]
 
 
@@ -91,7 +96,7 @@ def measure(args, ranks):
     cmd = [sys.executable, os.path.abspath(__file__), "--run", args.model, "--ranks", str(ranks), "-p", str(args.p),
            "-n", str(args.n)]
     if ranks > 1 and args.launch == "mpirun":
-        cmd = ["mpirun", "--oversubscribe", "-np", str(ranks)] + cmd
+        cmd = MPIRUN + ["-np", str(ranks)] + cmd
     out = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise SystemExit(out.stdout[-2000:] + out.stderr[-2000:])
@@ -104,7 +109,7 @@ def predict(one, link, ranks):
     alpha, beta = float(latency_us) * 1e-6, float(gbps) * 1e9 / 8
     compute = 1 / one["decode_tokens_per_s"] / ranks
     reduces = 2 * one["layers"] + 1
-    reduce_s = reduces * (2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * one["hidden"] * 4 / beta)
+    reduce_s = reduces * math.ceil(math.log2(ranks)) * (alpha + one["hidden"] * 4 / beta)
     gather_s = alpha + (ranks - 1) / ranks * one["vocab"] * 4 / beta
     return name, 1 / (compute + reduce_s + gather_s), 1e3 * (reduce_s + gather_s)
 
@@ -144,8 +149,7 @@ def main():
               f"{r['all_reduce_ms_per_token']:17.3f}  {weights:>19}   {rss}")
     for ranks in (r for r in args.ranks if r > 1 and args.launch == "mpirun"):
         hidden = results[ranks]["hidden"]
-        cmd = ["mpirun", "--oversubscribe", "-np", str(ranks), sys.executable, os.path.abspath(__file__),
-               "--probe", str(hidden)]
+        cmd = MPIRUN + ["-np", str(ranks), sys.executable, os.path.abspath(__file__), "--probe", str(hidden)]
         out = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
         us = json.loads(out.stdout.strip().splitlines()[-1])["all_reduce_us"]
         per_token = us * results[ranks]["all_reduces_per_token"] / 1e3

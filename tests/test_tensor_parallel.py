@@ -23,8 +23,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RANKS = 2
 STORIES_TOK = os.path.join(STORIES, "tok512.bin")
 TOK = os.path.join(SHARED_MODELS, "tokenizers", "smollm2-135m-instruct")  # 49152 tokens
-# Over TCP on the loopback interface, as ranks on separate machines talk.
-MPIRUN = ["mpirun", "--oversubscribe", "-np", str(RANKS), "--mca", "btl", "self,tcp",
+# Over TCP on the loopback interface, as ranks on separate machines talk; not pinned to cores (on a
+# busy machine a pinned rank waits for its core, and the other rank for it).
+MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(RANKS), "--mca", "btl", "self,tcp",
           "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
 # The collectives' deadline: a lost rank ends a test's processes well within its timeout.
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", FERRUM_TP_TIMEOUT="10",

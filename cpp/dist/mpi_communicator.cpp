@@ -209,6 +209,9 @@ std::shared_ptr<Communicator> mpi_spawn(int ranks, const std::string& program, c
   MPI_Info info;
   MPI_Info_create(&info);
   MPI_Info_set(info, "map_by", ":OVERSUBSCRIBE");  // more ranks than cores is the caller's choice
+  // Not pinned to a core (rank 0, the caller's process, is not either): a pinned rank waits
+  // whenever another process runs on its core, and the whole group with it.
+  MPI_Info_set(info, "bind_to", "none");
   MPI_Comm inter;
   std::vector<int> errors(size_t(ranks - 1));
   const int status = MPI_Comm_spawn(program.c_str(), argv.data(), ranks - 1, info, 0, MPI_COMM_SELF, &inter,

@@ -20,9 +20,7 @@ std::unique_ptr<ModelRunner> load(const std::shared_ptr<Communicator>& group, co
     ModelFile file;
     try {
       file = open_model_file(path);
-    } catch (const CommError&) {
-      throw;
-    } catch (...) {  // the others wait to hear how this rank's load went
+    } catch (...) {  // the other ranks wait to hear how this rank's load went (this throws)
       agree_on_load(*group, std::current_exception(), 0);
     }
     return std::make_unique<ModelRunner>(std::move(file), opt);

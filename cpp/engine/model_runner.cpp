@@ -73,7 +73,8 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
   }
   int64_t blocks = 0;
   ModelWeights w;
-  try {  // with a group, every rank hears how every other's load went
+  std::exception_ptr failed;
+  try {
     if (!(opt.kv_cache_fraction >= 0 && opt.kv_cache_fraction <= 1))
       throw ValueError("kv_cache_fraction must be in (0, 1]");
     if (opt.kv_cache_tokens < 0 || opt.kv_cache_bytes < 0) throw ValueError("KV cache sizes must be positive");
@@ -95,9 +96,9 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
     blocks = kv_pool_blocks(opt, split_.local(cfg_), max_model_len_, *be_);
   } catch (...) {
     if (!group_) throw;
-    agree_on_load(*group_, std::current_exception(), 0);
+    failed = std::current_exception();
   }
-  if (group_) blocks = agree_on_load(*group_, nullptr, blocks);
+  if (group_) blocks = agree_on_load(*group_, failed, blocks);  // every rank throws if one failed
   try {
     const ModelConfig local = split_.local(cfg_);
     stats_.weight_bytes = weight_bytes(w);

@@ -58,6 +58,9 @@ def group(tensor_parallel_size: int):
     if n == 1:
         return None
     _at_exit_end_groups()  # (without MPI in this build, the group's making raises ValueError)
+    # OpenMPI's topology library would open every OpenCL platform to list its devices (pocl
+    # loads LLVM: ~60 MB per rank); the ranks need only the CPUs.
+    os.environ.setdefault("HWLOC_COMPONENTS", "-opencl")
     if launched:
         world = _world_group()
         if world.rank != 0:
