@@ -77,6 +77,8 @@ def refused_model(tmp_path_factory):
 
 
 STORIES_MODEL = {"name": "stories260K", "path": STORIES_FORMATS["gguf"]}
+STORIES_OPENCL = dict(STORIES_MODEL, name="stories260K-opencl", device="opencl")  # a sum through host memory
+EXTRA_MODELS = {m["name"]: m for m in (STORIES_MODEL, STORIES_OPENCL)}
 
 
 def run_ranks(args, timeout, spawn=False):
@@ -90,7 +92,7 @@ def run_ranks(args, timeout, spawn=False):
 def compared(models, refused_model, tmp_path_factory):
     """One mpirun job: every model's results under 2 ranks, then the engine invariants."""
     d = tmp_path_factory.mktemp("compare")
-    spec = {"ranks": RANKS, "prompts": PROMPTS, "models": list(models.values()) + [STORIES_MODEL],
+    spec = {"ranks": RANKS, "prompts": PROMPTS, "models": list(models.values()) + list(EXTRA_MODELS.values()),
             "refused": [refused_model],
             "invariants_model": STORIES_MODEL, "invariant_prompts": INVARIANT_PROMPTS,
             "shared_prompts": SHARED_PROMPTS}
@@ -103,12 +105,12 @@ def relative_error(got, want):
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-@pytest.mark.parametrize("name", list(MODELS) + ["stories260K"])
+@pytest.mark.parametrize("name", list(MODELS) + list(EXTRA_MODELS))
 def test_two_ranks_equal_one_process(name, models, compared):
     """Logits at every position (scored: f32 activations) and of generation steps (the decode
     path, 8-bit activations for quantized weights) within 1e-5 of the single process's, relative
     to the largest; greedy tokens identical."""
-    model = models.get(name, STORIES_MODEL)
+    model = models.get(name) or EXTRA_MODELS[name]
     want = tp_ranks.model_results(tp_ranks.make_llm(model, 1), PROMPTS)
     for key, w in want.items():
         got = compared[f"{name}/{key}"]

@@ -23,8 +23,8 @@ GREEDY = ferrum.SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 def make_llm(model, ranks, **kw):
     kw.setdefault("kv_dtype", "f32")
     kw.setdefault("max_model_len", 256)
-    return ferrum.LLM(model["path"], tokenizer=model.get("tokenizer"), num_threads=1,
-                      tensor_parallel_size=ranks, **kw)
+    return ferrum.LLM(model["path"], device=model.get("device", "cpu"), tokenizer=model.get("tokenizer"),
+                      num_threads=1, tensor_parallel_size=ranks, **kw)
 
 
 def generation_logits(runner, prompts):
