@@ -61,7 +61,7 @@ def group(tensor_parallel_size: int):
     # OpenMPI's topology library would open every OpenCL platform to list its devices (pocl
     # loads LLVM: ~60 MB per rank); the ranks need only the CPUs.
     os.environ.setdefault("HWLOC_COMPONENTS", "-opencl")
-    if launched:
+    if launched > 1:
         world = _world_group()
         if world.rank != 0:
             _follow_and_exit(world)
@@ -88,7 +88,7 @@ def follow(g) -> int:
     exit status (1 when rank 0 is gone, with the reason on stderr)."""
     try:
         _core.follow_orders(g)
-    except RuntimeError as e:
+    except Exception as e:  # noqa: BLE001 (rank 0 is gone, or its orders made no sense: say why, exit)
         print(f"ferrum: tensor-parallel rank {g.rank}: {e}", file=sys.stderr, flush=True)
         return 1
     _core.mpi_finalize()
