@@ -10,7 +10,8 @@ extras=""
 
 # 1. System packages (Debian 12).
 apt_packages="build-essential libopenblas-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
-  libgtest-dev nlohmann-json3-dev unzip clang libclang-rt-14-dev"  # clang + libFuzzer: scripts/fuzz.sh
+  libgtest-dev nlohmann-json3-dev unzip clang libclang-rt-14-dev libopenmpi-dev openmpi-bin"
+# clang + libFuzzer: scripts/fuzz.sh; OpenMPI: tensor parallelism (docs/distributed.md)
 # The wheel check (make test-wheel) runs the wheel on an emulated CPU without AVX-512.
 [ -n "$extras" ] && apt_packages="$apt_packages qemu-user"
 missing=""

@@ -44,7 +44,8 @@ py::dict config_dict(const ModelConfig& c) {
 // `progress` outlives the constructor call it is used in.
 RunnerOptions runner_options(const std::string& device, int num_threads, const std::string& kv_dtype,
                              int64_t max_model_len, int64_t kv_cache_tokens, int64_t kv_cache_bytes,
-                             double kv_cache_fraction, bool prefix_cache, const py::object& progress) {
+                             double kv_cache_fraction, bool prefix_cache, const py::object& progress,
+                             std::shared_ptr<Communicator> group) {
   RunnerOptions o;
   o.device = device;
   o.num_threads = num_threads;
@@ -54,6 +55,7 @@ RunnerOptions runner_options(const std::string& device, int num_threads, const s
   if (kv_cache_bytes != 0) o.kv_cache_bytes = kv_cache_bytes;
   o.kv_cache_fraction = kv_cache_fraction;
   o.prefix_cache = prefix_cache;
+  o.group = std::move(group);
   if (!progress.is_none())
     o.load_progress = [&progress](int64_t done, int64_t total) {
       py::gil_scoped_acquire gil;
@@ -74,10 +76,11 @@ void bind_model(py::module_& m) {
   py::class_<ModelRunner>(m, "ModelRunner")
       .def(py::init([](ModelFile& file, const std::string& device, int num_threads, const std::string& kv_dtype,
                        int64_t max_model_len, int64_t kv_cache_tokens, int64_t kv_cache_bytes, double kv_cache_fraction,
-                       bool prefix_cache, const py::object& progress) {
+                       bool prefix_cache, const py::object& progress, std::shared_ptr<Communicator> group) {
              if (file.format.empty()) throw ValueError(file.path + ": this ModelFile was loaded already");
              RunnerOptions o = runner_options(device, num_threads, kv_dtype, max_model_len, kv_cache_tokens,
-                                              kv_cache_bytes, kv_cache_fraction, prefix_cache, progress);
+                                              kv_cache_bytes, kv_cache_fraction, prefix_cache, progress,
+                                              std::move(group));
              ModelFile taken = std::move(file);
              file.path = taken.path;  // what is left: a name for the error above
              file.format.clear();
@@ -87,14 +90,15 @@ void bind_model(py::module_& m) {
            py::arg("model_file"), py::arg("device") = "cpu", py::arg("num_threads") = 0,
            py::arg("kv_dtype") = "f16", py::arg("max_model_len") = 0, py::arg("kv_cache_tokens") = 0,
            py::arg("kv_cache_bytes") = 0, py::arg("kv_cache_fraction") = 0.0, py::arg("prefix_cache") = true,
-           py::arg("progress") = py::none(),
-           "Loads the weights of an opened ModelFile (which is then used up).")
+           py::arg("progress") = py::none(), py::arg("group") = nullptr,
+           "Loads the weights of an opened ModelFile (which is then used up). group: a tensor-parallel "
+           "group (ferrum.dist) whose rank 0 this process is: each rank loads its share.")
       .def(py::init([](const std::string& path, const std::string& device, int num_threads,
                        const std::string& kv_dtype, int64_t max_model_len, int64_t kv_cache_tokens,
                        int64_t kv_cache_bytes, double kv_cache_fraction, bool prefix_cache,
                        const py::object& progress) {
              RunnerOptions o = runner_options(device, num_threads, kv_dtype, max_model_len, kv_cache_tokens,
-                                              kv_cache_bytes, kv_cache_fraction, prefix_cache, progress);
+                                              kv_cache_bytes, kv_cache_fraction, prefix_cache, progress, nullptr);
              py::gil_scoped_release nogil;
              return std::make_unique<ModelRunner>(path, o);
            }),
@@ -144,8 +148,32 @@ void bind_model(py::module_& m) {
         d["prefix_query_tokens"] = s.prefix_query_tokens;
         d["steps"] = s.steps;
         d["replays"] = s.replays;
+        d["weight_bytes"] = s.weight_bytes;
+        d["tensor_parallel_size"] = s.ranks;
+        d["all_reduces"] = s.all_reduce.count;
+        d["all_reduce_seconds"] = s.all_reduce.seconds;
         return d;
-      });
+      })
+      .def("rank_memory", [](ModelRunner& r) {
+        std::vector<RankMemory> all;
+        {
+          py::gil_scoped_release nogil;
+          all = r.rank_memory();
+        }
+        py::list out;
+        for (const RankMemory& m : all) {
+          py::dict d;
+          d["weight_bytes"] = m.weight_bytes;
+          d["kv_bytes"] = m.kv_bytes;
+          d["rss_bytes"] = m.rss_bytes;
+          d["peak_rss_bytes"] = m.peak_rss_bytes;
+          d["load_rss_bytes"] = m.load_rss_bytes;
+          d["pid"] = m.pid;
+          out.append(d);
+        }
+        return out;
+      }, "Each tensor-parallel rank's memory (one entry without a group): weight and KV buffers' bytes, "
+         "the process's resident and peak resident bytes and what loading the weights added, its pid.");
 }
 
 }  // namespace ferrum::bindings

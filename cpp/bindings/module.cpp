@@ -11,6 +11,7 @@ void bind_io(py::module_& m);       // GGUF / safetensors / llama2.c readers
 void bind_model(py::module_& m);    // the decoder and its KV pool
 void bind_opencl(py::module_& m);   // OpenCL device info and launch timings
 void bind_engine(py::module_& m);   // the continuous-batching scheduler
+void bind_dist(py::module_& m);     // tensor-parallel groups
 }  // namespace ferrum::bindings
 
 PYBIND11_MODULE(_core, m) {
@@ -23,4 +24,5 @@ PYBIND11_MODULE(_core, m) {
   bind_model(m);
   bind_opencl(m);
   bind_engine(m);
+  bind_dist(m);
 }

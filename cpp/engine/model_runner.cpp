@@ -1,8 +1,15 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include <unistd.h>
 
 #include "core/error.h"
+#include "engine/rank_orders.h"
 #include "model/rope.h"
 
 namespace ferrum {
@@ -16,58 +23,118 @@ int64_t token_bucket(int64_t t) { return t <= 32 ? t : (t + 31) / 32 * 32; }
 
 ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) : ModelRunner(open_model_file(path), opt) {}
 
-ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) {
-  if (!(opt.kv_cache_fraction >= 0 && opt.kv_cache_fraction <= 1))
-    throw ValueError("kv_cache_fraction must be in (0, 1]");
-  if (opt.kv_cache_tokens < 0 || opt.kv_cache_bytes < 0) throw ValueError("KV cache sizes must be positive");
-  if (opt.kv_dtype != DType::F16 && opt.kv_dtype != DType::F32 && opt.kv_dtype != DType::I8)
-    throw ValueError("kv_dtype must be f16, f32 or int8");
-  file.tokenizer_metadata.clear();  // the tokenizer's arrays (~15 MB parsed) would add to the load's peak memory
-  const ModelConfig& cfg = file.config;
-  format_ = file.format;
-  max_model_len_ = opt.max_model_len > 0 ? opt.max_model_len : cfg.max_positions;
-  if (max_model_len_ > cfg.max_positions)
-    throw ValueError("max_model_len " + std::to_string(max_model_len_) + " exceeds the model's " +
-                     std::to_string(cfg.max_positions) + " positions");
-  be_ = make_backend(opt.device, opt.num_threads);
-  ModelWeights w = load_weights(*be_, file.weights, cfg, opt.load_progress);
+namespace {
 
-  // KV pool: [blocks, kv_heads, 16, head_dim] per layer for K and V, checked against the memory
-  // the backend has left before any of it is allocated.
-  const int64_t row = cfg.kv_heads * cfg.head_dim;
-  const double elem = opt.kv_dtype == DType::F32 ? 4.0 : opt.kv_dtype == DType::F16 ? 2.0 : 1.0 + 4.0 / double(cfg.head_dim);
-  const double bytes_per_token = 2.0 * double(cfg.layers * row) * elem;
-  const double available = double(be_->memory_available_bytes());
+// The KV blocks a pool of these options holds, checked against the memory the backend has left.
+int64_t kv_pool_blocks(const RunnerOptions& opt, const ModelConfig& local, int64_t max_model_len, Backend& be) {
+  // [blocks, kv_heads, 16, head_dim] per layer for K and V
+  const int64_t row = local.kv_heads * local.head_dim;
+  const double elem = opt.kv_dtype == DType::F32 ? 4.0 : opt.kv_dtype == DType::F16 ? 2.0 : 1.0 + 4.0 / double(local.head_dim);
+  const double bytes_per_token = 2.0 * double(local.layers * row) * elem;
+  const double available = double(be.memory_available_bytes());
   const double bytes = opt.kv_cache_fraction > 0 ? opt.kv_cache_fraction * available : double(opt.kv_cache_bytes);
   int64_t tokens = opt.kv_cache_tokens > 0 ? opt.kv_cache_tokens : int64_t(std::min(bytes / bytes_per_token, 1e15));
-  if (opt.kv_cache_tokens <= 0) tokens = std::max(tokens, std::min<int64_t>(max_model_len_, 4096));
-  int64_t blocks = std::max<int64_t>(1, BlockManager::blocks_for(tokens));
-  if (blocks > INT32_MAX / kBlockSize) throw ValueError("kv cache too large");
-  const double pool_bytes = double(blocks * kBlockSize) * bytes_per_token;
+  if (opt.kv_cache_tokens <= 0) tokens = std::max(tokens, std::min<int64_t>(max_model_len, 4096));
+  const int64_t blocks = std::max<int64_t>(1, BlockManager::blocks_for(tokens));
+  if (blocks > INT32_MAX / ModelRunner::kBlockSize) throw ValueError("kv cache too large");
+  const double pool_bytes = double(blocks * ModelRunner::kBlockSize) * bytes_per_token;
   if (pool_bytes > available)
-    throw ResourceError("cannot allocate a KV cache of " + std::to_string(blocks * kBlockSize) + " tokens: it needs " +
-                        std::to_string(int64_t(pool_bytes)) + " bytes, the " + be_->name() + " device has " +
-                        std::to_string(int64_t(available)) + " available (lower kv_cache_memory or kv_cache_tokens)");
-  // No sequence outgrows the pool: tables indexed by position or block stop there.
-  const int64_t positions = std::min(max_model_len_, blocks * kBlockSize);
-  max_blocks_ = BlockManager::blocks_for(positions);
-  RopeTable rope = make_rope_table(*be_, cfg, positions, w.rope_freq_factors);
-  for (int64_t l = 0; l < cfg.layers; ++l) {
-    KvLayer kv;
-    Shape shape{blocks, cfg.kv_heads, kBlockSize, cfg.head_dim};
-    kv.k = be_->alloc(opt.kv_dtype, shape);
-    kv.v = be_->alloc(opt.kv_dtype, shape);
-    if (opt.kv_dtype == DType::I8) {
-      kv.k_scale = be_->alloc(DType::F32, {blocks, cfg.kv_heads, kBlockSize});
-      kv.v_scale = be_->alloc(DType::F32, {blocks, cfg.kv_heads, kBlockSize});
-    }
-    for (const Tensor* t : {&kv.k, &kv.v, &kv.k_scale, &kv.v_scale})
-      if (t->defined()) be_->materialize(*t);
-    kv_.push_back(kv);
+    throw ResourceError("cannot allocate a KV cache of " + std::to_string(blocks * ModelRunner::kBlockSize) +
+                        " tokens: it needs " + std::to_string(int64_t(pool_bytes)) + " bytes, the " + be.name() +
+                        " device has " + std::to_string(int64_t(available)) +
+                        " available (lower kv_cache_memory or kv_cache_tokens)");
+  return blocks;
+}
+
+// Ranks on one machine share its cores.
+int threads_of(const RunnerOptions& opt) {
+  if (opt.num_threads > 0 || !opt.group) return opt.num_threads;
+  const int cores = int(std::thread::hardware_concurrency());
+  return std::max(1, cores / std::max(1, opt.group->ranks_on_this_host()));
+}
+
+// "VmRSS:  1234 kB" -> bytes, from /proc/self/status.
+int64_t proc_status_bytes(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const size_t n = std::strlen(key);
+  while (std::getline(f, line))
+    if (line.compare(0, n, key) == 0) return std::atoll(line.c_str() + n) * 1024;
+  return 0;
+}
+
+}  // namespace
+
+ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.group) {
+  if (group_ && group_->size() == 1) group_.reset();
+  if (leads()) {
+    model_number_ = next_model_number();
+    send_order(*group_, OrderKind::Load, model_number_, encode_load(file.path, opt));
   }
-  blocks_ = std::make_unique<BlockManager>(blocks, opt.prefix_cache);
-  decoder_ = std::make_unique<Decoder>(be_, cfg, std::move(w), rope);
+  int64_t blocks = 0;
+  ModelWeights w;
+  std::exception_ptr failed;
+  try {
+    if (!(opt.kv_cache_fraction >= 0 && opt.kv_cache_fraction <= 1))
+      throw ValueError("kv_cache_fraction must be in (0, 1]");
+    if (opt.kv_cache_tokens < 0 || opt.kv_cache_bytes < 0) throw ValueError("KV cache sizes must be positive");
+    if (opt.kv_dtype != DType::F16 && opt.kv_dtype != DType::F32 && opt.kv_dtype != DType::I8)
+      throw ValueError("kv_dtype must be f16, f32 or int8");
+    file.tokenizer_metadata.clear();  // the tokenizer's arrays (~15 MB parsed) would add to the load's peak memory
+    cfg_ = file.config;
+    format_ = file.format;
+    split_ = group_ ? split_model(cfg_, group_->rank(), group_->size()) : split_model(cfg_, 0, 1);
+    max_model_len_ = opt.max_model_len > 0 ? opt.max_model_len : cfg_.max_positions;
+    if (max_model_len_ > cfg_.max_positions)
+      throw ValueError("max_model_len " + std::to_string(max_model_len_) + " exceeds the model's " +
+                       std::to_string(cfg_.max_positions) + " positions");
+    be_ = make_backend(opt.device, threads_of(opt));
+    const int64_t rss = proc_status_bytes("VmRSS:");
+    w = load_weights(*be_, file.weights, cfg_, split_, opt.load_progress);
+    file.weights = WeightSource{};  // the file stays mapped only where weights are used as stored
+    load_rss_bytes_ = proc_status_bytes("VmRSS:") - rss;
+    blocks = kv_pool_blocks(opt, split_.local(cfg_), max_model_len_, *be_);
+  } catch (...) {
+    if (!group_) throw;
+    failed = std::current_exception();
+  }
+  if (group_) blocks = agree_on_load(*group_, failed, blocks);  // every rank throws if one failed
+  try {
+    const ModelConfig local = split_.local(cfg_);
+    stats_.weight_bytes = weight_bytes(w);
+    // No sequence outgrows the pool: tables indexed by position or block stop there.
+    const int64_t positions = std::min(max_model_len_, blocks * kBlockSize);
+    max_blocks_ = BlockManager::blocks_for(positions);
+    RopeTable rope = make_rope_table(*be_, cfg_, positions, w.rope_freq_factors);
+    for (int64_t l = 0; l < cfg_.layers; ++l) {
+      KvLayer kv;
+      Shape shape{blocks, local.kv_heads, kBlockSize, local.head_dim};
+      kv.k = be_->alloc(opt.kv_dtype, shape);
+      kv.v = be_->alloc(opt.kv_dtype, shape);
+      if (opt.kv_dtype == DType::I8) {
+        kv.k_scale = be_->alloc(DType::F32, {blocks, local.kv_heads, kBlockSize});
+        kv.v_scale = be_->alloc(DType::F32, {blocks, local.kv_heads, kBlockSize});
+      }
+      for (const Tensor* t : {&kv.k, &kv.v, &kv.k_scale, &kv.v_scale})
+        if (t->defined()) be_->materialize(*t);
+      kv_.push_back(kv);
+    }
+    blocks_ = std::make_unique<BlockManager>(blocks, opt.prefix_cache);
+    decoder_ = std::make_unique<Decoder>(be_, local, std::move(w), rope);
+  } catch (...) {
+    if (leads()) send_order(*group_, OrderKind::Close, model_number_);  // the followers' runners are built: drop them
+    throw;
+  }
   stats_.block_size = kBlockSize;
+  stats_.ranks = group_ ? group_->size() : 1;
+}
+
+ModelRunner::~ModelRunner() {
+  if (!leads() || !group_->is_open()) return;
+  try {
+    send_order(*group_, OrderKind::Close, model_number_);
+  } catch (...) {  // a group that failed has ended its ranks already
+  }
 }
 
 ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R, const StepRows& split) {
@@ -82,8 +149,8 @@ ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R, cons
     }
   Graph g;
   g.buffers = decoder_->alloc_step(T, S, R, max_blocks_, split);
-  g.stream = be_->new_stream();
-  decoder_->record(*g.stream, g.buffers, kv_);
+  g.step = std::make_unique<RecordedStep>(*be_, group_.get());
+  decoder_->record(*g.step, g.buffers, kv_);
   graphs_.emplace_front(key, std::move(g));
   if (graphs_.size() > kMaxGraphs) graphs_.pop_back();
   return graphs_.front().second;
@@ -106,16 +173,23 @@ ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
     Rg += it.rows;
     decodes = decodes && it.decode;
   }
+  StepPlan& p = plan_;
   const int64_t Tb = token_bucket(T), S = int64_t(items.size()), Rb = std::max<int64_t>(R, 1);
+  p.tokens = Tb;
+  p.seqs = S;
+  p.rows = Rb;
   // Padding rows join the last group: with generations alone, the generation group.
-  const StepRows split = G == T ? StepRows{Tb, Rb, decodes, Rb} : StepRows{G, Rg, G > 0 && decodes, L};
+  p.split = G == T ? StepRows{Tb, Rb, decodes, Rb} : StepRows{G, Rg, G > 0 && decodes, L};
+  p.logit_rows = L;
+  p.hidden_rows = R - L;
+  p.replay = replay_;
 
-  h_ids_.assign(size_t(Tb), 0);
-  h_seq_.assign(size_t(Tb), 0);
-  h_pos_.assign(size_t(Tb), -1);  // padding rows: no position, no slot
-  h_slot_.assign(size_t(Tb), -1);
-  h_tables_.assign(size_t(S * max_blocks_), -1);
-  h_rows_.assign(size_t(Rb), 0);
+  p.ids.assign(size_t(Tb), 0);
+  p.token_seq.assign(size_t(Tb), 0);
+  p.token_pos.assign(size_t(Tb), -1);  // padding rows: no position, no slot
+  p.slots.assign(size_t(Tb), -1);
+  p.block_tables.assign(size_t(S * max_blocks_), -1);
+  p.row_index.assign(size_t(Rb), 0);
   int64_t t = 0, r = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const ForwardItem& it = items[i];
@@ -123,36 +197,102 @@ ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
     if (BlockManager::blocks_for(it.start + it.count) > int64_t(blocks.size()) || it.rows < 0 ||
         it.rows_from < it.start || it.rows_from + it.rows > it.start + it.count)
       throw std::logic_error("ModelRunner::forward: an item outside its blocks or tokens");
-    std::copy(blocks.begin(), blocks.end(), h_tables_.begin() + int64_t(i) * max_blocks_);
+    std::copy(blocks.begin(), blocks.end(), p.block_tables.begin() + int64_t(i) * max_blocks_);
     for (int64_t j = 0; j < it.count; ++j, ++t) {
       const int64_t pos = it.start + j;
-      h_ids_[size_t(t)] = it.tokens[j];
-      h_seq_[size_t(t)] = int32_t(i);
-      h_pos_[size_t(t)] = int32_t(pos);
-      h_slot_[size_t(t)] = blocks[size_t(pos / kBlockSize)] * int32_t(kBlockSize) + int32_t(pos % kBlockSize);
-      if (pos >= it.rows_from && pos < it.rows_from + it.rows) h_rows_[size_t(r++)] = int32_t(t);
+      p.ids[size_t(t)] = it.tokens[j];
+      p.token_seq[size_t(t)] = int32_t(i);
+      p.token_pos[size_t(t)] = int32_t(pos);
+      p.slots[size_t(t)] = blocks[size_t(pos / kBlockSize)] * int32_t(kBlockSize) + int32_t(pos % kBlockSize);
+      if (pos >= it.rows_from && pos < it.rows_from + it.rows) p.row_index[size_t(r++)] = int32_t(t);
     }
   }
+  if (group_) send_order(*group_, OrderKind::Step, model_number_, encode_step(p));
+  return run(p);
+}
 
-  Graph& g = replay_ ? graph_for(Tb, S, Rb, split) : (graphs_.clear(), graph_for(Tb, S, Rb, split));
+ForwardOutput ModelRunner::run(const StepPlan& p) {
+  if (p.replay != replay_) set_replay(p.replay);
+  Graph& g = replay_ ? graph_for(p.tokens, p.seqs, p.rows, p.split)
+                     : (graphs_.clear(), graph_for(p.tokens, p.seqs, p.rows, p.split));
   const StepBuffers& b = g.buffers;
-  be_->upload(b.ids, h_ids_.data(), h_ids_.size() * 4);
-  be_->upload(b.batch.token_seq, h_seq_.data(), h_seq_.size() * 4);
-  be_->upload(b.batch.token_pos, h_pos_.data(), h_pos_.size() * 4);
-  be_->upload(b.batch.slot_mapping, h_slot_.data(), h_slot_.size() * 4);
-  be_->upload(b.batch.block_tables, h_tables_.data(), h_tables_.size() * 4);
-  be_->upload(b.logit_rows, h_rows_.data(), h_rows_.size() * 4);
-  g.stream->submit();
-  g.stream->sync();
-  ForwardOutput out;
-  out.logits.resize(size_t(L * config().vocab));
-  if (L > 0) be_->download(b.logits, out.logits.data(), out.logits.size() * 4);
-  if (R > L) {
-    out.hidden.resize(size_t((R - L) * config().hidden));
-    be_->download(b.h_rows.slice(L, R - L), out.hidden.data(), out.hidden.size() * 4);
+  const std::vector<int32_t>* ids = &p.ids;
+  if (!split_.whole()) {  // ids outside this rank's vocabulary rows look up its zero row
+    local_ids_.resize(p.ids.size());
+    for (size_t i = 0; i < p.ids.size(); ++i) {
+      const int64_t id = p.ids[i] - split_.vocab0;
+      local_ids_[i] = int32_t(id >= 0 && id < split_.vocab ? id : split_.vocab);
+    }
+    ids = &local_ids_;
   }
+  be_->upload(b.ids, ids->data(), ids->size() * 4);
+  be_->upload(b.batch.token_seq, p.token_seq.data(), p.token_seq.size() * 4);
+  be_->upload(b.batch.token_pos, p.token_pos.data(), p.token_pos.size() * 4);
+  be_->upload(b.batch.slot_mapping, p.slots.data(), p.slots.size() * 4);
+  be_->upload(b.batch.block_tables, p.block_tables.data(), p.block_tables.size() * 4);
+  be_->upload(b.logit_rows, p.row_index.data(), p.row_index.size() * 4);
+  g.step->run(stats_.all_reduce);
   stats_.steps++;
+  ForwardOutput out;
+  const int64_t L = p.logit_rows, H = p.hidden_rows;
+  if (L > 0) gather_logits(b.logits, L, out.logits);
+  if (H > 0 && (!group_ || group_->rank() == 0)) {
+    out.hidden.resize(size_t(H * cfg_.hidden));
+    be_->download(b.h_rows.slice(L, H), out.hidden.data(), out.hidden.size() * 4);
+  }
   return out;
+}
+
+void ModelRunner::gather_logits(const Tensor& logits, int64_t rows, std::vector<float>& out) {
+  const int64_t V = cfg_.vocab;
+  if (!group_) {
+    out.resize(size_t(rows * V));
+    be_->download(logits.slice(0, rows), out.data(), out.size() * 4);
+    return;
+  }
+  // Every rank sends `chunk` columns per row (the last rank's padded); rank 0 interleaves them.
+  const int64_t chunk = split_.vocab_chunk, mine = split_.vocab, ranks = group_->size();
+  logits_share_.assign(size_t(rows * chunk), 0.0f);
+  std::vector<float> rows_mine(size_t(rows * mine));
+  be_->download(logits.slice(0, rows), rows_mine.data(), rows_mine.size() * 4);
+  for (int64_t i = 0; i < rows; ++i)
+    std::copy_n(rows_mine.begin() + i * mine, mine, logits_share_.begin() + i * chunk);
+  if (group_->rank() == 0) logits_gathered_.resize(size_t(ranks * rows * chunk));
+  group_->gather(logits_share_.data(), logits_share_.size() * 4, logits_gathered_.data(), 0);
+  if (group_->rank() != 0) return;
+  out.resize(size_t(rows * V));
+  for (int64_t k = 0; k < ranks; ++k) {
+    const int64_t v0 = k * chunk, n = std::min(chunk, V - v0);
+    for (int64_t i = 0; i < rows; ++i)
+      std::copy_n(logits_gathered_.begin() + (k * rows + i) * chunk, n, out.begin() + i * V + v0);
+  }
+}
+
+RankMemory ModelRunner::memory() const {
+  RankMemory m;
+  m.weight_bytes = stats_.weight_bytes;
+  for (const KvLayer& kv : kv_)
+    for (const Tensor* t : {&kv.k, &kv.v, &kv.k_scale, &kv.v_scale})
+      if (t->defined()) m.kv_bytes += int64_t(t->nbytes());
+  m.rss_bytes = proc_status_bytes("VmRSS:");
+  m.peak_rss_bytes = proc_status_bytes("VmHWM:");
+  m.load_rss_bytes = load_rss_bytes_;
+  m.pid = getpid();
+  return m;
+}
+
+std::vector<RankMemory> ModelRunner::rank_memory() {
+  if (!group_) return {memory()};
+  send_order(*group_, OrderKind::Memory, model_number_);
+  const RankMemory mine = memory();
+  std::vector<RankMemory> all(size_t(group_->size()));
+  group_->gather(&mine, sizeof mine, all.data(), 0);
+  return all;
+}
+
+void ModelRunner::report_memory() {
+  const RankMemory mine = memory();
+  group_->gather(&mine, sizeof mine, nullptr, 0);
 }
 
 std::vector<float> ModelRunner::step(const std::vector<StepItem>& items, int64_t* rows_out) {

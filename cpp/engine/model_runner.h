@@ -2,16 +2,24 @@
 // varlen forward (prompt chunks, decode tokens and score chunks of any sequences together) as
 // the scheduler planned it, and replays a recorded stream whenever the step's shape was seen
 // before. The scheduler is what drives it; step() is a direct way in for tests and tools.
+//
+// With tensor parallelism (RunnerOptions::group) each rank's runner holds its share of the
+// weights and of the KV heads (model/tensor_split.h). Rank 0's runner is the one the scheduler
+// drives: it tells the other ranks' runners what to load and then each forward's plan (the host
+// arrays and the graph key), which they all run through the same recorded steps
+// (engine/follower.h, engine/rank_orders.h); the logits come together on rank 0.
 #pragma once
 #include <list>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "dist/communicator.h"
 #include "engine/block_manager.h"
 #include "engine/sequence.h"
 #include "model/decoder.h"
 #include "model/model_file.h"
+#include "model/tensor_split.h"
 
 namespace ferrum {
 
@@ -25,6 +33,10 @@ struct RunnerOptions {
   double kv_cache_fraction = 0;  // > 0: this fraction of the memory available now (wins over bytes)
   bool prefix_cache = true;
   LoadProgress load_progress;    // optional: reports layers loaded (used only while constructing)
+  // Tensor parallelism: the ranks that share the model (null: this process holds all of it). On
+  // one machine, num_threads 0 gives each rank its share of the cores; the KV cache sizes are
+  // each rank's (the ranks agree on the smallest pool).
+  std::shared_ptr<Communicator> group;
 };
 
 // One sequence's part of a forward: its tokens at positions [start, start + count), whose
@@ -58,10 +70,32 @@ struct StepItem {
   enum class Logits { None, Last, All } logits = Logits::Last;
 };
 
+// A forward as every rank runs it: its shape (the key of its recorded step) and the host arrays
+// uploaded into that step. Rank 0 plans it from the scheduler's items and sends it to the others.
+struct StepPlan {
+  int64_t tokens = 0, seqs = 0, rows = 0;  // token rows (padded to a bucket), sequences, output rows (>= 1)
+  StepRows split;
+  int64_t logit_rows = 0, hidden_rows = 0;  // rows wanted: logits, then final hidden states
+  bool replay = true;
+  std::vector<int32_t> ids, token_seq, token_pos, slots;  // [tokens]
+  std::vector<int32_t> block_tables;                      // [seqs, max_blocks]
+  std::vector<int32_t> row_index;                         // [rows]: the token row of each output row
+};
+
 struct RunnerStats {
   int64_t kv_blocks_total, kv_blocks_used, kv_blocks_cached, block_size, sequences;
   int64_t prefix_queries, prefix_hit_tokens, prefix_query_tokens;
   int64_t steps, replays;
+  int64_t weight_bytes;  // this rank's
+  int64_t ranks;         // tensor-parallel ranks (1: none)
+  ReduceTime all_reduce; // this rank's sums across the ranks
+};
+
+// One rank's memory: its weights' and KV pool's buffers, its process's resident set (now, at its
+// peak, and what loading the weights added to it), and the process.
+struct RankMemory {
+  int64_t weight_bytes = 0, kv_bytes = 0, rss_bytes = 0, peak_rss_bytes = 0, load_rss_bytes = 0;
+  int64_t pid = 0;
 };
 
 class ModelRunner {
@@ -69,7 +103,11 @@ class ModelRunner {
   ModelRunner(const std::string& path, const RunnerOptions& opt);
   // Loads an opened model file (its tokenizer metadata is dropped first).
   ModelRunner(ModelFile file, const RunnerOptions& opt);
-  const ModelConfig& config() const { return decoder_->config(); }
+  // Rank 0 of a group tells the others the model is done with.
+  ~ModelRunner();
+  ModelRunner(const ModelRunner&) = delete;
+  ModelRunner& operator=(const ModelRunner&) = delete;
+  const ModelConfig& config() const { return cfg_; }
   const std::string& format() const { return format_; }
   int64_t max_model_len() const { return max_model_len_; }
   int64_t block_size() const { return kBlockSize; }
@@ -80,6 +118,14 @@ class ModelRunner {
 
   // One forward as planned; returns the rows asked for.
   ForwardOutput forward(const std::vector<ForwardItem>& items);
+  // Runs a planned forward: what forward() does once it has planned it, and what the other ranks
+  // of a group do with rank 0's plan. The rows come back on rank 0.
+  ForwardOutput run(const StepPlan& plan);
+
+  // Each rank's memory, gathered on rank 0 (one entry without a group). Rank 0 calls it; the
+  // others answer in the follower's loop (report_memory).
+  std::vector<RankMemory> rank_memory();
+  void report_memory();
 
   // Direct use without a scheduler (tests, tools): sequences of the block manager, extended by
   // step() (checked first, nothing changed on error). They never enter the prefix cache.
@@ -96,10 +142,19 @@ class ModelRunner {
  private:
   struct Graph {
     StepBuffers buffers;
-    std::unique_ptr<Stream> stream;
+    std::unique_ptr<RecordedStep> step;
   };
   Graph& graph_for(int64_t tokens, int64_t seqs, int64_t rows, const StepRows& split);
+  bool leads() const { return group_ && group_->rank() == 0; }
+  RankMemory memory() const;
+  // The logits rows of this rank's vocabulary, gathered into `out` [rows, vocab] on rank 0.
+  void gather_logits(const Tensor& logits, int64_t rows, std::vector<float>& out);
 
+  std::shared_ptr<Communicator> group_;
+  int64_t model_number_ = 0;  // rank 0's, in its orders about this model
+  int64_t load_rss_bytes_ = 0;
+  ModelConfig cfg_;
+  TensorSplit split_;
   std::shared_ptr<Backend> be_;
   std::unique_ptr<Decoder> decoder_;
   std::string format_;
@@ -109,7 +164,9 @@ class ModelRunner {
   bool replay_ = true;
   std::list<std::pair<std::string, Graph>> graphs_;  // most recently used first
   RunnerStats stats_{};
-  std::vector<int32_t> h_ids_, h_seq_, h_pos_, h_slot_, h_tables_, h_rows_;  // host staging
+  StepPlan plan_;                          // forward()'s, reused
+  std::vector<int32_t> local_ids_;         // a rank's ids into its share of the embedding
+  std::vector<float> logits_share_, logits_gathered_;
 };
 
 }  // namespace ferrum

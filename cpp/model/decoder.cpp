@@ -67,14 +67,16 @@ void Decoder::matmul(Stream& s, const StepBuffers& b, const Linear& w, const Ten
   });
 }
 
-void Decoder::record(Stream& s, const StepBuffers& b, const std::vector<KvLayer>& kv) const {
+void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector<KvLayer>& kv) const {
   Backend& be = *be_;
   const float eps = float(cfg_.rms_eps);
   Tensor attn_out = b.attn.reshape({b.tokens, cfg_.heads, cfg_.head_dim});
   const int64_t gen = b.split.gen_tokens;
-  be.embedding(s, b.ids, w_.embed, b.x);
+  be.embedding(step.stream(), b.ids, w_.embed, b.x);
+  step.all_reduce(b.x);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LayerWeights& L = w_.layers[l];
+    Stream& s = step.stream();
     // x += previous layer's MLP output; h = norm(x)   (the first layer only normalises)
     if (l == 0) be.rms_norm(s, b.x, L.attn_norm, eps, b.h);
     else be.add_rms_norm(s, b.x, b.down, L.attn_norm, eps, b.h);
@@ -82,22 +84,26 @@ void Decoder::record(Stream& s, const StepBuffers& b, const std::vector<KvLayer>
     be.qkv_to_cache(s, b.qkv, L.q_norm, L.k_norm, eps, rope_, b.batch, attn_, b.q, kv[l]);
     be.paged_attention(s, b.q, kv[l], b.batch, attn_, attn_out);
     matmul(s, b, L.o, b.attn, b.o, gen);
-    be.add_rms_norm(s, b.x, b.o, L.ffn_norm, eps, b.h);
+    step.all_reduce(b.o);
+    Stream& t = step.stream();
+    be.add_rms_norm(t, b.x, b.o, L.ffn_norm, eps, b.h);
     if (L.moe) {  // route each token to its top-k experts; their weighted sum is the MLP output
-      matmul(s, b, L.router, b.h, b.router_logits, gen);
-      be.moe_route(s, b.router_logits, cfg_.experts_per_token, cfg_.norm_topk_prob, b.expert_ids,
+      matmul(t, b, L.router, b.h, b.router_logits, gen);
+      be.moe_route(t, b.router_logits, cfg_.experts_per_token, cfg_.norm_topk_prob, b.expert_ids,
                    b.expert_weights);
-      by_row_group(s, b, b.tokens, gen, [&](int64_t begin, int64_t count) {
-        be.moe_experts(s, b.h.slice(begin, count), L.gate_exps, L.up_exps, L.down_exps,
+      by_row_group(t, b, b.tokens, gen, [&](int64_t begin, int64_t count) {
+        be.moe_experts(t, b.h.slice(begin, count), L.gate_exps, L.up_exps, L.down_exps,
                        b.expert_ids.slice(begin, count), b.expert_weights.slice(begin, count),
                        b.down.slice(begin, count));
       });
     } else {
-      matmul(s, b, L.gate_up, b.h, b.gate_up, gen);
-      be.swiglu(s, b.gate_up, b.act);
-      matmul(s, b, L.down, b.act, b.down, gen);
+      matmul(t, b, L.gate_up, b.h, b.gate_up, gen);
+      be.swiglu(t, b.gate_up, b.act);
+      matmul(t, b, L.down, b.act, b.down, gen);
     }
+    step.all_reduce(b.down);
   }
+  Stream& s = step.stream();
   be.add_rms_norm(s, b.x, b.down, w_.final_norm, eps, b.h);
   be.gather_rows(s, b.h, b.logit_rows, b.h_rows);
   const int64_t L = b.split.logit_rows;

@@ -5,6 +5,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/recorded_step.h"
 #include "model/weights.h"
 
 namespace ferrum {
@@ -34,6 +35,10 @@ struct StepBuffers {
   Tensor router_logits, expert_ids, expert_weights;  // MoE layers: f32[T, E], i32 / f32[T, k]
 };
 
+// With tensor parallelism, a rank's decoder computes its share of the model (cfg is
+// TensorSplit::local's: its heads, intermediate rows and vocabulary rows) and sums the partial
+// outputs of the embedding, o and the MLP's down projection (or experts) across the ranks; the
+// residual stream is then whole on every rank, and each rank's logits are its vocabulary's.
 class Decoder {
  public:
   Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope);
@@ -42,7 +47,7 @@ class Decoder {
 
   StepBuffers alloc_step(int64_t tokens, int64_t seqs, int64_t rows, int64_t max_blocks, const StepRows& split) const;
   // Records embedding -> layers -> final norm -> lm_head for the rows asked for.
-  void record(Stream& s, const StepBuffers& b, const std::vector<KvLayer>& kv) const;
+  void record(RecordedStep& step, const StepBuffers& b, const std::vector<KvLayer>& kv) const;
 
  private:
   // Records op(begin, count) for the generation rows [0, gen) of an n-row activation, then for

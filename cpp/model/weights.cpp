@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <cstring>
+#include <set>
 
 #include "core/error.h"
 #include "model/weight_names.h"
@@ -9,6 +10,35 @@
 namespace ferrum {
 
 namespace {
+
+// Rows [begin, begin + count) of a tensor's first dimension (elements of a vector), in the same file.
+TensorInfo rows_of(const TensorInfo& t, int64_t begin, int64_t count) {
+  TensorInfo r = t;
+  const size_t row = t.shape[0] > 0 ? t.nbytes / size_t(t.shape[0]) : 0;
+  r.data = t.data + size_t(begin) * row;
+  r.shape[0] = count;
+  r.nbytes = size_t(count) * row;
+  return r;
+}
+
+// Columns [c0, c0 + dst.cols()) of the rows of a matrix of `cols` columns of dst's type at src ->
+// dst, row by row (no host copy of the share: its freed pages would stay resident).
+void upload_columns(Backend& be, const Tensor& dst, const char* src, int64_t cols, int64_t c0) {
+  const size_t row = dtype_bytes(dst.dtype, cols), skip = dtype_bytes(dst.dtype, c0);
+  const Tensor rows = dst.reshape({dst.rows(), dst.cols()});
+  for (int64_t r = 0; r < rows.dim(0); ++r) be.upload(rows.slice(r, 1), src + size_t(r) * row + skip, dst.row_bytes());
+}
+
+// A share of a block-quantized row must be whole blocks: the ranks' activations are then
+// quantized block by block as the whole row's are.
+void check_whole_blocks(const TensorInfo& t, int64_t c0, int64_t n) {
+  const int64_t block = dtype_info(t.dtype).block_elems;
+  if (c0 % block != 0 || n % block != 0)
+    throw ValueError("'" + t.name + "' (" + dtype_name(t.dtype) + ", blocks of " + std::to_string(block) +
+                     " columns) cannot be split into shares of " + std::to_string(n) +
+                     " columns: tensor parallelism needs whole blocks on each rank (use fewer ranks, or a "
+                     "type with smaller blocks)");
+}
 
 class Loader {
  public:
@@ -37,22 +67,61 @@ class Loader {
     quant::dequantize_row(t.dtype, t.data, v.data(), int64_t(v.size()));
     return be_.from_host(v.data(), DType::F32, t.shape);
   }
+  // Columns [c0, c0 + n) of every row of a 2-D weight, for linear (a rank's share of a matmul
+  // split by its input): a copy, of whole blocks.
+  Linear columns(const TensorInfo& t, int64_t c0, int64_t n) const {
+    if (n == t.shape[1]) return fused({&t}, {});
+    check_whole_blocks(t, c0, n);
+    Tensor part = be_.alloc(t.dtype, {t.shape[0], n});
+    upload_columns(be_, part, t.data, t.shape[1], c0);
+    t.file->release_pages(t.data, t.nbytes);  // this rank reads no other column of it
+    Linear lin;
+    lin.parts.push_back(be_.pack_weight(part, {}));
+    return lin;
+  }
+  // Rows [r0, r0 + n) of the embedding, then kZeroRows zero rows: an id outside the share is
+  // looked up as row n, so the ranks' embeddings add up to the whole one's. Tied: packed for the
+  // lm_head too, which reads its first n rows.
+  static constexpr int64_t kZeroRows = 16;  // a whole R16 row group: n rows keep their layout
+  Tensor embedding_rows(const TensorInfo& t, int64_t r0, int64_t n, bool tied) const {
+    const TensorInfo share = rows_of(t, r0, n);
+    Tensor table = be_.alloc(t.dtype, {n + kZeroRows, t.shape[1]});
+    be_.upload(table.slice(0, n), share.data, share.nbytes);
+    const std::vector<char> zeros(table.slice(n, kZeroRows).nbytes());  // a few KB
+    be_.upload(table.slice(n, kZeroRows), zeros.data(), zeros.size());
+    share.file->release_pages(share.data, share.nbytes);
+    return tied ? be_.pack_weight(table, {}) : table;
+  }
   // One projection of all E experts as [E, out, in]: GGUF's 3-D tensor as stored, or HF's
-  // per-expert tensors stacked (their pages are released once copied).
-  Tensor experts(const NamePair& p, int64_t layer, int64_t E, int64_t out, int64_t in) const {
-    if (naming_ == Naming::GGUF) return supported_experts(weight(get(p, layer)));
+  // per-expert tensors stacked (their pages are released once copied); with a split, the rows
+  // [r0, r0 + rows) (gate, up) or columns [c0, c0 + cols) (down) of each expert's matrix.
+  Tensor experts(const NamePair& p, int64_t layer, int64_t E, int64_t out, int64_t in, int64_t r0, int64_t rows,
+                 int64_t c0, int64_t cols) const {
+    const bool whole = rows == out && cols == in;
+    if (naming_ == Naming::GGUF && whole) return supported_experts(weight(get(p, layer)));
     std::vector<const TensorInfo*> parts;
-    for (int64_t e = 0; e < E; ++e) {
-      parts.push_back(&get(p, layer, e));
-      if (parts.back()->dtype != parts[0]->dtype)
-        throw FormatError(src_.path + ": experts of '" + parts.back()->name + "' differ in dtype (" +
-                          dtype_name(parts.back()->dtype) + " vs " + dtype_name(parts[0]->dtype) + ")");
+    if (naming_ == Naming::GGUF) {
+      parts.assign(size_t(E), &get(p, layer));
+    } else {
+      for (int64_t e = 0; e < E; ++e) {
+        parts.push_back(&get(p, layer, e));
+        if (parts.back()->dtype != parts[0]->dtype)
+          throw FormatError(src_.path + ": experts of '" + parts.back()->name + "' differ in dtype (" +
+                            dtype_name(parts.back()->dtype) + " vs " + dtype_name(parts[0]->dtype) + ")");
+      }
     }
-    Tensor t = be_.alloc(parts[0]->dtype, {E, out, in});
+    const DType dtype = parts[0]->dtype;
+    if (cols != in) check_whole_blocks(*parts[0], c0, cols);
+    Tensor t = be_.alloc(dtype, {E, rows, cols});
+    const size_t expert_bytes = dtype_bytes(dtype, out * in);
     for (int64_t e = 0; e < E; ++e) {
-      be_.upload(t.slice(e, 1), parts[size_t(e)]->data, parts[size_t(e)]->nbytes);
-      parts[size_t(e)]->file->release_pages(parts[size_t(e)]->data, parts[size_t(e)]->nbytes);
+      const TensorInfo& src = *parts[size_t(e)];
+      const char* matrix = src.data + (naming_ == Naming::GGUF ? size_t(e) * expert_bytes : 0);
+      if (cols == in) be_.upload(t.slice(e, 1), matrix + dtype_bytes(dtype, r0 * in), dtype_bytes(dtype, rows * in));
+      else upload_columns(be_, t.slice(e, 1), matrix, in, c0);
+      if (naming_ == Naming::HF) src.file->release_pages(src.data, src.nbytes);
     }
+    if (naming_ == Naming::GGUF) parts[0]->file->release_pages(parts[0]->data, parts[0]->nbytes);
     return supported_experts(t);
   }
   Tensor supported_experts(const Tensor& t) const {
@@ -119,16 +188,22 @@ void Linear::record(Backend& be, Stream& s, const Tensor& x, const Tensor& out) 
   }
 }
 
-ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& c,
+ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& c, const TensorSplit& split,
                           const LoadProgress& progress) {
   Loader L(be, src);
   ModelWeights w;
   const TensorInfo* head = L.find(kLmHead);
   const bool tied = c.tie_embeddings || !head;
   const TensorInfo& embed = L.get(kEmbed, -1);
-  w.embed = tied ? L.linear_weight(embed) : L.weight(embed);  // tied: also the lm_head
+  if (split.whole()) {
+    w.embed = tied ? L.linear_weight(embed) : L.weight(embed);  // tied: also the lm_head
+    w.lm_head.parts.push_back(tied ? w.embed : L.linear_weight(*head));
+  } else {
+    w.embed = L.embedding_rows(embed, split.vocab0, split.vocab, tied);
+    w.lm_head.parts.push_back(tied ? w.embed.slice(0, split.vocab)
+                                   : L.linear_weight(rows_of(*head, split.vocab0, split.vocab)));
+  }
   w.final_norm = L.f32(L.get(kFinalNorm, -1));
-  w.lm_head.parts.push_back(tied ? w.embed : L.linear_weight(*head));
   if (const TensorInfo* rf = src.find(kRopeFreqs)) {
     w.rope_freq_factors.resize(size_t(rf->shape[0]));
     quant::dequantize_row(rf->dtype, rf->data, w.rope_freq_factors.data(), rf->shape[0]);
@@ -139,6 +214,10 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
                      " backend does not run (yet): use device 'cpu'");
   const bool qk_norm = L.find(kQNorm, 0) != nullptr;
   const bool qkv_bias = L.find(kQBias, 0) != nullptr;
+  const int64_t hd = c.head_dim;
+  // This rank's rows of q, and of k and v (their heads' rows, biases alike).
+  const auto q_rows = [&](const TensorInfo& t) { return rows_of(t, split.head0 * hd, split.heads * hd); };
+  const auto kv_rows = [&](const TensorInfo& t) { return rows_of(t, split.kv_head0 * hd, split.kv_heads * hd); };
   for (int64_t i = 0; i < c.layers; ++i) {
     LayerWeights lw;
     lw.attn_norm = L.f32(L.get(kAttnNorm, i));
@@ -147,25 +226,56 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
       lw.q_norm = L.f32(L.get(kQNorm, i));
       lw.k_norm = L.f32(L.get(kKNorm, i));
     }
+    const TensorInfo q = q_rows(L.get(kQ, i)), k = kv_rows(L.get(kK, i)), v = kv_rows(L.get(kV, i));
+    TensorInfo qb, kb, vb;
     std::vector<const TensorInfo*> biases;
-    if (qkv_bias) biases = {&L.get(kQBias, i), &L.get(kKBias, i), &L.get(kVBias, i)};
-    lw.qkv = L.fused({&L.get(kQ, i), &L.get(kK, i), &L.get(kV, i)}, biases);
-    lw.o = L.fused({&L.get(kO, i)}, {});
+    if (qkv_bias) {
+      qb = q_rows(L.get(kQBias, i));
+      kb = kv_rows(L.get(kKBias, i));
+      vb = kv_rows(L.get(kVBias, i));
+      biases = {&qb, &kb, &vb};
+    }
+    lw.qkv = L.fused({&q, &k, &v}, biases);
+    lw.o = L.columns(L.get(kO, i), split.head0 * hd, split.heads * hd);
     if (c.is_moe_layer(i)) {
       const int64_t E = c.experts, X = c.expert_intermediate, D = c.hidden;
+      const int64_t x0 = split.expert_inter0, xn = split.expert_intermediate;
       lw.moe = true;
       lw.router = L.fused({&L.get(kRouter, i)}, {});
-      lw.gate_exps = L.experts(kGateExps, i, E, X, D);
-      lw.up_exps = L.experts(kUpExps, i, E, X, D);
-      lw.down_exps = L.experts(kDownExps, i, E, D, X);
+      lw.gate_exps = L.experts(kGateExps, i, E, X, D, x0, xn, 0, D);
+      lw.up_exps = L.experts(kUpExps, i, E, X, D, x0, xn, 0, D);
+      lw.down_exps = L.experts(kDownExps, i, E, D, X, 0, D, x0, xn);
     } else {
-      lw.gate_up = L.fused({&L.get(kGate, i), &L.get(kUp, i)}, {});
-      lw.down = L.fused({&L.get(kDown, i)}, {});
+      const TensorInfo gate = rows_of(L.get(kGate, i), split.inter0, split.intermediate);
+      const TensorInfo up = rows_of(L.get(kUp, i), split.inter0, split.intermediate);
+      lw.gate_up = L.fused({&gate, &up}, {});
+      lw.down = L.columns(L.get(kDown, i), split.inter0, split.intermediate);
     }
     w.layers.push_back(std::move(lw));
     if (progress) progress(i + 1, c.layers);
   }
   return w;
+}
+
+int64_t weight_bytes(const ModelWeights& w) {
+  std::set<const Storage*> seen;
+  int64_t bytes = 0;
+  const auto add = [&](const Tensor& t) {
+    if (t.defined() && seen.insert(t.storage.get()).second) bytes += int64_t(t.storage->bytes);
+  };
+  const auto add_linear = [&](const Linear& l) {
+    for (const Tensor& p : l.parts) add(p);
+    add(l.bias);
+  };
+  add(w.embed);
+  add(w.final_norm);
+  add_linear(w.lm_head);
+  for (const LayerWeights& l : w.layers) {
+    for (const Tensor* t : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm, &l.gate_exps, &l.up_exps, &l.down_exps})
+      add(*t);
+    for (const Linear* lin : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.router}) add_linear(*lin);
+  }
+  return bytes;
 }
 
 }  // namespace ferrum

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "io/weight_source.h"
 #include "model/config.h"
+#include "model/tensor_split.h"
 
 namespace ferrum {
 
@@ -42,8 +43,13 @@ struct ModelWeights {
 // Called after each layer is loaded with (layers done, layers in all): a progress bar's feed.
 using LoadProgress = std::function<void(int64_t done, int64_t total)>;
 
-// src has passed check_weights(src, cfg) (open_model_file checks it).
-ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& cfg,
+// src has passed check_weights(src, cfg) (open_model_file checks it). With a split (tensor
+// parallelism), only this rank's share of each weight is read and held (model/tensor_split.h):
+// the embedding as its vocabulary rows plus zero rows, which ids outside them are looked up as.
+// ValueError when a block-quantized weight's share of columns is not whole blocks.
+ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& cfg, const TensorSplit& split,
                           const LoadProgress& progress = {});
+// Bytes of the distinct buffers the weights hold.
+int64_t weight_bytes(const ModelWeights& w);
 
 }  // namespace ferrum

@@ -20,6 +20,8 @@ def _add_engine_args(p):
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, as vLLM configures it: \'{"method": "ngram", '
                         '"num_speculative_tokens": 5}\' or \'{"model": DRAFT, "num_speculative_tokens": 5}\'')
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="split the model between this many ranks over MPI (docs/distributed.md)")
 
 
 def _add_sampling_args(p, temperature):
@@ -46,7 +48,8 @@ def _params(args):
 def _llm(args):
     from .llm import LLM
     return LLM(args.model, device=args.device, kv_dtype=args.kv_dtype, num_threads=args.threads,
-               max_model_len=args.max_model_len, speculative_config=args.speculative_config)
+               max_model_len=args.max_model_len, speculative_config=args.speculative_config,
+               tensor_parallel_size=args.tensor_parallel_size)
 
 
 def cmd_generate(args) -> int:

@@ -4,12 +4,13 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _core
+from . import _core, dist
 from .embedding import PooledHiddenStates
 from .engine import Engine, RowConsumer, token_ids_of
 from .outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestDelta, RequestOutput
@@ -41,6 +42,9 @@ class LLM:
       "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2} or
       {"model": DRAFT_PATH, "num_speculative_tokens": 5}; a request may turn it off
       (SamplingParams(speculative_decoding=False)).
+    tensor_parallel_size: split the model between this many ranks (processes) over MPI: ranks
+      started on this machine, or those of the ``mpirun -np N`` that started this script (ranks
+      other than 0 serve rank 0 inside this call, then exit). docs/distributed.md.
 
     ``generate`` runs a list of prompts concurrently; ``stream`` yields one completion's text;
     ``add_request`` / ``step`` / ``abort`` / ``has_unfinished`` serve requests that arrive at
@@ -54,7 +58,8 @@ class LLM:
                  kv_cache_tokens: Optional[int] = None, kv_cache_memory: Optional[int] = None,
                  kv_cache_memory_fraction: Optional[float] = None,
                  enable_prefix_caching: bool = True, max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 512, speculative_config: Union[dict, str, None] = None):
+                 max_num_batched_tokens: int = 512, speculative_config: Union[dict, str, None] = None,
+                 tensor_parallel_size: int = 1):
         if kv_dtype not in ("f16", "f32", "int8"):
             raise ValueError(f"kv_dtype must be 'f16', 'f32' or 'int8', got {kv_dtype!r}")
         for name, v in (("num_threads", num_threads), ("max_model_len", max_model_len),
@@ -71,6 +76,8 @@ class LLM:
         if sum(v is not None for v in (kv_cache_tokens, kv_cache_memory, fraction)) > 1:
             raise ValueError("size the KV cache with one of kv_cache_tokens, kv_cache_memory, "
                              "kv_cache_memory_fraction")
+        group = dist.group(tensor_parallel_size)  # under mpirun, ranks > 0 serve rank 0 here and exit
+        weakref.finalize(self, dist.release, group)
         from .models import resolve_model  # here, not at import: `python -m ferrum.models` runs it fresh
         path = resolve_model(model)
         self.model_path = path
@@ -83,7 +90,7 @@ class LLM:
                 model_file, device=device, num_threads=num_threads or 0, kv_dtype=kv_dtype,
                 max_model_len=max_model_len or 0, kv_cache_tokens=kv_cache_tokens or 0,
                 kv_cache_bytes=kv_cache_memory or 0, kv_cache_fraction=float(fraction or 0),
-                prefix_cache=enable_prefix_caching, progress=progress)
+                prefix_cache=enable_prefix_caching, progress=progress, group=group)
         speculative = SpeculativeConfig.parse(speculative_config)
         draft = None
         if speculative is not None and speculative.method == "draft_model":

@@ -1,0 +1,150 @@
+"""What tests/test_tensor_parallel.py runs in tensor-parallel processes (under mpirun, or spawning
+its ranks), and the single-process references it compares them with.
+
+    python tp_ranks.py compare SPEC.json OUT.npz   every model's results (model_results) and the
+                                                   engine invariants on stories260K
+    python tp_ranks.py spawn SPEC.json OUT.json    a refused split, then greedy tokens and each
+                                                   rank's memory, ranks spawned by LLM()
+    python tp_ranks.py generate SPEC.json          generates until a rank is killed: prints the
+                                                   ranks' pids, then how the failure ended it
+SPEC: {"ranks": N, "models": [{"name", "path", "tokenizer"}], ...} (see the test).
+"""
+import json
+import sys
+import time
+
+import numpy as np
+
+import ferrum
+
+GREEDY = ferrum.SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def make_llm(model, ranks, **kw):
+    kw.setdefault("kv_dtype", "f32")
+    kw.setdefault("max_model_len", 256)
+    return ferrum.LLM(model["path"], device=model.get("device", "cpu"), tokenizer=model.get("tokenizer"),
+                      num_threads=1, tensor_parallel_size=ranks, **kw)
+
+
+def generation_logits(runner, prompts):
+    """Logits rows as generations compute them (the decode path): each prompt's last row, then
+    three decode steps of all the sequences together, each fed its argmax."""
+    seqs = [runner.add_sequence() for _ in prompts]
+    rows = [runner.step([(s, p, "last")]) for s, p in zip(seqs, prompts)]
+    last = np.concatenate(rows)
+    for _ in range(3):
+        last = runner.step([(s, [int(row.argmax())], "last") for s, row in zip(seqs, last)])
+        rows.append(last)
+    for s in seqs:
+        runner.release_sequence(s)
+    return np.concatenate(rows)
+
+
+def model_results(llm, prompts):
+    """What a model gives under tensor parallelism and in one process alike: every position's
+    logits of each prompt scored, logits of generation steps, greedy tokens of the prompts
+    generated together."""
+    out = {f"score{i}": llm.score(p) for i, p in enumerate(prompts)}
+    out["generation"] = generation_logits(llm.runner, prompts)
+    out["greedy"] = np.array([o.outputs[0].token_ids for o in
+                              llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY)])
+    return out
+
+
+def greedy(llm, prompts):
+    return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY)]
+
+
+def engine_invariants(model, ranks, prompts, shared):
+    """Greedy tokens under tensor parallelism: each prompt alone, all together, with chunked
+    prefills, and prompts sharing prefixes with the prefix cache missing and hitting."""
+    llm = make_llm(model, ranks, enable_prefix_caching=False)
+    out = {"alone": np.array([greedy(llm, [p])[0] for p in prompts]),
+           "batch": np.array(greedy(llm, prompts))}
+    del llm
+    out["chunked"] = np.array(greedy(make_llm(model, ranks, enable_prefix_caching=False,
+                                              max_num_batched_tokens=7), prompts))
+    out["prefix_miss"] = np.array(greedy(make_llm(model, ranks, enable_prefix_caching=False), shared))
+    llm = make_llm(model, ranks)
+    out["prefix_first"] = np.array(greedy(llm, shared))
+    out["prefix_hit"] = np.array(greedy(llm, shared))
+    st = llm.stats()
+    out["prefix_hit_tokens"] = np.array(st["prefix_hit_tokens"])
+    out["blocks_used_after"] = np.array(st["kv_blocks_used"])
+    return out
+
+
+def compare(spec, out_path):
+    ranks, prompts = spec["ranks"], spec["prompts"]
+    results = {}
+    for model in spec["refused"]:  # a split that cannot be made: every rank goes on to the next model
+        try:
+            make_llm(model, ranks)
+            results[f"{model['name']}/refused"] = np.array("")
+        except ValueError as e:
+            results[f"{model['name']}/refused"] = np.array(str(e))
+    for model in spec["models"]:
+        llm = make_llm(model, ranks)
+        for k, v in model_results(llm, prompts).items():
+            results[f"{model['name']}/{k}"] = v
+        st = llm.stats()
+        results[f"{model['name']}/all_reduces"] = np.array(st["all_reduces"])
+        del llm
+    inv = engine_invariants(spec["invariants_model"], ranks, spec["invariant_prompts"], spec["shared_prompts"])
+    results.update({f"invariants/{k}": v for k, v in inv.items()})
+    np.savez(out_path, **results)
+
+
+def spawn(spec, out_path):
+    ranks, model = spec["ranks"], spec["model"]
+    out = {}
+    try:
+        make_llm(spec["refused"], ranks)
+    except ValueError as e:
+        out["refused"] = str(e)
+    llm = make_llm(model, ranks)
+    out["greedy"] = greedy(llm, spec["prompts"])
+    out["memory"] = llm.runner.rank_memory()
+    out["weight_bytes"] = llm.stats()["weight_bytes"]
+    del llm
+    big = make_llm(spec["big_model"], ranks)
+    out["big_memory"] = big.runner.rank_memory()
+    with open(out_path, "w") as f:
+        json.dump(out, f)
+
+
+def generate(spec):
+    """Generates while the test kills (or stops) a rank; prints how the generation ended."""
+    llm = make_llm(spec["model"], spec["ranks"], max_model_len=512)
+    print(json.dumps({"pids": [m["pid"] for m in llm.runner.rank_memory()]}), flush=True)
+    params = ferrum.SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+    prompt = [1] + list(range(3, 40))
+    while True:
+        try:
+            llm.generate(prompt_token_ids=[prompt] * 4, sampling_params=params)
+            print("generated", flush=True)
+        except RuntimeError as e:
+            print(json.dumps({"error": str(e), "at": time.time()}), flush=True)
+            try:  # the group is ended: later calls fail at once
+                llm.generate(prompt_token_ids=[prompt], sampling_params=params)
+            except RuntimeError as again:
+                print(json.dumps({"again": str(again)}), flush=True)
+            return 3
+
+
+def main(argv):
+    command, spec_path = argv[1], argv[2]
+    with open(spec_path) as f:
+        spec = json.load(f)
+    if command == "compare":
+        compare(spec, argv[3])
+    elif command == "spawn":
+        spawn(spec, argv[3])
+    elif command == "generate":
+        return generate(spec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
