@@ -1,5 +1,6 @@
 """CPU vs OpenCL on every op and every weight dtype, the same inputs on both backends (the idea of
-llama.cpp's test-backend-ops).
+llama.cpp's test-backend-ops), for both of the OpenCL backend's kernel families: `ocl` is the cpu
+family (pocl's) and the gpu family (GPUs'), each run here on pocl.
 
 Bounds (normalised mean squared error, NMSE = |a - b|^2 / |b|^2):
 - f32 paths: 1e-7. Both backends compute in f32 and differ only in summation order.
@@ -7,11 +8,11 @@ Bounds (normalised mean squared error, NMSE = |a - b|^2 / |b|^2):
   to 8 bits per 32- or 256-element block first (as llama.cpp does). OpenCL does so for decodes
   (one token, or a batch of decodes) over the types with integer dot kernels, always per 32
   elements as the CPU's Q8_0 (the same quants and scales), and keeps f32 activations otherwise.
-  Where only one side quantizes, or the CPU uses Q8_K (the k-quants), the difference is the
+  Where only one side quantizes, or the CPU uses Q8_K (the k-quants, IQ4_XS), the difference is the
   activation rounding error: NMSE against the exact product about 3e-5 for Gaussian activations
   (the Q8_0 / Q8_K round-trip error, measured 3.2e-5 / 5.8e-5; CPU vs OpenCL measured 2e-5 ..
-  9e-5). Bound 3e-4. Where both quantize to Q8_0 they differ only in summation order (measured
-  1e-14 .. 2e-13): F32_BOUND. OpenCL itself is held to f32 accuracy (1e-10) against a float64
+  1.1e-4). Bound 3e-4. Where both quantize to Q8_0 they differ only in summation order (measured
+  1e-14 .. 2e-13, either family): F32_BOUND. OpenCL itself is held to f32 accuracy (1e-10) against a float64
   product of the dequantized weights with the activations it sees (x, or x's Q8_0 round trip).
 - linear over bf16 weights with many rows (T > 8, AVX512_BF16 CPUs): the CPU's bf16 GEMM rounds
   activations to bf16 (relative error up to 2^-8); its NMSE against the exact product is about
@@ -38,7 +39,11 @@ Bounds (normalised mean squared error, NMSE = |a - b|^2 / |b|^2):
   against a float64 reference over the dequantized experts where it keeps f32 activations,
   and to 1e-3 where it quantizes them (measured up to 1.9e-4).
 - moe_route: the same expert ids on both (exact), weights within 1e-7.
-Dequantization (embedding rows) is bit-exact on both backends.
+Dequantization (embedding rows) is bit-exact on both backends and both families.
+The two families compute the same things (8-bit activations exactly where the other does, the same
+dequantized values) in different orders (a lane tree per row, tiles in local memory), so every
+bound above holds for both; the bit-for-bit properties (a decode alone or in a batch, embedding
+rows) hold for each.
 """
 import numpy as np
 import pytest
@@ -48,7 +53,7 @@ from ferrum import _core
 from test_ops import linear_on_stream, rope_query_heads
 
 WEIGHT_DTYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
-                 "q5_k", "q6_k"]
+                 "q5_k", "q6_k", "iq4_nl", "iq4_xs"]
 FLOAT_DTYPES = ("f32", "f16", "bf16")
 F32_BOUND = 1e-7
 Q8_ACT_BOUND = 3e-4
@@ -57,7 +62,13 @@ MOE_Q8K_ACT_BOUND = 1e-3  # moe_experts with k-quant experts (Q8_K activations, 
 MOE_Q8_ACT_VS_EXACT_BOUND = 1e-3  # OpenCL moe_experts over 8-bit activations vs float64
 CPU_DOT_MAX_TOKENS = 8  # cpp/backend/cpu/cpu_linear.cpp: kMaxDotTokens
 # OpenCL decodes over these quantize activations to Q8_0 (cl_ops_linear.cpp: dot_q8).
-OPENCL_Q8_DTYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+OPENCL_Q8_DTYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs")
+KERNEL_FAMILIES = ("cpu", "gpu")
+
+
+def cpu_uses_q8k(dtype):
+    """The CPU backend's dot kernels quantize activations to Q8_K (256 elements) for these."""
+    return dtype.endswith("_k") or dtype == "iq4_xs"
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +76,9 @@ def cpu():
     return _core.make_backend("cpu", 2)
 
 
-@pytest.fixture(scope="module")
-def ocl():
-    return _core.make_backend("opencl")
+@pytest.fixture(scope="module", params=KERNEL_FAMILIES)
+def ocl(request):
+    return _core.make_backend("opencl", opencl_kernels=request.param)
 
 
 def encode_weight(w, dtype):
@@ -97,7 +108,7 @@ def cpu_vs_opencl_bound(dtype, opencl_q8):
     """CPU vs OpenCL bound for a few-row linear (T <= 8) the CPU runs on its dot kernels."""
     if dtype in FLOAT_DTYPES:
         return F32_BOUND
-    same_activations = opencl_q8 and not dtype.endswith("_k")  # both Q8_0 (the CPU: Q8_K for k-quants)
+    same_activations = opencl_q8 and not cpu_uses_q8k(dtype)  # both Q8_0
     return F32_BOUND if same_activations else Q8_ACT_BOUND
 
 
@@ -109,7 +120,7 @@ def upload_weight(be, raw, dtype, shape):
 
 def test_supports_is_truthful(cpu, ocl):
     all_types = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q8_1", "q2_k", "q3_k",
-                 "q4_k", "q5_k", "q6_k", "q8_k"]
+                 "q4_k", "q5_k", "q6_k", "q8_k", "iq4_nl", "iq4_xs"]
     for dt in all_types:
         for op in ("linear", "embedding"):
             assert ocl.supports(op, dt) == (dt in WEIGHT_DTYPES), (op, dt)
@@ -159,10 +170,15 @@ def test_linear_parity(cpu, ocl, rng, dtype, tokens):
 QUANT_DTYPES = [d for d in WEIGHT_DTYPES if d not in FLOAT_DTYPES]
 
 
+def has_superblocks(dtype):
+    """256-element blocks (the k-quants, IQ4_XS) rather than 32-element ones."""
+    return dtype.endswith("_k") or dtype == "iq4_xs"
+
+
 def odd_block_k(dtype):
-    """A row length with an odd number of blocks: 3 super-blocks for the k-quants, 25 blocks of 32
-    for the others (the one-token kernel takes blocks in pairs, then the last one alone)."""
-    return 768 if dtype.endswith("_k") else 800
+    """A row length with an odd number of blocks: 3 super-blocks of 256, or 25 blocks of 32 (the
+    cpu family's one-token kernel takes blocks in pairs, then the last one alone)."""
+    return 768 if has_superblocks(dtype) else 800
 
 
 @pytest.mark.parametrize("dtype", QUANT_DTYPES)
@@ -182,13 +198,14 @@ def test_linear_one_token_odd_block_count(cpu, ocl, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", OPENCL_Q8_DTYPES)
-def test_portable_kernels_equal_the_x86_ones(ocl, rng, dtype, monkeypatch):
-    """The weight kernels' portable OpenCL C forms (what a GPU compiles) give pocl's x86 builtin
+def test_portable_kernels_equal_the_x86_ones(rng, dtype, monkeypatch):
+    """The cpu family's weight kernels in their portable OpenCL C forms give pocl's x86 builtin
     forms (vpmaddubsw integer sums, vcvtph2ps scales, vpmovm2b fifth bits) bit for bit: exact
     integers and conversions, then the same float ops. A batch of decodes covers linear_q8, a
     short prompt's experts moe_rows_q8, a scoring step linear_t1, and embedding rows."""
+    ocl = _core.make_backend("opencl", opencl_kernels="cpu")
     monkeypatch.setenv("FERRUM_OPENCL_PORTABLE", "1")
-    portable = _core.make_backend("opencl")  # builds its programs with -DPORTABLE_KERNELS
+    portable = _core.make_backend("opencl", opencl_kernels="cpu")  # programs with -DPORTABLE_KERNELS
     K, N, T = 512, 40, 3
     x = rng.standard_normal((T, K)).astype(np.float32)
     raw, _ = encode_weight(rng.standard_normal((N, K)).astype(np.float32), dtype)
@@ -436,7 +453,7 @@ def test_moe_experts_parity(cpu, ocl, rng, dtype, tokens):
 def moe_bound(dtypes):
     if all(d in FLOAT_DTYPES for d in dtypes):
         return F32_BOUND
-    return MOE_Q8K_ACT_BOUND if any(d.endswith("_k") for d in dtypes) else Q8_ACT_BOUND
+    return MOE_Q8K_ACT_BOUND if any(cpu_uses_q8k(d) for d in dtypes) else Q8_ACT_BOUND
 
 
 @pytest.mark.parametrize("dtypes", [("q4_k", "q4_k", "q6_k"), ("f16", "q8_0", "bf16"), ("q5_0", "f32", "q4_1")])
@@ -450,7 +467,7 @@ def test_moe_experts_parity_mixed_dtypes(cpu, ocl, rng, dtypes):
 def test_moe_experts_parity_odd_block_counts(cpu, ocl, rng, dtype):
     """Quantized experts with an odd number of blocks per row; for the 32-element types also
     expert widths (96) that leave the last work-group of each (token, slot) pair part empty."""
-    H, I = (odd_block_k(dtype), 256) if dtype.endswith("_k") else (odd_block_k(dtype), 96)
+    H, I = (odd_block_k(dtype), 256) if has_superblocks(dtype) else (odd_block_k(dtype), 96)
     c, o, ref = moe_parity(cpu, ocl, rng, [dtype] * 3, 3, E=6, I=I, H=H, k=2)
     assert R.nmse(o, ref) < opencl_moe_bound([dtype] * 3, 3, E=6)
     assert R.nmse(o, c) < moe_bound([dtype] * 3)

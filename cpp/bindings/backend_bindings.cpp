@@ -184,7 +184,9 @@ void bind_backend(py::module_& m) {
          py::arg("out"), py::arg("stream") = nullptr);
 
   m.def("make_backend", &make_backend, py::arg("device") = "cpu", py::arg("num_threads") = 0,
-        "Create a backend: 'cpu' or 'opencl[:platform[:device]]'.");
+        py::arg("opencl_kernels") = "",
+        "Create a backend: 'cpu' or 'opencl[:platform[:device]]'. opencl_kernels: the OpenCL kernel "
+        "family, 'gpu' or 'cpu' (default: by device type, or FERRUM_OPENCL_KERNELS).");
 }
 
 }  // namespace ferrum::bindings

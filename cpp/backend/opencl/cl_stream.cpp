@@ -31,8 +31,53 @@ ClStream::~ClStream() {
   clear();
 }
 
+void ClStream::add(Launch l, bool keeps_quantized) {
+  if (!keeps_quantized) offered_.reset();
+  command_buffer_.reset();
+  launches_.push_back(std::move(l));
+}
+
+void ClStream::offer_quantized(QuantizableOutput o) {
+  FERRUM_CHECK(!launches_.empty(), "offer_quantized: no launch");
+  o.launch = launches_.size() - 1;
+  offered_ = std::make_unique<QuantizableOutput>(std::move(o));
+}
+
+const Tensor* ClStream::claim_quantized(cl_mem mem, size_t byte_offset, int64_t rows, int64_t cols,
+                                        const std::function<Tensor()>& make_xq) {
+  QuantizableOutput* o = offered_.get();
+  if (!o || o->mem != mem || o->byte_offset != byte_offset || o->rows != rows || o->cols != cols) return nullptr;
+  if (!o->xq.defined()) {
+    o->xq = make_xq();
+    Launch& l = launches_[o->launch];
+    KernelArgs a(l, o->xq_arg);
+    a.tensor(o->xq, l.name).i32(1);
+    command_buffer_.reset();
+  }
+  return &o->xq;
+}
+
+void ClStream::set_command_buffer(bool on) {
+  command_buffer_on_ = on;
+  command_buffer_.reset();
+}
+
+bool ClStream::uses_command_buffer() const { return command_buffer_on_ && !profiling_ && dc_->command_buffer_api(); }
+
 void ClStream::submit() {
   cl_command_queue q = dc_->queue();
+  if (launches_.empty()) return;
+  if (uses_command_buffer()) {
+    if (!command_buffer_) {
+      auto cb = std::make_unique<CommandBuffer>(*dc_->command_buffer_api(), q);
+      for (const Launch& l : launches_) cb->add(l.kernel, l.global, l.local, l.name);
+      cb->finalize();
+      command_buffer_ = std::move(cb);
+    }
+    command_buffer_->enqueue();
+    clFlush(q);
+    return;
+  }
   for (const Launch& l : launches_) {
     cl_event ev = nullptr;
     cl_event* evp = profiling_ ? &ev : nullptr;
@@ -46,6 +91,8 @@ void ClStream::sync() { clFinish(dc_->queue()); }
 
 void ClStream::clear() {
   release_events();
+  command_buffer_.reset();
+  offered_.reset();
   launches_.clear();
 }
 
