@@ -323,30 +323,35 @@ def test_rope_parity_partial_rotary_and_padding(cpu, ocl, rng, layout):
     np.testing.assert_array_equal(o[:, :, rot:], x[:, :, rot:])
 
 
-def attention_step(be, rng_seed, kv_dtype, H, KV, hd, window, qk_norm, layout):
+def attention_step(be, rng_seed, kv_dtype, H, KV, hd, window, qk_norm, layout, seq_lens=(41, 17, 30),
+                   new=(1, 17, 5), max_blocks=3, unmapped=()):
     """Two varlen steps (history, then new tokens of three sequences plus two padding rows) on
-    one backend; returns q_out, the attention output and the pool rows the steps wrote."""
+    one backend; returns q_out, the attention output and the pool rows the steps wrote.
+    unmapped: (sequence, block index) entries of the block tables left at -1 (their positions are
+    neither written nor attended to)."""
     rng = np.random.default_rng(rng_seed)
-    bs, seq_lens, new = 16, [41, 17, 30], [1, 17, 5]
-    max_blocks = 3
+    bs = 16
     blocks = 3 * max_blocks + 2
     tables = rng.permutation(blocks)[:3 * max_blocks].reshape(3, max_blocks).astype(np.int32)
+    for seq, block in unmapped:
+        tables[seq, block] = -1
     shape = [blocks, KV, bs, hd]
     k, v = be.empty(kv_dtype, shape), be.empty(kv_dtype, shape)
     kv = _core.KvLayer(k, v, be.empty("f32", shape[:3]), be.empty("f32", shape[:3])) if kv_dtype == "i8" \
         else _core.KvLayer(k, v)
-    cos, sin = R.rope_tables(256, hd, 1e4)
+    cos, sin = R.rope_tables(max(256, max_blocks * bs), hd, 1e4)
     rope = _core.RopeTable(be.tensor(cos.astype(np.float32)), be.tensor(sin.astype(np.float32)),
                            getattr(_core.RopeLayout, layout))
     params = _core.AttnParams(H, KV, hd, 1.0 / np.sqrt(hd), window)
     qn = be.tensor(rng.standard_normal(hd).astype(np.float32)) if qk_norm else None
     kn = be.tensor(rng.standard_normal(hd).astype(np.float32)) if qk_norm else None
     qkv_all = [rng.standard_normal((n, (H + 2 * KV) * hd)).astype(np.float32) for n in seq_lens]
+    slot_of = lambda s, p: tables[s, p // bs] * bs + p % bs if p >= 0 and tables[s, p // bs] >= 0 else -1
 
     def step(rows, pad):
         seq = np.concatenate([np.full(c, s) for s, f, c in rows] + [np.zeros(pad)]).astype(np.int32)
         pos = np.concatenate([np.arange(f, f + c) for s, f, c in rows] + [np.full(pad, -1)]).astype(np.int32)
-        slots = np.array([tables[s, p // bs] * bs + p % bs if p >= 0 else -1 for s, p in zip(seq, pos)], np.int32)
+        slots = np.array([slot_of(s, p) for s, p in zip(seq, pos)], np.int32)
         x = np.concatenate([qkv_all[s][f:f + c] for s, f, c in rows] + [np.zeros((pad, qkv_all[0].shape[1]), np.float32)])
         batch = _core.AttnBatch(be.tensor(seq), be.tensor(pos), be.tensor(slots), be.tensor(tables))
         T = len(seq)
@@ -357,7 +362,8 @@ def attention_step(be, rng_seed, kv_dtype, H, KV, hd, window, qk_norm, layout):
 
     step([(s, 0, seq_lens[s] - new[s]) for s in range(3) if seq_lens[s] > new[s]], 0)
     q_out, out, slots = step([(s, seq_lens[s] - new[s], new[s]) for s in range(3)], 2)
-    written = np.concatenate([[tables[s, p // bs] * bs + p % bs for p in range(seq_lens[s])] for s in range(3)])
+    written = [slot_of(s, p) for s in range(3) for p in range(seq_lens[s])]
+    written = np.array([w for w in written if w >= 0])
     rows_of = lambda pool: pool.astype(np.float32).reshape(blocks, KV, bs, hd).transpose(0, 2, 1, 3).reshape(blocks * bs, KV, hd)[written]
     return q_out, out, rows_of(logical_k(be, k.numpy())), rows_of(v.numpy())
 
@@ -385,6 +391,22 @@ def test_qkv_to_cache_and_paged_attention_parity(cpu, ocl, kv_dtype, bound, H, K
     assert R.nmse(o[0][valid], c[0][valid]) < F32_BOUND  # q_out is f32 on both
     assert R.nmse(o[1][valid], c[1][valid]) < bound
     assert R.nmse(o[2], c[2]) < bound and R.nmse(o[3], c[3]) < bound  # the pool rows written
+
+
+@pytest.mark.parametrize("kv_dtype,bound", [("f32", F32_BOUND), ("f16", 1e-8)])
+@pytest.mark.parametrize("window", [0, 300])
+def test_decode_attention_over_long_contexts_parity(cpu, ocl, kv_dtype, bound, window):
+    """Decodes of three sequences at positions 699, 299 and 40 over a pool of 768 positions per
+    sequence (the gpu family splits each decode's positions into work-groups of 256 and combines
+    the splits' softmaxes), a block of the first sequence unmapped, with and without a sliding
+    window; the long history itself is one prompt step (the gpu family's per-token path)."""
+    args = dict(seq_lens=(700, 300, 41), new=(1, 1, 1), max_blocks=48, unmapped=[(0, 20)])
+    c = attention_step(cpu, 6, kv_dtype, 8, 2, 64, window, False, "half_split", **args)
+    o = attention_step(ocl, 6, kv_dtype, 8, 2, 64, window, False, "half_split", **args)
+    valid = slice(0, -2)
+    assert R.nmse(o[0][valid], c[0][valid]) < F32_BOUND
+    assert R.nmse(o[1][valid], c[1][valid]) < bound
+    assert R.nmse(o[2], c[2]) < bound and R.nmse(o[3], c[3]) < bound
 
 
 # --- mixture of experts ---------------------------------------------------------------------

@@ -52,7 +52,8 @@ void bind_opencl(py::module_& parent) {
         py::arg("stream"), py::arg("on"), "Record an event per launch on later submits.");
   m.def("set_command_buffer", [cl_stream](Stream& s, bool on) { cl_stream(s).set_command_buffer(on); },
         py::arg("stream"), py::arg("on"),
-        "Replay the stream through a cl_khr_command_buffer where the device has one (default on).");
+        "Replay the stream through a cl_khr_command_buffer where the device has one (default: on "
+        "for the gpu kernel family).");
   m.def("uses_command_buffer", [cl_stream](Stream& s) { return cl_stream(s).uses_command_buffer(); },
         py::arg("stream"), "Whether submit() replays the stream as one command buffer.");
   m.def("kernel_times", [cl_stream](Stream& s) {

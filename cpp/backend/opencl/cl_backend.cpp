@@ -78,6 +78,12 @@ Tensor ClBackend::from_host(const void* data, DType dtype, Shape shape, std::sha
   return t;
 }
 
+std::unique_ptr<Stream> ClBackend::new_stream() {
+  auto s = std::make_unique<ClStream>(dc_);
+  s->set_command_buffer(family_ == KernelFamily::Gpu);
+  return s;
+}
+
 void ClBackend::check_owned(const Tensor& t, const char* op) const {
   FERRUM_CHECK(t.defined(), std::string(op) + ": tensor is undefined");
   if (t.storage->backend != this) throw ValueError(std::string(op) + ": tensor " + t.str() + " belongs to another backend");

@@ -55,7 +55,9 @@ class ClBackend : public Backend {
   Tensor pack_weight(const Tensor& w, const Consumed& consumed) override;
   size_t memory_available_bytes() const override;  // global memory less live buffers
   void materialize(const Tensor& t) override;       // fills t with zeros and waits
-  std::unique_ptr<Stream> new_stream() override { return std::make_unique<ClStream>(dc_); }
+  // gpu family: streams replay through a command buffer where the device has one (on pocl that is
+  // slower than enqueueing each launch, so the cpu family's do not).
+  std::unique_ptr<Stream> new_stream() override;
 
   void embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) override;
   void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,

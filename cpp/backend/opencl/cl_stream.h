@@ -66,7 +66,7 @@ class ClStream : public Stream {
   const Tensor* claim_quantized(cl_mem mem, size_t byte_offset, int64_t rows, int64_t cols,
                                 const std::function<Tensor()>& make_xq);
   void set_profiling(bool on) { profiling_ = on; }
-  // Replay through a command buffer where the device has one (default on).
+  // Replay through a command buffer where the device has one (ClBackend::new_stream decides).
   void set_command_buffer(bool on);
   bool uses_command_buffer() const;
   // (launch name, device nanoseconds) for every launch of the submits since the last call.
@@ -77,7 +77,7 @@ class ClStream : public Stream {
   std::shared_ptr<DeviceContext> dc_;
   std::vector<Launch> launches_;
   bool profiling_ = false;
-  bool command_buffer_on_ = true;
+  bool command_buffer_on_ = false;
   std::unique_ptr<CommandBuffer> command_buffer_;  // of launches_ as they are; dropped on change
   std::unique_ptr<QuantizableOutput> offered_;
   std::vector<std::pair<const char*, cl_event>> events_;

@@ -1,0 +1,166 @@
+"""The OpenCL backend's gpu kernel family, run on pocl: how a family is chosen, and what only the
+gpu family does (its results against the CPU backend are in test_opencl_parity.py, for both
+families): weights repacked into flat rows, matmuls taking their 8-bit activations from the norm
+or SwiGLU launch before them, command-buffer replay, decode attention split over the positions."""
+import numpy as np
+import pytest
+
+import reference as R
+from ferrum import _core
+from test_opencl_parity import attention_step, encode_weight, upload_weight
+
+# The types whose GGUF blocks leave the quants less than 16-byte aligned: pack_weight repacks them.
+FLAT_DTYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "q2_k", "q3_k", "q6_k", "iq4_xs"]
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return _core.make_backend("opencl", opencl_kernels="gpu")
+
+
+def names(stream):
+    return [n for n, _ in _core.opencl.kernel_times(stream)]
+
+
+def test_family_by_device_type_environment_and_option(monkeypatch):
+    monkeypatch.delenv("FERRUM_OPENCL_KERNELS", raising=False)
+    info = _core.opencl.device_info(_core.make_backend("opencl"))
+    assert info["kernels"] == ("gpu" if info["gpu"] else "cpu")
+    monkeypatch.setenv("FERRUM_OPENCL_KERNELS", "gpu")
+    assert _core.opencl.device_info(_core.make_backend("opencl"))["kernels"] == "gpu"
+    assert _core.opencl.device_info(_core.make_backend("opencl", opencl_kernels="cpu"))["kernels"] == "cpu"
+    monkeypatch.setenv("FERRUM_OPENCL_KERNELS", "tpu")
+    with pytest.raises(ValueError, match="FERRUM_OPENCL_KERNELS"):
+        _core.make_backend("opencl")
+    with pytest.raises(ValueError, match="opencl_kernels"):
+        _core.make_backend("opencl", opencl_kernels="fast")
+
+
+@pytest.mark.parametrize("dtype", FLAT_DTYPES)
+def test_flat_rows_give_the_same_bits(gpu, rng, dtype, monkeypatch):
+    """pack_weight repacks a weight in place (quants first, then headers, per row); decodes,
+    short and long prompts and embedding rows read it to the same bits as the GGUF rows, in one
+    device buffer or split over several."""
+    K = 1024 if dtype.endswith("_k") or dtype == "iq4_xs" else 512  # rows of a multiple of 8 bytes
+    N = 800  # > 192 KiB of weights: several buffers under the cap below, activations in one
+    raw, _ = encode_weight(rng.standard_normal((N, K)).astype(np.float32), dtype)
+    x = rng.standard_normal((40, K)).astype(np.float32)
+    ids = np.array([0, 799, 7, 333], np.int32)
+    monkeypatch.setenv("FERRUM_OPENCL_MAX_ALLOC_BYTES", str(192 << 10))
+    split = _core.make_backend("opencl", opencl_kernels="gpu")
+
+    def run(be, w):
+        outs = []
+        for T in (1, 3, 40):
+            out = be.empty("f32", [T, N])
+            be.linear(be.tensor(x[:T]), w, None, out)
+            outs.append(out.numpy())
+        emb = be.empty("f32", [len(ids), K])
+        be.embedding(be.tensor(ids), w, emb)
+        return outs + [emb.numpy()]
+
+    expect = run(gpu, upload_weight(gpu, raw, dtype, (N, K)))
+    for be in (gpu, split):
+        packed = be.pack_weight(upload_weight(be, raw, dtype, (N, K)))
+        assert packed.numpy().tobytes() != np.asarray(raw).tobytes()  # really repacked
+        for got, want in zip(run(be, packed), expect):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_float_and_aligned_weights_are_not_repacked(gpu, rng):
+    for dtype in ("f32", "q4_k"):
+        raw, _ = encode_weight(rng.standard_normal((8, 256)).astype(np.float32), dtype)
+        w = upload_weight(gpu, raw, dtype, (8, 256))
+        np.testing.assert_array_equal(gpu.pack_weight(w).numpy().view(np.uint8), w.numpy().view(np.uint8))
+
+
+def decode_layer(be, rng, streams):
+    """add_rms_norm -> two projections of its output (q4_0 and q6_k, one fused output), SwiGLU ->
+    a q8_0 projection, as one decode (T = 1) records them; streams(i) is the stream of op i.
+    Returns the outputs and the residual."""
+    H, I = 256, 128
+    x, res = (rng.standard_normal((1, H)).astype(np.float32) for _ in range(2))
+    gu = rng.standard_normal((1, 2 * I)).astype(np.float32)
+    wa, wb, wd = (upload_weight(be, encode_weight(rng.standard_normal(shape).astype(np.float32), dt)[0], dt, shape)
+                  for dt, shape in (("q4_0", (40, H)), ("q6_k", (24, H)), ("q8_0", (H, I))))
+    r, h, qkv = be.tensor(res), be.empty("f32", [1, H]), be.empty("f32", [1, 64])
+    act, down = be.empty("f32", [1, I]), be.empty("f32", [1, H])
+    be.add_rms_norm(r, be.tensor(x), be.tensor(np.ones(H, np.float32)), 1e-6, h, stream=streams(0))
+    be.linear(h, wa, None, qkv, stream=streams(1))
+    be.linear(h, wb, None, qkv, out_col=40, stream=streams(2))
+    be.swiglu(be.tensor(gu), act, stream=streams(3))
+    be.linear(act, wd, None, down, stream=streams(4))
+    return lambda: [t.numpy() for t in (qkv, down, r, h, act)]
+
+
+def test_matmuls_take_8_bit_activations_from_the_launch_before(gpu):
+    """In one stream the norm quantizes its output for both projections that read it and the
+    SwiGLU its own for down: no quantize launches, and the same bits as each op in a stream of its
+    own (where every matmul quantizes x itself)."""
+    s = gpu.stream()
+    fused = decode_layer(gpu, np.random.default_rng(3), lambda i: s)
+    _core.opencl.set_profiling(s, True)
+    s.submit()
+    s.sync()
+    assert names(s) == ["norm_rows", "gemv_q8_t1", "gemv_q8_t1", "swiglu_rows", "gemv_q8_t1"]
+    alone = []
+    separate = decode_layer(gpu, np.random.default_rng(3), lambda i: alone.append(gpu.stream()) or alone[-1])
+    for st in alone:
+        _core.opencl.set_profiling(st, True)
+        st.submit()
+        st.sync()
+    assert names(alone[1]) == ["quantize_q8_rows", "gemv_q8_t1"]
+    for a, b in zip(fused(), separate()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_command_buffer_replays_the_recorded_step(gpu, rng):
+    """A recorded stream replays through a command buffer where the device has one (pocl does):
+    after the inputs are rewritten, a replay gives what enqueueing each launch gives."""
+    K, N = 256, 48
+    raw, _ = encode_weight(rng.standard_normal((N, K)).astype(np.float32), "q8_0")
+    w = upload_weight(gpu, raw, "q8_0", (N, K))
+    x, h, out = gpu.empty("f32", [1, K]), gpu.empty("f32", [1, K]), gpu.empty("f32", [1, N])
+    s = gpu.stream()
+    gpu.rms_norm(x, gpu.tensor(np.ones(K, np.float32)), 1e-6, h, stream=s)
+    gpu.linear(h, w, None, out, stream=s)
+    assert _core.opencl.uses_command_buffer(s) == _core.opencl.device_info(gpu)["command_buffer"]
+    results = {}
+    for replay in (True, False):
+        _core.opencl.set_command_buffer(s, replay)
+        got = []
+        for seed in range(3):
+            x.upload(np.random.default_rng(seed).standard_normal((1, K)).astype(np.float32))
+            s.submit()
+            s.sync()
+            got.append(out.numpy())
+        results[replay] = got
+    for a, b in zip(results[True], results[False]):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(results[True][0], results[True][1])
+
+
+@pytest.mark.parametrize("T,launches", [(2, ["qkv_rope_cache", "attention_split", "attention_combine"]),
+                                         (40, ["qkv_rope_cache", "attention_split"])])
+def test_decodes_split_the_positions(gpu, T, launches):
+    """Steps of up to 16 tokens over a pool of more than 256 positions per sequence split each
+    token's positions over work-groups and combine them (results: test_opencl_parity.py's long
+    context test); longer steps run a work-group per token and head group."""
+    H, KV, hd, bs, max_blocks = 4, 2, 32, 16, 24
+    kv = _core.KvLayer(gpu.empty("f32", [max_blocks, KV, bs, hd]), gpu.empty("f32", [max_blocks, KV, bs, hd]))
+    cos, sin = R.rope_tables(max_blocks * bs, hd, 1e4)
+    rope = _core.RopeTable(gpu.tensor(cos.astype(np.float32)), gpu.tensor(sin.astype(np.float32)),
+                           _core.RopeLayout.half_split)
+    pos = np.arange(300, 300 + T, dtype=np.int32)
+    batch = _core.AttnBatch(gpu.tensor(np.zeros(T, np.int32)), gpu.tensor(pos), gpu.tensor(pos),
+                            gpu.tensor(np.arange(max_blocks, dtype=np.int32)[None]))
+    params = _core.AttnParams(H, KV, hd, 1.0 / np.sqrt(hd), 0)
+    q, out = gpu.empty("f32", [T, H, hd]), gpu.empty("f32", [T, H, hd])
+    s = gpu.stream()
+    gpu.qkv_to_cache(gpu.tensor(np.ones((T, (H + 2 * KV) * hd), np.float32)), None, None, 1e-6, rope, batch,
+                     params, q, kv, stream=s)
+    gpu.paged_attention(q, kv, batch, params, out, stream=s)
+    _core.opencl.set_profiling(s, True)
+    s.submit()
+    s.sync()
+    assert names(s) == launches
