@@ -28,24 +28,29 @@ inline int dp4a(int a, int b, int c) {
 }
 #endif
 
-// sum over i < 16 of a[i] * b[i], exact (|a|, |b| <= 128: no overflow).
-inline int idot16(char16 a, char16 b) {
+// The sum over the 16 bytes of a and b (each 4 per word, signed) of a[i] * b[i]: exact
+// (|a|, |b| <= 128).
+inline int idot16(uint4 a, uint4 b) {
 #ifdef NV_ASM
-  const int4 ai = as_int4(a), bi = as_int4(b);
-  return dp4a(ai.w, bi.w, dp4a(ai.z, bi.z, dp4a(ai.y, bi.y, dp4a(ai.x, bi.x, 0))));
+  return dp4a(a.w, b.w, dp4a(a.z, b.z, dp4a(a.y, b.y, dp4a(a.x, b.x, 0))));
 #else
-  const short16 p = convert_short16(a) * convert_short16(b);  // |p| <= 2^14
+  const short16 p = convert_short16(as_char16(a)) * convert_short16(as_char16(b));  // |p| <= 2^14
   const int8 s = convert_int8(p.lo) + convert_int8(p.hi);
   const int4 t = s.lo + s.hi;
   return (t.x + t.y) + (t.z + t.w);
 #endif
 }
 
-// sum of 16 signed bytes.
-inline int isum16(char16 a) {
-  const short8 s = convert_short8(a.lo) + convert_short8(a.hi);
+// The sum of the 16 signed bytes of a.
+inline int isum16(uint4 a) {
+#ifdef NV_ASM
+  const int ones = 0x01010101;
+  return dp4a(a.w, ones, dp4a(a.z, ones, dp4a(a.y, ones, dp4a(a.x, ones, 0))));
+#else
+  const short8 s = convert_short8(as_char8(a.lo)) + convert_short8(as_char8(a.hi));
   const short4 t = s.lo + s.hi;
   return (int)(t.x + t.y) + (int)(t.z + t.w);
+#endif
 }
 
 inline float fdot16(float16 a, float16 b) {

@@ -72,10 +72,10 @@ inline void gemv_f32_partial(const int TM, const global float* x, int T, int K, 
 #pragma unroll
       for (int m = 0; m < TM; ++m) acc[r * TM + m] += fdot16(wl, xl[m]) + fdot16(wh, xh[m]);
 #else
-      char16 ql, qh;
+      uint4 ql, qh;
       float2 d, mn;
       chunk_q(row, nb, c, &ql, &qh, &d, &mn);
-      const float16 fl = convert_float16(ql), fh = convert_float16(qh);
+      const float16 fl = quants_float(ql), fh = quants_float(qh);
 #pragma unroll
       for (int m = 0; m < TM; ++m) {
         float a = fma(d.s0, fdot16(fl, xl[m]), acc[r * TM + m]);
@@ -101,39 +101,49 @@ inline void gemv_f32_partial(const int TM, const global float* x, int T, int K, 
 }
 
 #ifndef W_FLOAT
-// The same over xq rows (quantize.cl): chunk c of a token is 32 int8 quants and a scale dx.
+// The same over xq rows (quantize.cl): chunk c of a token is 32 int8 quants and a scale dx. Per 16
+// quants the integer sum of (q + W_Q_ZERO) * xq is exact: dp4a's sum of q * xq plus W_Q_ZERO times
+// the sum of xq (computed once per chunk and token, shared by the rows).
+#if W_Q_ZERO != 0 || defined(W_HAS_MIN)
+#define W_XQ_SUMS 1
+#endif
 inline void gemv_q8_partial(const int TM, const global char* xq, int T, int K, int t0,
                             const global uchar* w, long w_row_bytes, int N, int n0, int lane, float* acc) {
   const int chunks = K / CHUNK, nb = W_BLOCKS(K);
   for (int c = lane; c < chunks; c += LANES) {
-    char16 xa[GEMV_TOKENS], xb[GEMV_TOKENS];
+    uint4 xa[GEMV_TOKENS], xb[GEMV_TOKENS];
     float dx[GEMV_TOKENS];
-#ifdef W_HAS_MIN
-    float za[GEMV_TOKENS], zb[GEMV_TOKENS];  // sums of the dequantized x per 16
+#ifdef W_XQ_SUMS
+    int za[GEMV_TOKENS], zb[GEMV_TOKENS];
 #endif
 #pragma unroll
     for (int m = 0; m < TM; ++m) {
       const global char* xr = xq_row(xq, min(t0 + m, T - 1), K);
-      xa[m] = *(const global char16*)(xr + CHUNK * c);  // xq rows are 16-byte aligned
-      xb[m] = *(const global char16*)(xr + CHUNK * c + 16);
+      xa[m] = *(const global uint4*)(xr + CHUNK * c);  // xq rows are 16-byte aligned
+      xb[m] = *(const global uint4*)(xr + CHUNK * c + 16);
       dx[m] = ((const global float*)(xr + K))[c];
-#ifdef W_HAS_MIN
-      za[m] = dx[m] * (float)isum16(xa[m]);
-      zb[m] = dx[m] * (float)isum16(xb[m]);
+#ifdef W_XQ_SUMS
+      za[m] = isum16(xa[m]);
+      zb[m] = isum16(xb[m]);
 #endif
     }
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) {
-      char16 ql, qh;
+      uint4 ql, qh;
       float2 d, mn;
       chunk_q(w + (long)clamp(n0 + r, 0, N - 1) * w_row_bytes, nb, c, &ql, &qh, &d, &mn);
 #pragma unroll
       for (int m = 0; m < TM; ++m) {
-        float a = fma(d.s0 * dx[m], (float)idot16(ql, xa[m]), acc[r * TM + m]);
-        a = fma(d.s1 * dx[m], (float)idot16(qh, xb[m]), a);
+        int sa = idot16(ql, xa[m]), sb = idot16(qh, xb[m]);
+#if W_Q_ZERO != 0
+        sa += W_Q_ZERO * za[m];
+        sb += W_Q_ZERO * zb[m];
+#endif
+        float a = fma(d.s0 * dx[m], (float)sa, acc[r * TM + m]);
+        a = fma(d.s1 * dx[m], (float)sb, a);
 #ifdef W_HAS_MIN
-        a = fma(mn.s0, za[m], a);
-        a = fma(mn.s1, zb[m], a);
+        a = fma(mn.s0, dx[m] * (float)za[m], a);
+        a = fma(mn.s1, dx[m] * (float)zb[m], a);
 #endif
         acc[r * TM + m] = a;
       }

@@ -10,9 +10,12 @@
 //         rows, views and split buffers work alike; the quants of a row whose size is a multiple
 //         of 16 are 16-byte aligned. The backend repacks 2-byte aligned types into it at load.
 //
-// Every quantized type defines chunk_q(row, nb, c, &lo, &hi, &d, &m): chunk c's 32 quants as
-// integers (lo = elements 0..15, hi = 16..31) with w = d.s0 * q + m.s0 for lo and d.s1 * q + m.s1
-// for hi (one scale per 16 elements for Q2_K / Q3_K / Q6_K); W_HAS_MIN marks the types with an m.
+// Every quantized type defines chunk_q(row, nb, c, &lo, &hi, &d, &m): chunk c's 32 quants as bytes
+// packed in 32-bit words (lo = elements 0..15, hi = 16..31; unpacked by 32-bit masks and shifts,
+// which GPUs do 4 quants at a time, and fed to dp4a as they are), standing for the integers
+// q + W_Q_ZERO (Q4_0's -8, ...; the signed types' bytes are the integers), with
+// w = d.s0 * (q + W_Q_ZERO) + m.s0 for lo and d.s1 * (...) + m.s1 for hi (one scale per 16
+// elements for Q2_K / Q3_K / Q6_K); W_HAS_MIN marks the types with an m.
 // chunk_dequant computes those products in the reference dequantizer's order
 // (cpp/quant/dequantize.cpp; FP_CONTRACT OFF), so embedding rows equal it bit for bit. The float
 // types define chunk_f and load_elem (any row length) and W_FLOAT.
@@ -24,16 +27,16 @@
 #define W_QALIGN 2
 #endif
 
-// 16 bytes at p, p aligned to W_QALIGN.
-inline uchar16 load_q16(const global uchar* p) {
+// 16 bytes at p, p aligned to W_QALIGN, as 4 little-endian words (4 quants each).
+inline uint4 load_q16(const global uchar* p) {
 #if W_QALIGN >= 16
-  return *(const global uchar16*)p;
+  return *(const global uint4*)p;
 #elif W_QALIGN >= 8
-  return as_uchar16(vload2(0, (const global ulong*)p));
+  return as_uint4(vload2(0, (const global ulong*)p));
 #elif W_QALIGN >= 4
-  return as_uchar16(vload4(0, (const global uint*)p));
+  return vload4(0, (const global uint*)p);
 #else
-  return as_uchar16(vload8(0, (const global ushort*)p));
+  return as_uint4(vload8(0, (const global ushort*)p));
 #endif
 }
 
@@ -42,11 +45,15 @@ inline float f16_at(const global uchar* p) { return vload_half(0, (const global 
 inline uint u16_at(const global uchar* p) { return *(const global ushort*)p; }
 inline uint u32_at(const global uchar* p) { return u16_at(p) | (u16_at(p + 2) << 16); }
 
-// Bit base + i of bits as 16 << 0 / 16 (the fifth bit of a 5-bit quant), i = 0..15.
-inline uchar16 fifth_bits(uint bits, int base) {
-  const uint16 lane = (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  return convert_uchar16(((uint16)(bits) >> (lane + (uint)base)) & 1u) << (uchar)4;
+// Bits 0..15 of bits as the fifth bit (16) of bytes 0..15: each word takes 4 bits, spread to its
+// bytes by one multiply (the four shifted copies do not overlap).
+inline uint4 fifth_bits(uint bits) {
+  const uint4 nibbles = ((uint4)(bits, bits >> 4, bits >> 8, bits >> 12)) & 15u;
+  return ((nibbles * 0x00204081u) & 0x01010101u) << 4;
 }
+
+// The IQ4 levels of 16 nibbles (one per byte).
+inline uint4 iq4_levels(uint4 nibbles) { return as_uint4(shuffle(IQ4_LEVELS, as_uchar16(nibbles))); }
 
 #if defined(W_F32) || defined(W_F16) || defined(W_BF16)
 #define W_FLOAT 1
@@ -73,6 +80,7 @@ inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
 }
 
 #elif defined(W_Q4_0)  // d, qs[16]; w = d * (q - 8)
+#define W_Q_ZERO -8
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 18
 #define W_Q_OFF 2
@@ -84,6 +92,7 @@ inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
 #define W_Q_BYTES 16
 #define W_HAS_MIN 1
 #elif defined(W_Q5_0)  // d, qh[4], qs[16]; w = d * (q - 16)
+#define W_Q_ZERO -16
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 22
 #define W_Q_OFF 6
@@ -111,6 +120,7 @@ inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
 #define W_Q_BYTES 64
 #define W_HAS_MIN 1
 #elif defined(W_Q3_K)  // hmask[32], qs[64], scales[12], d
+#define W_Q_ZERO -4
 #define W_CHUNKS 8
 #define W_BLOCK_BYTES 110
 #define W_Q_OFF 0
@@ -128,6 +138,7 @@ inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
 #define W_Q_BYTES 160
 #define W_HAS_MIN 1
 #elif defined(W_Q6_K)  // ql[128], qh[64], scales[16], d
+#define W_Q_ZERO -32
 #define W_CHUNKS 8
 #define W_BLOCK_BYTES 210
 #define W_Q_OFF 0
@@ -139,6 +150,10 @@ inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
 #define W_Q_BYTES 128
 #else
 #error "build with one -DW_<TYPE>"
+#endif
+
+#ifndef W_Q_ZERO
+#define W_Q_ZERO 0
 #endif
 
 #ifndef W_FLOAT
@@ -156,22 +171,19 @@ inline const global uchar* block_header(const global uchar* row, int nb, int b) 
 #define HOFF(off) (off)
 #endif
 
-inline void chunk_q(const global uchar* row, int nb, int c, char16* lo, char16* hi, float2* d, float2* m) {
+inline void chunk_q(const global uchar* row, int nb, int c, uint4* lo, uint4* hi, float2* d, float2* m) {
   const int b = c / W_CHUNKS, j = c % W_CHUNKS;
   const global uchar* q = block_quants(row, nb, b);
   const global uchar* h = block_header(row, nb, b);
   *m = (float2)(0.0f);
-#if defined(W_Q4_0)
-  const uchar16 v = load_q16(q);
-  *lo = as_char16(v & (uchar)15) - (char)8;
-  *hi = as_char16(v >> (uchar)4) - (char)8;
+#if defined(W_Q4_0) || defined(W_Q4_1)
+  const uint4 v = load_q16(q);
+  *lo = v & 0x0F0F0F0Fu;
+  *hi = (v >> 4) & 0x0F0F0F0Fu;
   *d = (float2)(f16_at(h));
-#elif defined(W_Q4_1)
-  const uchar16 v = load_q16(q);
-  *lo = as_char16(v & (uchar)15);
-  *hi = as_char16(v >> (uchar)4);
-  *d = (float2)(f16_at(h));
+#ifdef W_Q4_1
   *m = (float2)(f16_at(h + 2));
+#endif
 #elif defined(W_Q5_0) || defined(W_Q5_1)
 #ifdef W_Q5_0
   const uint qh = u32_at(h + 2);
@@ -179,40 +191,36 @@ inline void chunk_q(const global uchar* row, int nb, int c, char16* lo, char16* 
   const uint qh = u32_at(h + 4);
   *m = (float2)(f16_at(h + 2));
 #endif
-  const uchar16 v = load_q16(q);
-  *lo = as_char16((v & (uchar)15) | fifth_bits(qh, 0));
-  *hi = as_char16((v >> (uchar)4) | fifth_bits(qh, 16));
-#ifdef W_Q5_0
-  *lo -= (char)16;
-  *hi -= (char)16;
-#endif
+  const uint4 v = load_q16(q);
+  *lo = (v & 0x0F0F0F0Fu) | fifth_bits(qh);
+  *hi = ((v >> 4) & 0x0F0F0F0Fu) | fifth_bits(qh >> 16);
   *d = (float2)(f16_at(h));
 #elif defined(W_Q8_0)
-  *lo = as_char16(load_q16(q));
-  *hi = as_char16(load_q16(q + 16));
+  *lo = load_q16(q);
+  *hi = load_q16(q + 16);
   *d = (float2)(f16_at(h));
 #elif defined(W_IQ4_NL)
-  const uchar16 v = load_q16(q);
-  *lo = shuffle(IQ4_LEVELS, v & (uchar)15);
-  *hi = shuffle(IQ4_LEVELS, v >> (uchar)4);
+  const uint4 v = load_q16(q);
+  *lo = iq4_levels(v & 0x0F0F0F0Fu);
+  *hi = iq4_levels((v >> 4) & 0x0F0F0F0Fu);
   *d = (float2)(f16_at(h));
 #elif defined(W_Q2_K)
   // Each 32 bytes of qs hold four 2-bit planes of 32 elements; chunk j is plane j % 4 of half j / 4,
   // each 16 elements with their own scale / min nibbles (sub-blocks 2j, 2j + 1).
   const global uchar* p = q + 32 * (j >> 2);
-  const uchar shift = (uchar)(2 * (j & 3));
-  *lo = as_char16((load_q16(p) >> shift) & (uchar)3);
-  *hi = as_char16((load_q16(p + 16) >> shift) & (uchar)3);
+  const uint shift = 2 * (j & 3);
+  *lo = (load_q16(p) >> shift) & 0x03030303u;
+  *hi = (load_q16(p + 16) >> shift) & 0x03030303u;
   const uint s0 = h[HOFF(2 * j)], s1 = h[HOFF(2 * j + 1)];
   const float dd = f16_at(h + HOFF(80)), dmin = f16_at(h + HOFF(82));
   *d = (float2)(dd * (float)(s0 & 15), dd * (float)(s1 & 15));
   *m = -(float2)(dmin * (float)(s0 >> 4), dmin * (float)(s1 >> 4));
 #elif defined(W_Q3_K)
-  // As Q2_K's planes (qs after the 32 bytes of hmask), less 4 where bit j of hmask[l] is clear.
+  // As Q2_K's planes (qs after the 32 bytes of hmask) plus 4 where bit j of hmask[l] is set; less 4.
   const global uchar* p = q + 32 + 32 * (j >> 2);
-  const uchar shift = (uchar)(2 * (j & 3)), hb = (uchar)j;
-  *lo = as_char16((load_q16(p) >> shift) & (uchar)3) - (char)4 + as_char16(((load_q16(q) >> hb) & (uchar)1) << (uchar)2);
-  *hi = as_char16((load_q16(p + 16) >> shift) & (uchar)3) - (char)4 + as_char16(((load_q16(q + 16) >> hb) & (uchar)1) << (uchar)2);
+  const uint shift = 2 * (j & 3);
+  *lo = ((load_q16(p) >> shift) & 0x03030303u) | (((load_q16(q) >> (uint)j) & 0x01010101u) << 2);
+  *hi = ((load_q16(p + 16) >> shift) & 0x03030303u) | (((load_q16(q + 16) >> (uint)j) & 0x01010101u) << 2);
   // 6-bit scale of sub-block i: low 4 bits in nibble i / 8 of byte i % 8, top 2 in byte 8 + i % 4.
   const global uchar* sc = h + HOFF(96);
   const int i0 = 2 * j, i1 = 2 * j + 1;
@@ -234,15 +242,15 @@ inline void chunk_q(const global uchar* row, int nb, int c, char16* lo, char16* 
   }
 #ifdef W_Q5_K
   const global uchar* qs = q + 32 + 32 * (j >> 1);
-  const uchar16 h0 = ((load_q16(q) >> (uchar)j) & (uchar)1) << (uchar)4;
-  const uchar16 h1 = ((load_q16(q + 16) >> (uchar)j) & (uchar)1) << (uchar)4;
+  const uint4 h0 = ((load_q16(q) >> (uint)j) & 0x01010101u) << 4;
+  const uint4 h1 = ((load_q16(q + 16) >> (uint)j) & 0x01010101u) << 4;
 #else
   const global uchar* qs = q + 32 * (j >> 1);
-  const uchar16 h0 = (uchar16)(0), h1 = (uchar16)(0);
+  const uint4 h0 = (uint4)(0), h1 = (uint4)(0);
 #endif
-  const uchar shift = (uchar)(4 * (j & 1));
-  *lo = as_char16(((load_q16(qs) >> shift) & (uchar)15) | h0);
-  *hi = as_char16(((load_q16(qs + 16) >> shift) & (uchar)15) | h1);
+  const uint shift = 4 * (j & 1);
+  *lo = ((load_q16(qs) >> shift) & 0x0F0F0F0Fu) | h0;
+  *hi = ((load_q16(qs + 16) >> shift) & 0x0F0F0F0Fu) | h1;
   *d = (float2)(f16_at(h) * (float)s);
   *m = (float2)(-(f16_at(h + 2) * (float)mn));
 #elif defined(W_Q6_K)
@@ -251,20 +259,23 @@ inline void chunk_q(const global uchar* row, int nb, int c, char16* lo, char16* 
   const int hf = j >> 2, g = j & 3;
   const global uchar* ql = q + 64 * hf + 32 * (g & 1);
   const global uchar* qh = q + 128 + 32 * hf;
-  const uchar ls = (uchar)(4 * (g >> 1)), hs = (uchar)(2 * g);
-  *lo = as_char16(((load_q16(ql) >> ls) & (uchar)15) | (((load_q16(qh) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
-  *hi = as_char16(((load_q16(ql + 16) >> ls) & (uchar)15) | (((load_q16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
+  const uint ls = 4 * (g >> 1), hs = 2 * g;
+  *lo = ((load_q16(ql) >> ls) & 0x0F0F0F0Fu) | (((load_q16(qh) >> hs) & 0x03030303u) << 4);
+  *hi = ((load_q16(ql + 16) >> ls) & 0x0F0F0F0Fu) | (((load_q16(qh + 16) >> hs) & 0x03030303u) << 4);
   const global char* sc = (const global char*)(h + HOFF(192)) + 8 * hf + 2 * g;
   const float dd = f16_at(h + HOFF(208));
   *d = (float2)(dd * (float)sc[0], dd * (float)sc[1]);
 #elif defined(W_IQ4_XS)
-  const uchar16 v = load_q16(q + 16 * j);
-  *lo = shuffle(IQ4_LEVELS, v & (uchar)15);
-  *hi = shuffle(IQ4_LEVELS, v >> (uchar)4);
+  const uint4 v = load_q16(q + 16 * j);
+  *lo = iq4_levels(v & 0x0F0F0F0Fu);
+  *hi = iq4_levels((v >> 4) & 0x0F0F0F0Fu);
   const int s = ((h[HOFF(4) + j / 2] >> (4 * (j % 2))) & 15) | (((u16_at(h + HOFF(2)) >> (2 * j)) & 3) << 4);
   *d = (float2)(f16_at(h) * (float)(s - 32));
 #endif
 }
+
+// A chunk's 16 quants of lo or hi as the integers they stand for (q + W_Q_ZERO), as floats.
+inline float16 quants_float(uint4 q) { return convert_float16(as_char16(q)) + (float)W_Q_ZERO; }
 #endif  // !W_FLOAT
 
 // Chunk c of a row as floats, bit for bit the reference dequantizer's values.
@@ -272,11 +283,11 @@ inline void chunk_dequant(const global uchar* row, int nb, int c, float16* lo, f
 #ifdef W_FLOAT
   chunk_f(row, c, lo, hi);
 #else
-  char16 ql, qh;
+  uint4 ql, qh;
   float2 d, m;
   chunk_q(row, nb, c, &ql, &qh, &d, &m);
-  *lo = d.s0 * convert_float16(ql);
-  *hi = d.s1 * convert_float16(qh);
+  *lo = d.s0 * quants_float(ql);
+  *hi = d.s1 * quants_float(qh);
 #ifdef W_HAS_MIN
   *lo = *lo + m.s0;
   *hi = *hi + m.s1;
