@@ -11,9 +11,21 @@
 //                   prompts) it writes the output; with several (decodes: flash-decoding, one
 //                   split per ATTN_SPLIT positions, so a short batch still fills the device) it
 //                   writes each split's (acc, m, l) for attention_combine.
+// The kernel that writes the output can also write it quantized to 8 bits for the o projection
+// (quantize != 0, head_dim % 32 == 0: each head's chunks of the row [H * head_dim]; quantize.cl).
 #pragma OPENCL FP_CONTRACT OFF
 
 #define HEAD_PER_ITEM ((MAX_HEAD_DIM + ATTN_WG - 1) / ATTN_WG)  // head dimensions per work-item
+
+// Quantizes heads [h0, h0 + nh) of token t's output row, after the work-group wrote them (a barrier
+// every work-item reaches, whatever nh).
+inline void quantize_heads(global float* out, int t, int h0, int nh, int H, int hd, global char* xq, int lid) {
+  barrier(CLK_GLOBAL_MEM_FENCE);
+  const int per_head = hd / 32, chunks = H * per_head;
+  global char* row = (global char*)xq_row(xq, t, H * hd);
+  for (int c = h0 * per_head + lid; c < (h0 + nh) * per_head; c += ATTN_WG)
+    quantize_chunk(out + ((long)t * H) * hd + 32 * c, row, c, chunks);
+}
 
 kernel __attribute__((reqd_work_group_size(ATTN_WG, 1, 1)))
 void qkv_rope_cache(const global float* qkv, long qkv_off, const global float* q_norm, long qn_off,
@@ -93,7 +105,7 @@ void attention_split(const global float* q, long q_off, global float* out, long 
                      const global KV_T* k_pool, long k_off, const global KV_T* v_pool, long v_off,
                      const global float* k_scale, long ks_off, const global float* v_scale, long vs_off,
                      int num_blocks, int block_size, int T, int H, int KV, int hd, float scale, int window,
-                     int splits, global float* part, long part_off) {
+                     int splits, global float* part, long part_off, global char* xq, long xq_off, int quantize) {
   local float qs[MAX_GROUP * MAX_HEAD_DIM];
   local float p[MAX_GROUP * ATTN_WG];  // the tile's scores, then its probabilities, per head
   local float stat[3 * MAX_GROUP];     // per head: running max, running sum, this tile's rescale
@@ -226,6 +238,8 @@ void attention_split(const global float* q, long q_off, global float* out, long 
       }
     }
   }
+  // (splits == 1; padding rows too, as a quantize_q8_rows launch would; every work-item, every time)
+  quantize_heads(out + out_off, t, h0, quantize ? nh : 0, H, hd, xq + xq_off, lid);
 }
 
 // out[t, h] = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s over the splits the token's
@@ -233,12 +247,12 @@ void attention_split(const global float* q, long q_off, global float* out, long 
 kernel __attribute__((reqd_work_group_size(ATTN_WG, 1, 1)))
 void attention_combine(const global float* part, long part_off, global float* out, long out_off,
                        const global int* token_pos, long pos_off, int T, int H, int hd, int window,
-                       int splits, int max_positions) {
+                       int splits, int max_positions, global char* xq, long xq_off, int quantize) {
   const int lid = (int)get_local_id(0), head = (int)get_group_id(0), t = head / H;
   const int pos = token_pos[pos_off + t];
-  if (pos < 0 || pos >= max_positions) return;
+  const bool real = pos >= 0 && pos < max_positions;  // padding tokens: nothing, but every barrier
   const global float* ps = part + part_off + (long)head * splits * (hd + 2);
-  const int first = (window > 0 ? max(0, pos - window + 1) : 0) / ATTN_SPLIT, last = pos / ATTN_SPLIT;
+  const int first = real ? (window > 0 ? max(0, pos - window + 1) : 0) / ATTN_SPLIT : 0, last = real ? pos / ATTN_SPLIT : -1;
   float M = -INFINITY;
   for (int s = first; s <= last; ++s) M = fmax(M, ps[s * (hd + 2) + hd]);
   float L = 0.0f;
@@ -247,7 +261,7 @@ void attention_combine(const global float* part, long part_off, global float* ou
     if (m != -INFINITY) L = fma(exp(m - M), ps[s * (hd + 2) + hd + 1], L);
   }
   const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-  for (int d = lid; d < hd; d += ATTN_WG) {
+  for (int d = lid; real && d < hd; d += ATTN_WG) {
     float o = 0.0f;
     for (int s = first; s <= last; ++s) {
       const float m = ps[s * (hd + 2) + hd];
@@ -255,4 +269,5 @@ void attention_combine(const global float* part, long part_off, global float* ou
     }
     out[out_off + (long)head * hd + d] = o * inv;
   }
+  quantize_heads(out + out_off, t, head % H, quantize ? 1 : 0, H, hd, xq + xq_off, lid);
 }

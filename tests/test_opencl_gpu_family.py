@@ -164,3 +164,40 @@ def test_decodes_split_the_positions(gpu, T, launches):
     s.submit()
     s.sync()
     assert names(s) == launches
+
+
+@pytest.mark.parametrize("T,launches", [(2, ["attention_split", "attention_combine", "gemv_q8_tn"]),
+                                        (20, ["attention_split", "gemv_q8_tn"])])
+def test_o_projection_takes_8_bit_activations_from_attention(gpu, T, launches):
+    """A batch of decodes: the attention kernel that writes the output (the combine of the
+    splits, or the single pass) quantizes it for the o projection; the same bits as quantizing
+    it in a launch of its own."""
+    H, KV, hd, bs, max_blocks = 4, 2, 32, 16, 24
+    rng = np.random.default_rng(4)
+    pool = rng.standard_normal((max_blocks, KV, bs, hd)).astype(np.float32)
+    kv = _core.KvLayer(gpu.tensor(pool), gpu.tensor(pool[::-1].copy()))
+    pos = np.arange(300, 300 + T, dtype=np.int32)
+    batch = _core.AttnBatch(gpu.tensor(np.zeros(T, np.int32)), gpu.tensor(pos), gpu.tensor(pos),
+                            gpu.tensor(np.arange(max_blocks, dtype=np.int32)[None]))
+    params = _core.AttnParams(H, KV, hd, 1.0 / np.sqrt(hd), 0)
+    q = gpu.tensor(rng.standard_normal((T, H, hd)).astype(np.float32))
+    wo = upload_weight(gpu, encode_weight(rng.standard_normal((48, H * hd)).astype(np.float32), "q4_0")[0], "q4_0",
+                       (48, H * hd))
+
+    def run(one_stream):
+        attn, out = gpu.empty("f32", [T, H, hd]), gpu.empty("f32", [T, 48])
+        streams = [gpu.stream() for _ in range(1 if one_stream else 2)]
+        for st in streams:
+            st.decode_rows = T
+            _core.opencl.set_profiling(st, True)
+        gpu.paged_attention(q, kv, batch, params, attn, stream=streams[0])
+        gpu.linear(attn.reshape([T, H * hd]), wo, None, out, stream=streams[-1])
+        for st in streams:
+            st.submit()
+            st.sync()
+        return out.numpy(), sum((names(st) for st in streams), [])
+
+    fused, fused_names = run(True)
+    alone, alone_names = run(False)
+    assert fused_names == launches and alone_names == launches[:-1] + ["quantize_q8_rows", launches[-1]]
+    np.testing.assert_array_equal(fused, alone)

@@ -56,6 +56,16 @@ void bind_opencl(py::module_& parent) {
         "for the gpu kernel family).");
   m.def("uses_command_buffer", [cl_stream](Stream& s) { return cl_stream(s).uses_command_buffer(); },
         py::arg("stream"), "Whether submit() replays the stream as one command buffer.");
+  m.def("submit_counters", [] {
+    const ocl::SubmitCounters c = ocl::submit_counters();
+    py::dict d;
+    d["submits"] = c.submits;
+    d["launches"] = c.launches;
+    d["command_buffer_submits"] = c.command_buffer_submits;
+    d["host_seconds"] = c.host_seconds;
+    return d;
+  }, "Totals over every OpenCL stream of the process: submit() calls, the launches they enqueued, "
+     "how many went as one command buffer, and the host seconds spent in submit().");
   m.def("kernel_times", [cl_stream](Stream& s) {
     ocl::ClStream& c = cl_stream(s);
     py::gil_scoped_release nogil;

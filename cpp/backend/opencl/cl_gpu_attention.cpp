@@ -8,7 +8,7 @@ namespace ferrum::ocl {
 
 cl_program ClBackend::gpu_attention_program(DType kv) {
   const char* def = kv == DType::F32 ? "-DKV_F32" : kv == DType::F16 ? "-DKV_F16" : "-DKV_I8";
-  return gpu_program({"common", "gpu_common", "kv_pool", "gpu_attention"},
+  return gpu_program({"common", "gpu_common", "quantize", "kv_pool", "gpu_attention"},
                      std::string(def) + " -DMAX_HEAD_DIM=" + std::to_string(kMaxHeadDim));
 }
 
@@ -48,8 +48,8 @@ void ClBackend::gpu_paged_attention(Stream& s, const Tensor& q, const KvLayer& k
   cl_program program = gpu_attention_program(kv.k.dtype);
   const Tensor part = splits > 1 ? alloc(DType::F32, {T * p.heads * splits, p.head_dim + 2}) : placeholder();
   Launch l = launch_groups(program, "attention_split", T * p.kv_heads * head_groups * splits, tuning_.attn_wg);
-  KernelArgs(l)
-      .tensor(q, "paged_attention").tensor(out, "paged_attention")
+  KernelArgs a(l);
+  a.tensor(q, "paged_attention").tensor(out, "paged_attention")
       .tensor(batch.token_seq, "paged_attention").tensor(batch.token_pos, "paged_attention")
       .tensor(batch.block_tables, "paged_attention").i32(batch.block_tables.dim(1))
       .tensor(kv.k, "paged_attention").tensor(kv.v, "paged_attention")
@@ -57,14 +57,30 @@ void ClBackend::gpu_paged_attention(Stream& s, const Tensor& q, const KvLayer& k
       .tensor(i8 ? kv.v_scale : placeholder(), "paged_attention")
       .i32(kv.k.dim(0)).i32(kv.block_size()).i32(T).i32(p.heads).i32(p.kv_heads).i32(p.head_dim)
       .f32(p.scale).i32(p.window).i32(splits).tensor(part, "paged_attention");
+  // The launch that writes out can quantize it for the o projection (ClStream::offer_quantized):
+  // its last arguments are (xq, xq offset, enable), off until a matmul claims it.
+  cl_uint xq_arg = a.next_index();
+  a.tensor(placeholder(), "paged_attention").i32(0);
   record(s, std::move(l));
-  if (splits == 1) return;
-  Launch c = launch_groups(program, "attention_combine", T * p.heads, tuning_.attn_wg);
-  KernelArgs(c)
-      .tensor(part, "paged_attention").tensor(out, "paged_attention")
-      .tensor(batch.token_pos, "paged_attention").i32(T).i32(p.heads).i32(p.head_dim).i32(p.window)
-      .i32(splits).i32(max_positions);
-  record(s, std::move(c));
+  if (splits > 1) {
+    Launch c = launch_groups(program, "attention_combine", T * p.heads, tuning_.attn_wg);
+    KernelArgs b(c);
+    b.tensor(part, "paged_attention").tensor(out, "paged_attention")
+        .tensor(batch.token_pos, "paged_attention").i32(T).i32(p.heads).i32(p.head_dim).i32(p.window)
+        .i32(splits).i32(max_positions);
+    xq_arg = b.next_index();
+    b.tensor(placeholder(), "paged_attention").i32(0);
+    record(s, std::move(c));
+  }
+  if (p.head_dim % 32 != 0) return;
+  const BufferView v = single_buffer(out, "paged_attention");
+  QuantizableOutput o;
+  o.mem = v.mem;
+  o.byte_offset = v.byte_offset;
+  o.rows = T;
+  o.cols = p.heads * p.head_dim;
+  o.xq_arg = xq_arg;
+  cl_stream(s).offer_quantized(std::move(o));
 }
 
 }  // namespace ferrum::ocl

@@ -1,13 +1,40 @@
 #include "backend/opencl/cl_stream.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <mutex>
 
 #include "backend/opencl/cl_error.h"
 #include "backend/opencl/cl_memory.h"
 #include "core/error.h"
 
 namespace ferrum::ocl {
+
+namespace {
+std::mutex counters_mu;
+SubmitCounters counters;
+
+// Adds one submit of `launches` launches to the counters when it goes out of scope.
+struct CountedSubmit {
+  size_t launches;
+  bool command_buffer = false;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~CountedSubmit() {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard<std::mutex> lock(counters_mu);
+    counters.submits++;
+    counters.launches += int64_t(launches);
+    counters.command_buffer_submits += command_buffer ? 1 : 0;
+    counters.host_seconds += s;
+  }
+};
+}  // namespace
+
+SubmitCounters submit_counters() {
+  std::lock_guard<std::mutex> lock(counters_mu);
+  return counters;
+}
 
 Launch& Launch::operator=(Launch&& o) noexcept {
   if (this != &o) {
@@ -67,7 +94,9 @@ bool ClStream::uses_command_buffer() const { return command_buffer_on_ && !profi
 void ClStream::submit() {
   cl_command_queue q = dc_->queue();
   if (launches_.empty()) return;
+  CountedSubmit counted{launches_.size()};
   if (uses_command_buffer()) {
+    counted.command_buffer = true;
     if (!command_buffer_) {
       auto cb = std::make_unique<CommandBuffer>(*dc_->command_buffer_api(), q);
       for (const Launch& l : launches_) cb->add(l.kernel, l.global, l.local, l.name);

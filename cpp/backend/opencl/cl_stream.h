@@ -46,6 +46,15 @@ struct QuantizableOutput {
   Tensor xq;
 };
 
+// What every stream of the process has submitted (for benchmarks: launches per step, host time
+// per step): submit() calls, launches they enqueued (a command buffer's count as its launches),
+// and the host time spent inside submit().
+struct SubmitCounters {
+  int64_t submits = 0, launches = 0, command_buffer_submits = 0;
+  double host_seconds = 0;
+};
+SubmitCounters submit_counters();
+
 class ClStream : public Stream {
  public:
   explicit ClStream(std::shared_ptr<DeviceContext> dc) : dc_(std::move(dc)) {}
