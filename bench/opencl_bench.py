@@ -3,7 +3,8 @@ decodes), GEMM GFLOP/s, decode attention GB/s, launch overhead, and per model: p
 generation tokens/s, launches per layer and host time per decode step (next to the CPU backend).
 
     python bench/opencl_bench.py [--device opencl] [--kernels cpu,gpu] [--model PATH ...]
-                                 [--no-model] [--quick] [--peak-gbs X] [--peak-gflops Y] [--json]
+                                 [--no-model | --no-kernels] [--no-cpu-baseline] [--quick]
+                                 [--peak-gbs X] [--peak-gflops Y] [--json | --json-out FILE]
 
 Kernel figures come from OpenCL profiling events (device time of the launches alone); the "wall"
 figures include enqueueing. Weights are packed as the model loader packs them (pack_weight: the gpu
@@ -196,7 +197,22 @@ def bench_family(args, kernels: str, rng) -> dict:
     be = _core.make_backend(args.device, opencl_kernels=kernels)
     reps = 5 if args.quick else 10
     rates = Rates(be, reps, args.peak_gbs, args.peak_gflops)
-    report = {"kernels": kernels, "gemv": [], "batched_decode": [], "gemm": [], "attention": []}
+    report = {"kernels": kernels, "gemv": [], "batched_decode": [], "gemm": [], "attention": [], "models": []}
+    if not args.no_kernels:
+        bench_kernels(args, be, rates, report, rng)
+        if kernels == "gpu":  # its sizes, and whether NVIDIA's inline PTX built (-DNV_ASM)
+            report["gpu_defines"] = _core.opencl.device_info(be)["gpu_defines"]
+    for model in [] if args.no_model else args.model or [None]:
+        os.environ["FERRUM_OPENCL_KERNELS"] = kernels  # the runner makes its own backend
+        n_prompt, n_gen = (64, 16) if args.quick else (128, 64)
+        m = model_speed(model, args.device, n_prompt, n_gen, 2 if args.quick else 3)
+        m.update(decode_step_costs(m["model"], args.device))
+        report["models"].append(m)
+        del os.environ["FERRUM_OPENCL_KERNELS"]
+    return report
+
+
+def bench_kernels(args, be, rates, report: dict, rng):
     for dt in QUICK_GEMV_TYPES if args.quick else ALL_GEMV_TYPES:
         r = bench_linear(be, rates, dt, 1, 4096, None, rng)
         r["pct_target"] = round(100 * r["gb_s"] / GEMV_TARGET_GBS)
@@ -214,21 +230,25 @@ def bench_family(args, kernels: str, rng) -> dict:
     report["launch_overhead_us"] = round(launch_overhead_us(be, False), 2)
     if _core.opencl.device_info(be)["command_buffer"]:
         report["launch_overhead_command_buffer_us"] = round(launch_overhead_us(be, True), 2)
-    report["models"] = []
-    for model in [] if args.no_model else args.model or [None]:
-        os.environ["FERRUM_OPENCL_KERNELS"] = kernels  # the runner makes its own backend
-        n_prompt, n_gen = (64, 16) if args.quick else (128, 64)
-        m = model_speed(model, args.device, n_prompt, n_gen, 2 if args.quick else 3)
-        m.update(decode_step_costs(m["model"], args.device))
-        report["models"].append(m)
-        del os.environ["FERRUM_OPENCL_KERNELS"]
-    return report
 
 
-def print_family(r: dict, peak: bool):
-    pct = lambda x, key: f" ({x[key]:5.1f}% of peak)" if peak and key in x else ""
+def print_family(r: dict):
+    pct = lambda x, key: f" ({x[key]:5.1f}% of peak)" if key in x else ""
     busy = lambda x, key: f"   per busy core {x[key]:8.2f}" if key in x else ""
     print(f"== {r['kernels']} kernels")
+    if r["gemv"]:
+        print_kernels(r, pct, busy)
+    for m in r["models"]:
+        print(f"model {m['model'].split('/')[-1]}: pp{m['n_prompt']} {m['pp_tok_s']:.1f} tok/s, tg{m['n_gen']} "
+              f"{m['tg_tok_s']:.1f} tok/s; decode step: {m['launches_per_step']} launches "
+              f"({m['launches_per_layer']} per layer, {m['layers']} layers), {m['submits_per_step']} submits"
+              f"{' as command buffers' if m['command_buffer'] else ''}, host {m['host_submit_us_per_step']:.0f} us "
+              f"in submit, wall {m['wall_ms_per_step']:.2f} ms")
+
+
+def print_kernels(r: dict, pct, busy):
+    if "gpu_defines" in r:
+        print(f"gpu family sizes:{r['gpu_defines']}")
     print(f"GEMV (1 token, K=4096, ~{WEIGHT_BYTES >> 20} MiB of weights; pocl target {GEMV_TARGET_GBS:g} GB/s)")
     for x in r["gemv"]:
         print(f"  {x['dtype']:>6}: {x['gb_s']:8.2f} GB/s{pct(x, 'pct_peak_bw')}{busy(x, 'gb_s_busy')}   "
@@ -249,12 +269,6 @@ def print_family(r: dict, peak: bool):
     if "launch_overhead_command_buffer_us" in r:
         line += f", {r['launch_overhead_command_buffer_us']:.2f} us in a command buffer"
     print(line)
-    for m in r["models"]:
-        print(f"model {m['model'].split('/')[-1]}: pp{m['n_prompt']} {m['pp_tok_s']:.1f} tok/s, tg{m['n_gen']} "
-              f"{m['tg_tok_s']:.1f} tok/s; decode step: {m['launches_per_step']} launches "
-              f"({m['launches_per_layer']} per layer, {m['layers']} layers), {m['submits_per_step']} submits"
-              f"{' as command buffers' if m['command_buffer'] else ''}, host {m['host_submit_us_per_step']:.0f} us "
-              f"in submit, wall {m['wall_ms_per_step']:.2f} ms")
 
 
 def main(argv=None):
@@ -265,20 +279,26 @@ def main(argv=None):
                     help="GGUF / model path, repeatable (default: SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, weight types and shapes")
     ap.add_argument("--no-model", action="store_true", help="kernels only")
+    ap.add_argument("--no-kernels", action="store_true", help="models only")
+    ap.add_argument("--no-cpu-baseline", action="store_true", help="no model runs on the CPU backend")
     ap.add_argument("--peak-gbs", type=float, default=None, help="the device's memory bandwidth, GB/s")
     ap.add_argument("--peak-gflops", type=float, default=None, help="the device's f32 peak, GFLOP/s")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    ap.add_argument("--json-out", default=None, help="also write the report as JSON to this file")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     info = _core.opencl.device_info(_core.make_backend(args.device))
     report = {"device": info, "load_avg_start": os.getloadavg()[0], "families": []}
     for kernels in args.kernels.split(","):
         report["families"].append(bench_family(args, kernels, rng))
-    if not args.no_model:
+    if not args.no_model and not args.no_cpu_baseline:
         report["cpu_models"] = [model_speed(m, "cpu", *((64, 16, 2) if args.quick else (128, 64, 3)))
                                 for m in args.model or [None]]
     report["load_avg_end"] = os.getloadavg()[0]
 
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report, f, indent=1)
     if args.json:
         print(json.dumps(report))
         return report
@@ -286,7 +306,7 @@ def main(argv=None):
           f"{info['compute_units']} compute units, command buffers: {info['command_buffer']}; load average "
           f"{report['load_avg_start']:.1f} -> {report['load_avg_end']:.1f}")
     for r in report["families"]:
-        print_family(r, args.peak_gbs is not None or args.peak_gflops is not None)
+        print_family(r)
     for m in report.get("cpu_models", []):
         print(f"model {m['model'].split('/')[-1]} on the CPU backend: pp{m['n_prompt']} {m['pp_tok_s']:.1f} tok/s, "
               f"tg{m['n_gen']} {m['tg_tok_s']:.1f} tok/s")

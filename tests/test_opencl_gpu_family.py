@@ -7,7 +7,8 @@ import pytest
 
 import reference as R
 from ferrum import _core
-from test_opencl_parity import attention_step, encode_weight, upload_weight
+from test_ops import linear_on_stream
+from test_opencl_parity import encode_weight, upload_weight
 
 # The types whose GGUF blocks leave the quants less than 16-byte aligned: pack_weight repacks them.
 FLAT_DTYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "q2_k", "q3_k", "q6_k", "iq4_xs"]
@@ -201,3 +202,66 @@ def test_o_projection_takes_8_bit_activations_from_attention(gpu, T, launches):
     alone, alone_names = run(False)
     assert fused_names == launches and alone_names == launches[:-1] + ["quantize_q8_rows", launches[-1]]
     np.testing.assert_array_equal(fused, alone)
+
+
+@pytest.mark.parametrize("dtype", ["q4_0", "q4_k", "q6_k", "q8_0", "f16"])
+def test_portable_forms_equal_the_device_ones(gpu, rng, dtype, monkeypatch):
+    """The gpu family's portable OpenCL C (FERRUM_OPENCL_PORTABLE=1) gives the bits of the forms a
+    device builds (on NVIDIA: warp shuffles and dp4a as inline PTX; elsewhere the same code): a
+    decode, a batch of decodes, a scoring row and a short prompt."""
+    monkeypatch.setenv("FERRUM_OPENCL_PORTABLE", "1")
+    portable = _core.make_backend("opencl", opencl_kernels="gpu")
+    assert "NV_ASM" not in _core.opencl.device_info(portable)["gpu_defines"]
+    K, N = 512, 72
+    raw, _ = encode_weight(rng.standard_normal((N, K)).astype(np.float32), dtype)
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    for rows, decode_rows, scoring in ((x[:1], 0, False), (x, 3, False), (x[:1], 0, True), (x, 0, False)):
+        outs = [linear_on_stream(be, rows, be.pack_weight(upload_weight(be, raw, dtype, (N, K))), N, decode_rows, scoring)
+                for be in (portable, gpu)]
+        np.testing.assert_array_equal(outs[0], outs[1])
+
+
+# Every size of the gpu family changed (kernels/gpu_common.cl lists them): smaller lane groups,
+# more rows per group, two query heads per attention work-group (4 per KV head here), 64-position
+# splits, narrower tiles.
+OTHER_SIZES = ("LANES=16,GEMV_GROUPS=2,GEMV_ROWS=3,GEMV_TOKENS=4,GEMM_TM=32,GEMM_TN=48,GEMM_TK=64,GEMM_WM=2,"
+               "GEMM_WN=3,ATTN_WG=32,MAX_GROUP=2,ATTN_SPLIT=64,ATTN_SPLIT_TOKENS=8,ROW_WG=64")
+
+
+def test_other_sizes_give_the_same_results(rng, monkeypatch):
+    """The kernels hold for any sizes a tuning run may pick: linear (decode, batch of decodes,
+    short and long prompt), embedding, attention over split and unsplit positions, experts, all
+    against float64 references / the CPU backend, with the sizes above."""
+    from test_opencl_parity import attention_step, moe_parity, opencl_moe_bound, q8_0_round_trip
+    monkeypatch.setenv("FERRUM_OPENCL_GPU_TUNING", OTHER_SIZES)
+    be = _core.make_backend("opencl", opencl_kernels="gpu")
+    assert "-DLANES=16 " in _core.opencl.device_info(be)["gpu_defines"]
+    cpu = _core.make_backend("cpu", 2)
+    for dtype in ("q4_0", "q4_k", "q6_k", "f16"):
+        K, N = 512, 61
+        raw, wref = encode_weight(rng.standard_normal((N, K)).astype(np.float32), dtype)
+        w = be.pack_weight(upload_weight(be, raw, dtype, (N, K)))
+        x = rng.standard_normal((40, K)).astype(np.float32)
+        for rows, decode_rows in ((1, 0), (5, 5), (3, 0), (40, 0)):
+            xs = q8_0_round_trip(x[:rows]) if (decode_rows or rows == 1) and dtype != "f16" else x[:rows]
+            got = linear_on_stream(be, x[:rows], w, N, decode_rows)
+            assert R.nmse(got, xs.astype(np.float64) @ wref.T) < 1e-10, (dtype, rows)
+        emb = be.empty("f32", [2, K])
+        be.embedding(be.tensor(np.array([3, 60], np.int32)), w, emb)
+        np.testing.assert_array_equal(emb.numpy(), wref[[3, 60]].astype(np.float32))
+    for args in (dict(), dict(seq_lens=(300, 70, 9), new=(1, 1, 1), max_blocks=24)):
+        (cq, co, ck, cv), (q, o, k, v) = (attention_step(b, 3, "f32", 8, 2, 64, 0, True, "half_split", **args)
+                                          for b in (cpu, be))
+        assert R.nmse(q[:-2], cq[:-2]) < 1e-7 and R.nmse(o[:-2], co[:-2]) < 1e-7  # two padding rows
+        assert R.nmse(k, ck) < 1e-7 and R.nmse(v, cv) < 1e-7
+    for T in (3, 40):
+        _, got, ref = moe_parity(cpu, be, rng, ["q8_0"] * 3, T, E=4)
+        assert R.nmse(got, ref) < opencl_moe_bound(["q8_0"] * 3, T, E=4)
+
+
+def test_bad_tuning_overrides_are_value_errors(monkeypatch):
+    for spec, message in (("LANES=12", "constraint"), ("WARPS=2", "unknown size"), ("LANES", "bad entry")):
+        monkeypatch.setenv("FERRUM_OPENCL_GPU_TUNING", spec)
+        with pytest.raises(ValueError, match=message):
+            _core.make_backend("opencl", opencl_kernels="gpu")
+        _core.make_backend("opencl", opencl_kernels="cpu")  # the cpu family has no such sizes

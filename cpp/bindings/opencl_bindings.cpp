@@ -41,6 +41,7 @@ void bind_opencl(py::module_& parent) {
     d["global_mem_bytes"] = i.global_mem_bytes;
     d["compute_units"] = i.compute_units;
     d["kernels"] = ocl::family_name(c.family());
+    d["gpu_defines"] = c.tuning().defines();  // the gpu family's sizes (and -DNV_ASM while it builds)
     d["gpu"] = i.gpu;
     d["command_buffer"] = i.command_buffer;
     d["local_mem_bytes"] = i.local_mem_bytes;

@@ -44,10 +44,11 @@ ClBackend::ClBackend(const std::string& selector, const std::string& kernels)
       pool_(std::make_shared<BufferPool>(dc_, kPoolCacheBytes)),
       programs_(std::make_unique<ProgramCache>(*dc_)) {
   family_ = choose_family(dc_->info(), kernels);
-  tuning_ = gpu_tuning(dc_->info());
+  if (family_ == KernelFamily::Gpu) tuning_ = gpu_tuning(dc_->info());
   placeholder_ = alloc(DType::F32, {16});
   const char* portable = std::getenv("FERRUM_OPENCL_PORTABLE");
   portable_kernels_ = portable && std::string(portable) == "1";
+  if (portable_kernels_) tuning_.nv_asm = false;
 }
 
 bool ClBackend::supports(Op op, DType w) const {

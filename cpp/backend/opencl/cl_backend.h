@@ -143,8 +143,9 @@ class ClBackend : public Backend {
   Tensor placeholder_;
   KernelFamily family_ = KernelFamily::Cpu;
   GpuTuning tuning_;
-  // FERRUM_OPENCL_PORTABLE=1 at construction: the weight kernels' portable forms on x86 too,
-  // not clang's x86 builtins (kernels/weights.cl; tests compare both forms).
+  // FERRUM_OPENCL_PORTABLE=1 at construction: every kernel in its portable OpenCL C form: the cpu
+  // family's weight kernels without clang's x86 builtins (kernels/weights.cl), the gpu family's
+  // without NVIDIA's inline PTX (tests compare both forms).
   bool portable_kernels_ = false;
 };
 

@@ -6,6 +6,7 @@
 //        tree reductions, local-memory tiled GEMM, split-KV attention, fused row kernels).
 // A GPU device (CL_DEVICE_TYPE_GPU) gets the gpu family, any other the cpu one; the backend option
 // or FERRUM_OPENCL_KERNELS=gpu|cpu forces either on any device (tests run both on pocl).
+// ValueError (from both functions) for bad values of their environment variables.
 #pragma once
 #include <string>
 
@@ -21,6 +22,8 @@ const char* family_name(KernelFamily f);
 KernelFamily choose_family(const DeviceInfo& info, const std::string& requested);
 
 // The gpu family's sizes, passed to its programs as -D defines (kernels/gpu_common.cl lists them).
+// FERRUM_OPENCL_GPU_TUNING="LANES=16,GEMV_ROWS=4,..." (the define names) overrides them, for tuning
+// runs without a rebuild; NV_ASM=0 turns the inline PTX off.
 struct GpuTuning {
   int lanes = 32;        // work-items sharing one weight row in a GEMV (a warp on NVIDIA)
   int gemv_groups = 4;   // lane groups per GEMV work-group
