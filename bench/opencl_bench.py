@@ -3,7 +3,8 @@ decodes), GEMM GFLOP/s, decode attention GB/s, launch overhead, and per model: p
 generation tokens/s, launches per layer and host time per decode step (next to the CPU backend).
 
     python bench/opencl_bench.py [--device opencl] [--kernels cpu,gpu] [--model PATH ...]
-                                 [--no-model | --no-kernels] [--no-cpu-baseline] [--quick]
+                                 [--no-model | --no-kernels] [--only SECTIONS] [--types TYPES]
+                                 [--no-cpu-baseline] [--quick]
                                  [--peak-gbs X] [--peak-gflops Y] [--json | --json-out FILE]
 
 Kernel figures come from OpenCL profiling events (device time of the launches alone); the "wall"
@@ -212,31 +213,39 @@ def bench_family(args, kernels: str, rng) -> dict:
     return report
 
 
+SECTIONS = ("gemv", "batched", "gemm", "attention", "launch")
+
+
 def bench_kernels(args, be, rates, report: dict, rng):
-    for dt in QUICK_GEMV_TYPES if args.quick else ALL_GEMV_TYPES:
+    only = set(args.only.split(",")) if args.only else set(SECTIONS)
+    types = args.types.split(",") if args.types else QUICK_GEMV_TYPES if args.quick else ALL_GEMV_TYPES
+    for dt in types if "gemv" in only else []:
         r = bench_linear(be, rates, dt, 1, 4096, None, rng)
         r["pct_target"] = round(100 * r["gb_s"] / GEMV_TARGET_GBS)
         report["gemv"].append(r)
-    for dt, t in [("q4_k", 8)] if args.quick else [("q4_k", 8), ("q4_k", 32), ("q8_0", 16), ("q8_0", 64)]:
+    batched = [("q4_k", 8)] if args.quick else [("q4_k", 8), ("q4_k", 32), ("q8_0", 16), ("q8_0", 64)]
+    for dt, t in batched if "batched" in only else []:
         report["batched_decode"].append(bench_linear(be, rates, dt, t, 4096, None, rng, decode_rows=t))
     gemm_cases = [("f32", 128)] if args.quick else [("f32", 128), ("f32", 512), ("q4_1", 128), ("q8_0", 128),
                                                     ("q4_k", 512), ("f16", 512)]
-    for dt, t in gemm_cases:
+    for dt, t in gemm_cases if "gemm" in only else []:
         r = bench_linear(be, rates, dt, t, 2048, 2048, rng)
         r["pct_target"] = round(100 * r["gflop_s"] / GEMM_TARGET_GFLOPS)
         report["gemm"].append(r)
-    for positions, tokens in [(1024, 1)] if args.quick else [(1024, 1), (4096, 1), (4096, 8)]:
+    attention = [(1024, 1)] if args.quick else [(1024, 1), (4096, 1), (4096, 8)]
+    for positions, tokens in attention if "attention" in only else []:
         report["attention"].append(bench_decode_attention(be, rates, positions, tokens=tokens))
-    report["launch_overhead_us"] = round(launch_overhead_us(be, False), 2)
-    if _core.opencl.device_info(be)["command_buffer"]:
-        report["launch_overhead_command_buffer_us"] = round(launch_overhead_us(be, True), 2)
+    if "launch" in only:
+        report["launch_overhead_us"] = round(launch_overhead_us(be, False), 2)
+        if _core.opencl.device_info(be)["command_buffer"]:
+            report["launch_overhead_command_buffer_us"] = round(launch_overhead_us(be, True), 2)
 
 
 def print_family(r: dict):
     pct = lambda x, key: f" ({x[key]:5.1f}% of peak)" if key in x else ""
     busy = lambda x, key: f"   per busy core {x[key]:8.2f}" if key in x else ""
     print(f"== {r['kernels']} kernels")
-    if r["gemv"]:
+    if "gpu_defines" in r or r["gemv"] or r["gemm"] or "launch_overhead_us" in r:
         print_kernels(r, pct, busy)
     for m in r["models"]:
         print(f"model {m['model'].split('/')[-1]}: pp{m['n_prompt']} {m['pp_tok_s']:.1f} tok/s, tg{m['n_gen']} "
@@ -249,26 +258,31 @@ def print_family(r: dict):
 def print_kernels(r: dict, pct, busy):
     if "gpu_defines" in r:
         print(f"gpu family sizes:{r['gpu_defines']}")
-    print(f"GEMV (1 token, K=4096, ~{WEIGHT_BYTES >> 20} MiB of weights; pocl target {GEMV_TARGET_GBS:g} GB/s)")
+    if r["gemv"]:
+        print(f"GEMV (1 token, K=4096, ~{WEIGHT_BYTES >> 20} MiB of weights; pocl target {GEMV_TARGET_GBS:g} GB/s)")
     for x in r["gemv"]:
         print(f"  {x['dtype']:>6}: {x['gb_s']:8.2f} GB/s{pct(x, 'pct_peak_bw')}{busy(x, 'gb_s_busy')}   "
               f"device {x['device_ms']:.3f} ms, wall {x['wall_ms']:.3f} ms, {x['launches']} launches")
-    print("Batched decodes (8-bit activations; weight bytes read per step)")
+    if r["batched_decode"]:
+        print("Batched decodes (8-bit activations; weight bytes read per step)")
     for x in r["batched_decode"]:
         print(f"  {x['dtype']:>6} x{x['tokens']:3d}: {x['gb_s']:8.2f} GB/s{pct(x, 'pct_peak_bw')}   "
               f"{x['tokens'] / x['device_ms'] * 1e3:10.0f} token-rows/s   device {x['device_ms']:.3f} ms")
-    print(f"GEMM (K=N=2048; pocl target {GEMM_TARGET_GFLOPS:g} GFLOP/s for f32)")
+    if r["gemm"]:
+        print(f"GEMM (K=N=2048; pocl target {GEMM_TARGET_GFLOPS:g} GFLOP/s for f32)")
     for x in r["gemm"]:
         print(f"  {x['dtype']:>6} T={x['tokens']:4d}: {x['gflop_s']:9.2f} GFLOP/s{pct(x, 'pct_peak_flops')}"
               f"{busy(x, 'gflop_s_busy')}   device {x['device_ms']:.3f} ms")
-    print("Decode attention (f16 KV, 32 heads / 8 KV heads / head_dim 128; K+V bytes read)")
+    if r["attention"]:
+        print("Decode attention (f16 KV, 32 heads / 8 KV heads / head_dim 128; K+V bytes read)")
     for x in r["attention"]:
         print(f"  {x['tokens']} x {x['positions']:5d} positions: {x['gb_s']:8.2f} GB/s{pct(x, 'pct_peak_bw')}   "
               f"device {x['device_ms']:.3f} ms, {x['launches']} launches")
-    line = f"launch overhead: {r['launch_overhead_us']:.2f} us per queued kernel"
-    if "launch_overhead_command_buffer_us" in r:
-        line += f", {r['launch_overhead_command_buffer_us']:.2f} us in a command buffer"
-    print(line)
+    if "launch_overhead_us" in r:
+        line = f"launch overhead: {r['launch_overhead_us']:.2f} us per queued kernel"
+        if "launch_overhead_command_buffer_us" in r:
+            line += f", {r['launch_overhead_command_buffer_us']:.2f} us in a command buffer"
+        print(line)
 
 
 def main(argv=None):
@@ -280,6 +294,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, weight types and shapes")
     ap.add_argument("--no-model", action="store_true", help="kernels only")
     ap.add_argument("--no-kernels", action="store_true", help="models only")
+    ap.add_argument("--only", default=None, help=f"kernel sections, comma-separated: {','.join(SECTIONS)}")
+    ap.add_argument("--types", default=None, help="GEMV weight types, comma-separated (default: all)")
     ap.add_argument("--no-cpu-baseline", action="store_true", help="no model runs on the CPU backend")
     ap.add_argument("--peak-gbs", type=float, default=None, help="the device's memory bandwidth, GB/s")
     ap.add_argument("--peak-gflops", type=float, default=None, help="the device's f32 peak, GFLOP/s")

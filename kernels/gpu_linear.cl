@@ -26,8 +26,10 @@
 
 #ifdef W_FLOAT
 #define W_BLOCKS(K) 0
+#define UNUSED_BY_FLOATS(x) (void)(x)
 #else
 #define W_BLOCKS(K) ((K) / (CHUNK * W_CHUNKS))
+#define UNUSED_BY_FLOATS(x)
 #endif
 
 // Writes lane 0's totals v[r * TM + m] (rows n0 + r, tokens t0 + m) of each lane group.
@@ -48,6 +50,7 @@ inline void gemv_store(const int TM, const float* v, int lane, int n0, int N, in
 inline void gemv_f32_partial(const int TM, const global float* x, int T, int K, int t0,
                              const global uchar* w, long w_row_bytes, int N, int n0, int lane, float* acc) {
   const int chunks = K / CHUNK, nb = W_BLOCKS(K);
+  UNUSED_BY_FLOATS(nb);
   for (int c = lane; c < chunks; c += LANES) {
     float16 xl[GEMV_TOKENS], xh[GEMV_TOKENS];
 #ifdef W_HAS_MIN
@@ -201,6 +204,7 @@ inline void gemm_tile(const global float* x, int K, const local int* xrow, const
                       int has_bias, global float* out, int ldo, local float* xs, local float* ws) {
   const int lid = (int)get_local_id(0), im = lid % GEMM_MD, in = lid / GEMM_MD;
   const int nb = W_BLOCKS(K);
+  UNUSED_BY_FLOATS(nb);
   float acc[GEMM_WM][GEMM_WN];
 #pragma unroll
   for (int i = 0; i < GEMM_WM; ++i)

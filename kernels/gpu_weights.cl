@@ -172,7 +172,10 @@ inline const global uchar* block_header(const global uchar* row, int nb, int b) 
 #endif
 
 inline void chunk_q(const global uchar* row, int nb, int c, uint4* lo, uint4* hi, float2* d, float2* m) {
-  const int b = c / W_CHUNKS, j = c % W_CHUNKS;
+  const int b = c / W_CHUNKS;
+#if W_CHUNKS > 1
+  const int j = c % W_CHUNKS;  // the chunk within a 256-element block
+#endif
   const global uchar* q = block_quants(row, nb, b);
   const global uchar* h = block_header(row, nb, b);
   *m = (float2)(0.0f);
