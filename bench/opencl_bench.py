@@ -24,6 +24,7 @@ import io
 import json
 import os
 import statistics
+import sys
 import time
 from types import SimpleNamespace
 
@@ -305,27 +306,35 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     info = _core.opencl.device_info(_core.make_backend(args.device))
     report = {"device": info, "load_avg_start": os.getloadavg()[0], "families": []}
+    text = not args.json
+    if text:
+        print(f"device: {info['device']} ({info['platform']}, driver {info['driver_version']}), "
+              f"{info['compute_units']} compute units, command buffers: {info['command_buffer']}; load average "
+              f"{report['load_avg_start']:.1f} at the start", flush=True)
+
+    def save():  # after each part, so a run cut short keeps what it measured
+        report["load_avg_end"] = os.getloadavg()[0]
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(report, f, indent=1)
+
     for kernels in args.kernels.split(","):
         report["families"].append(bench_family(args, kernels, rng))
+        save()
+        if text:
+            print_family(report["families"][-1])
+            sys.stdout.flush()
     if not args.no_model and not args.no_cpu_baseline:
         report["cpu_models"] = [model_speed(m, "cpu", *((64, 16, 2) if args.quick else (128, 64, 3)))
                                 for m in args.model or [None]]
-    report["load_avg_end"] = os.getloadavg()[0]
-
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(report, f, indent=1)
+        save()
     if args.json:
         print(json.dumps(report))
         return report
-    print(f"device: {info['device']} ({info['platform']}, driver {info['driver_version']}), "
-          f"{info['compute_units']} compute units, command buffers: {info['command_buffer']}; load average "
-          f"{report['load_avg_start']:.1f} -> {report['load_avg_end']:.1f}")
-    for r in report["families"]:
-        print_family(r)
     for m in report.get("cpu_models", []):
         print(f"model {m['model'].split('/')[-1]} on the CPU backend: pp{m['n_prompt']} {m['pp_tok_s']:.1f} tok/s, "
               f"tg{m['n_gen']} {m['tg_tok_s']:.1f} tok/s")
+    print(f"load average {report['load_avg_end']:.1f} at the end")
     return report
 
 
