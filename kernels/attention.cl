@@ -1,43 +1,6 @@
-// RoPE, the paged KV write and paged attention. Built with one -DKV_F32 / -DKV_F16 / -DKV_I8
-// (the pool's element type) and -DMAX_HEAD_DIM. Pools are [blocks, kv_heads, block_size,
-// head_dim]; i8 pools keep one f32 scale per (block, kv_head, slot) row. Offsets are in
+// RoPE, the paged KV write and paged attention (cpu family; after kv_pool.cl). Built with one
+// -DKV_F32 / -DKV_F16 / -DKV_I8 (the pool's element type) and -DMAX_HEAD_DIM. Offsets are in
 // elements. Semantics follow the CPU backend (cpp/backend/cpu/cpu_kernels.cpp).
-
-#if defined(KV_F32)
-#define KV_T float
-#elif defined(KV_F16)
-#define KV_T half
-#elif defined(KV_I8)
-#define KV_T char
-#else
-#error "build with one -DKV_<TYPE>"
-#endif
-
-// Pool row of (slot, kv_head).
-inline long pool_row(int slot, int kvh, int kv_heads, int bs) {
-  return ((long)(slot / bs) * kv_heads + kvh) * bs + slot % bs;
-}
-
-inline float kv_load(const global KV_T* pool, const global float* scales, long row, int hd, int i) {
-#if defined(KV_F32)
-  return pool[row * hd + i];
-#elif defined(KV_F16)
-  return vload_half(row * hd + i, pool);
-#else
-  return (float)pool[row * hd + i] * scales[row];
-#endif
-}
-
-// Elements 4 i4 .. 4 i4 + 3 of a pool row.
-inline float4 kv_load4(const global KV_T* pool, const global float* scales, long row, int hd, int i4) {
-#if defined(KV_F32)
-  return vload4(i4, pool + row * hd);
-#elif defined(KV_F16)
-  return vload_half4(i4, pool + row * hd);
-#else
-  return convert_float4(vload4(i4, pool + row * hd)) * scales[row];
-#endif
-}
 
 inline void kv_store(global KV_T* pool, global float* scales, long row, int hd, const float* v) {
 #if defined(KV_F32)
@@ -68,9 +31,9 @@ inline void rope_head(float* v, const global float* c, const global float* s, in
   const int stride = interleaved ? 1 : rot_half, step = interleaved ? 2 : 1;
   for (int i = 0; i < rot_half; ++i) {
     const int ia = i * step, ib = ia + stride;
-    const float a = v[ia], b = v[ib];
-    v[ia] = a * c[i] - b * s[i];
-    v[ib] = b * c[i] + a * s[i];
+    const float2 r = rope_rotate(v[ia], v[ib], c[i], s[i]);
+    v[ia] = r.x;
+    v[ib] = r.y;
   }
 }
 

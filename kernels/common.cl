@@ -18,3 +18,7 @@ inline float sum8(float8 a) {
 }
 
 inline float sum16(float16 v) { return sum8(v.lo + v.hi); }
+
+// The i-quants' non-linear 4-bit levels (cpp/quant/formats.h: kIq4Values), looked up with
+// shuffle(IQ4_LEVELS, nibbles).
+#define IQ4_LEVELS (char16)(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)

@@ -162,39 +162,7 @@ kernel void linear_t1(LINEAR_ARGS, local float* xs) {
   out[out_off + n] = s;
 }
 
-// ---- 8-bit activations: decodes over the quantized types (W_DOT_Q8) ----
-// Row t of xq, the quantized x [T, K]: K int8 quants, then per 32-element chunk its scale d and
-// the sum of its dequantized values, as floats (K + 8 * K / 32 bytes).
-inline const global char* xq_row(const global char* xq, int t, int K) { return xq + (long)t * (K + K / 4); }
-
-// quantize_q8_rows: x -> xq. A chunk is quantized exactly as the CPU backend's Q8_0 activations
-// (cpp/quant/quantize.cpp): d = amax / 127, q = round(x / d) with 1 / d in f32, d then rounded to
-// f16; so both backends dot the same x. One work-item per (token, chunk).
-kernel void quantize_q8_rows(const global float* x, long x_off, int T, int K, global char* xq, long xq_off) {
-  const int chunks = K / CHUNK, gid = (int)get_global_id(0);
-  const int t = gid / chunks, c = gid % chunks;
-  if (t >= T) return;
-  const global float* p = x + x_off + (long)t * K + CHUNK * c;
-  global char* row = (global char*)xq_row(xq + xq_off, t, K);
-  const float16 a = vload16(0, p), b = vload16(1, p);
-  const float16 m = fmax(fabs(a), fabs(b));
-  const float8 m8 = fmax(m.lo, m.hi);
-  const float4 m4 = fmax(m8.lo, m8.hi);
-  const float amax = fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w));
-  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  const int16 qa = convert_int16(round(a * id)), qb = convert_int16(round(b * id));
-  vstore16(convert_char16(qa), 0, row + CHUNK * c);
-  vstore16(convert_char16(qb), 1, row + CHUNK * c);
-  global float* scales = (global float*)(row + K);
-  vstore_half_rte(d, 0, (global half*)(scales + c));  // round d to f16 in its own slot
-  const float dh = vload_half(0, (global half*)(scales + c));
-  scales[c] = dh;
-  const int16 qs = qa + qb;
-  const int8 q8 = qs.lo + qs.hi;
-  const int4 q4 = q8.lo + q8.hi;
-  scales[chunks + c] = dh * (float)(q4.x + q4.y + q4.z + q4.w);
-}
-
+// ---- 8-bit activations: decodes over the quantized types (W_DOT_Q8; x from quantize.cl) ----
 #ifdef W_DOT_Q8
 #define MAX_TQ 4
 

@@ -1,14 +1,16 @@
 // Weight rows in their stored layout (plain floats or GGUF blocks, see cpp/quant/formats.h).
-// The program is built with exactly one -DW_<TYPE>, which defines:
+// The program is built with exactly one -DW_<TYPE> (F32, F16, BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K,
+// IQ4_NL, IQ4_XS), which defines:
 //   W_CHUNKS       32-element chunks per block (1 for plain floats and the 32-element formats,
 //                  8 for the 256-element k-quants), W_BLOCK_BYTES the block size in bytes;
 //   wscales        a block's scales, decoded once per block by block_scales(block);
 //   block_chunk    chunk j of a block as two float16 (lo = its first 16 elements).
 // Decoding the scales once per block and not once per chunk is what makes the k-quants fast.
 // The quantized types also define block_dot (W_BLOCK_DOT), the one-token dot product of a block
-// with f32 x without dequantizing it: see there. W_XSUMS marks the types whose block_dot needs the
-// sums of x over each 32-element chunk (those with a per-block min / offset term). All but Q2_K /
-// Q3_K define block_dot_q8 (W_DOT_Q8), the same over x quantized to 8 bits (decodes).
+// with f32 x without dequantizing it: see there (the IQ4 types have none: linear.cl dots their
+// dequantized chunks). W_XSUMS marks the types whose block_dot needs the sums of x over each
+// 32-element chunk (those with a per-block min / offset term). All but Q2_K / Q3_K define
+// block_dot_q8 (W_DOT_Q8), the same over x quantized to 8 bits (decodes).
 //
 // Dequantization keeps the operation order of cpp/quant/dequantize.cpp and is not contracted
 // into FMAs, so embedding rows equal the reference dequantizer bit for bit.
@@ -522,6 +524,53 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
   const int16 v1 = convert_int16((load_bytes16(q + 16) >> shift) & (uchar)3) - 4 + 4 * convert_int16((load_bytes16(b + 16) >> hb) & (uchar)1);
   *lo = s.d[2 * j] * convert_float16(v0);
   *hi = s.d[2 * j + 1] * convert_float16(v1);
+}
+
+#elif defined(W_IQ4_NL)  // 18 bytes: d, qs[16]; x = d * level[q], nibbles as Q4_0
+#define W_CHUNKS 1
+#define W_BLOCK_BYTES 18
+typedef float wscales;
+inline wscales block_scales(const global uchar* b) { return load_f16(b); }
+inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
+  const uchar16 q = load_bytes16(b + 2);
+  *lo = d * convert_float16(shuffle(IQ4_LEVELS, q & (uchar)15));
+  *hi = d * convert_float16(shuffle(IQ4_LEVELS, q >> (uchar)4));
+}
+#define W_DOT_Q8 1
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
+  const uchar16 q = load_bytes16(b + 2);
+  const int8 p = dot32_s(shuffle(IQ4_LEVELS, q & (uchar)15), shuffle(IQ4_LEVELS, q >> (uchar)4), xq);
+  acc[0] = fma(convert_float8(p), block_f16(b) * xd[0], acc[0]);
+}
+#elif defined(W_IQ4_XS)  // 136 bytes: d, scales_h, scales_l[4], qs[128]; x = d*(scale-32)*level[q]
+#define W_CHUNKS 8
+#define W_BLOCK_BYTES 136
+typedef struct {
+  float d[8];
+} wscales;
+// Sub-block j's 6-bit scale: low 4 bits in nibble j % 2 of scales_l[j / 2], top 2 in bits 2j of
+// scales_h (formats.h: iq4xs_scale).
+inline wscales block_scales(const global uchar* b) {
+  const float d = load_f16(b);
+  const int top = *(const global ushort*)(b + 2);
+  wscales s;
+  for (int j = 0; j < 8; ++j) s.d[j] = d * (float)((((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((top >> (2 * j)) & 3) << 4)) - 32);
+  return s;
+}
+inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+  const uchar16 q = load_bytes16(b + 8 + 16 * j);
+  *lo = s.d[j] * convert_float16(shuffle(IQ4_LEVELS, q & (uchar)15));
+  *hi = s.d[j] * convert_float16(shuffle(IQ4_LEVELS, q >> (uchar)4));
+}
+#define W_DOT_Q8 1
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
+  const wscales s = block_scales(b);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uchar16 q = load_bytes16(b + 8 + 16 * j);
+    const int8 p = dot32_s(shuffle(IQ4_LEVELS, q & (uchar)15), shuffle(IQ4_LEVELS, q >> (uchar)4), xq + 32 * j);
+    acc[j & 1] = fma(convert_float8(p), s.d[j] * xd[j], acc[j & 1]);
+  }
 }
 
 #else

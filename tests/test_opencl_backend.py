@@ -1,6 +1,6 @@
 """What only the OpenCL backend has: device specs, tensors split over several device buffers, the
 program binary cache, launch profiling, a prompt's experts grouped on the device, and its
-bad-input errors."""
+bad-input errors; for both kernel families where they differ (`ocl` is each in turn)."""
 import numpy as np
 import pytest
 
@@ -10,9 +10,13 @@ from test_moe_ops import expert_weights, run_experts, uneven_ids
 from test_ops import rope_query_heads
 
 
-@pytest.fixture(scope="module")
-def ocl():
-    return _core.make_backend("opencl")
+@pytest.fixture(scope="module", params=["cpu", "gpu"])
+def ocl(request):
+    return _core.make_backend("opencl", opencl_kernels=request.param)
+
+
+def family(be):
+    return _core.opencl.device_info(be)["kernels"]
 
 
 def test_device_specs_by_index_and_name(ocl):
@@ -47,10 +51,11 @@ def test_bad_max_alloc_override(monkeypatch):
 
 
 @pytest.fixture
-def small_alloc(monkeypatch):
-    """A backend whose buffers hold at most 16 KiB, so ordinary tensors are split."""
+def small_alloc(ocl, monkeypatch):
+    """A backend of ocl's kernel family whose buffers hold at most 16 KiB, so ordinary tensors are
+    split."""
     monkeypatch.setenv("FERRUM_OPENCL_MAX_ALLOC_BYTES", str(16 << 10))
-    be = _core.make_backend("opencl")
+    be = _core.make_backend("opencl", opencl_kernels=family(ocl))
     assert _core.opencl.device_info(be)["max_alloc_bytes"] == 16 << 10
     return be
 
@@ -104,6 +109,19 @@ def test_huge_allocation_is_memory_error(ocl):
         ocl.empty("f32", [1 << 20, 1 << 20])  # 4 TiB
 
 
+def test_allocations_past_the_device_memory_are_memory_error(ocl):
+    """Buffers are counted against the device's global memory when allocated (drivers that back
+    them lazily, NVIDIA's, would only fail at first use, mid-step): a second 60% of it fails,
+    and fits again once the first is freed. Nothing is written, so no memory is touched."""
+    mem = _core.opencl.device_info(ocl)["global_mem_bytes"]
+    rows = int(mem * 0.6) >> 20
+    first = ocl.empty("i8", [rows, 1 << 20])
+    with pytest.raises(MemoryError, match="in use; cannot allocate"):
+        ocl.empty("i8", [rows, 1 << 20])
+    del first
+    assert ocl.empty("i8", [rows, 1 << 20]).shape == [rows, 1 << 20]
+
+
 def test_program_binary_cache(monkeypatch, tmp_path, rng):
     """A fresh cache directory: the first backend compiles, a second one loads the binary."""
     monkeypatch.setenv("FERRUM_HOME", str(tmp_path))
@@ -131,7 +149,8 @@ def test_profiling_reports_each_launch(ocl, rng):
     s.submit()
     s.submit()
     times = _core.opencl.kernel_times(s)
-    assert [name for name, _ in times] == ["rms_norm", "linear_t4", "gather_rows"] * 2
+    launches = {"cpu": ["rms_norm", "linear_t4", "gather_rows"], "gpu": ["norm_rows", "gemv_f32_tn", "gather_rows"]}
+    assert [name for name, _ in times] == launches[family(ocl)] * 2
     assert all(ns > 0 for _, ns in times)
     assert _core.opencl.kernel_times(s) == []  # reported once
 
@@ -193,7 +212,7 @@ def test_moe_prompt_is_grouped_by_expert(ocl, rng, T, E, decode_rows, grouped):
     """A prompt with 8 or more (token, expert) pairs per expert runs each matrix as one launch of
     tiles over the pairs grouped by expert (the shapes the tests here use); fewer pairs, or a
     batch of decodes (each token must get what it gets alone), run a row dot per pair (over
-    8-bit activations, as linear's decodes)."""
+    8-bit activations, as linear's decodes). Names per kernel family."""
     k, H, I = 2, 64, 32
     tensors, _ = expert_weights(ocl, rng, E, I, H, ["q8_0"] * 3)
     s = ocl.stream()
@@ -206,11 +225,15 @@ def test_moe_prompt_is_grouped_by_expert(ocl, rng, T, E, decode_rows, grouped):
     s.sync()
     names = [n for n, _ in _core.opencl.kernel_times(s)]
     if grouped:
-        assert names == ["moe_group", "moe_tiles_t4", "moe_tiles_t4", "swiglu", "moe_tiles_t4", "moe_combine"]
-    else:
+        tiles, swiglu = ("moe_tiles_t4", "swiglu") if family(ocl) == "cpu" else ("moe_gemm", "swiglu_rows")
+        assert names == ["moe_group", tiles, tiles, swiglu, tiles, "moe_combine"]
+    elif family(ocl) == "cpu":
         # x quantized to 8 bits once for gate and up, the SwiGLU output once for down
         assert names == ["quantize_q8_rows", "moe_rows_q8", "moe_rows_q8", "swiglu", "quantize_q8_rows",
                          "moe_rows_q8", "moe_combine"]
+    else:  # the SwiGLU kernel quantizes its output for down itself
+        assert names == ["quantize_q8_rows", "moe_gemv_q8", "moe_gemv_q8", "swiglu_rows", "moe_gemv_q8",
+                         "moe_combine"]
 
 
 @pytest.mark.parametrize("dtypes", [("q8_0",) * 3, ("q4_0", "q4_0", "q6_k"), ("f16", "q5_1", "q4_k")])

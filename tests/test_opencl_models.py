@@ -1,6 +1,7 @@
-"""Whole models on the OpenCL backend: quantized synthetic variants against the CPU backend,
-decode (GEMV kernels) against prefill (tiled kernels) on OpenCL itself, and a model whose
-embedding is split over several device buffers."""
+"""Whole models on the OpenCL backend, with each of its kernel families (FERRUM_OPENCL_KERNELS):
+quantized synthetic variants against the CPU backend, decode (GEMV kernels) against prefill
+(tiled kernels) on OpenCL itself, and a model whose embedding is split over several device
+buffers."""
 import json
 import os
 
@@ -18,6 +19,13 @@ from ferrum.tools.make_model import make_model
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2, vocab_size=1000)
 ARCHS = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {"sliding_window": 24}}
 PROMPT = [int(t) for t in np.random.default_rng(4).integers(3, 1000, 45)]
+
+
+@pytest.fixture(autouse=True, params=["cpu", "gpu"])
+def kernel_family(request, monkeypatch):
+    """Every test here runs with both kernel families (the runner makes its own backend)."""
+    monkeypatch.setenv("FERRUM_OPENCL_KERNELS", request.param)
+    return request.param
 
 
 @pytest.fixture(scope="module", params=[(a, d) for a in ARCHS for d in ("q4_k_m", "q8_0", "q4_1", "bf16")],

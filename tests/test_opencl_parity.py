@@ -1,5 +1,6 @@
 """CPU vs OpenCL on every op and every weight dtype, the same inputs on both backends (the idea of
-llama.cpp's test-backend-ops).
+llama.cpp's test-backend-ops), for both of the OpenCL backend's kernel families: `ocl` is the cpu
+family (pocl's) and the gpu family (GPUs'), each run here on pocl.
 
 Bounds (normalised mean squared error, NMSE = |a - b|^2 / |b|^2):
 - f32 paths: 1e-7. Both backends compute in f32 and differ only in summation order.
@@ -7,11 +8,11 @@ Bounds (normalised mean squared error, NMSE = |a - b|^2 / |b|^2):
   to 8 bits per 32- or 256-element block first (as llama.cpp does). OpenCL does so for decodes
   (one token, or a batch of decodes) over the types with integer dot kernels, always per 32
   elements as the CPU's Q8_0 (the same quants and scales), and keeps f32 activations otherwise.
-  Where only one side quantizes, or the CPU uses Q8_K (the k-quants), the difference is the
+  Where only one side quantizes, or the CPU uses Q8_K (the k-quants, IQ4_XS), the difference is the
   activation rounding error: NMSE against the exact product about 3e-5 for Gaussian activations
   (the Q8_0 / Q8_K round-trip error, measured 3.2e-5 / 5.8e-5; CPU vs OpenCL measured 2e-5 ..
-  9e-5). Bound 3e-4. Where both quantize to Q8_0 they differ only in summation order (measured
-  1e-14 .. 2e-13): F32_BOUND. OpenCL itself is held to f32 accuracy (1e-10) against a float64
+  1.1e-4). Bound 3e-4. Where both quantize to Q8_0 they differ only in summation order (measured
+  1e-14 .. 2e-13, either family): F32_BOUND. OpenCL itself is held to f32 accuracy (1e-10) against a float64
   product of the dequantized weights with the activations it sees (x, or x's Q8_0 round trip).
 - linear over bf16 weights with many rows (T > 8, AVX512_BF16 CPUs): the CPU's bf16 GEMM rounds
   activations to bf16 (relative error up to 2^-8); its NMSE against the exact product is about
@@ -38,7 +39,11 @@ Bounds (normalised mean squared error, NMSE = |a - b|^2 / |b|^2):
   against a float64 reference over the dequantized experts where it keeps f32 activations,
   and to 1e-3 where it quantizes them (measured up to 1.9e-4).
 - moe_route: the same expert ids on both (exact), weights within 1e-7.
-Dequantization (embedding rows) is bit-exact on both backends.
+Dequantization (embedding rows) is bit-exact on both backends and both families.
+The two families compute the same things (8-bit activations exactly where the other does, the same
+dequantized values) in different orders (a lane tree per row, tiles in local memory), so every
+bound above holds for both; the bit-for-bit properties (a decode alone or in a batch, embedding
+rows) hold for each.
 """
 import numpy as np
 import pytest
@@ -48,7 +53,7 @@ from ferrum import _core
 from test_ops import linear_on_stream, rope_query_heads
 
 WEIGHT_DTYPES = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k",
-                 "q5_k", "q6_k"]
+                 "q5_k", "q6_k", "iq4_nl", "iq4_xs"]
 FLOAT_DTYPES = ("f32", "f16", "bf16")
 F32_BOUND = 1e-7
 Q8_ACT_BOUND = 3e-4
@@ -57,7 +62,13 @@ MOE_Q8K_ACT_BOUND = 1e-3  # moe_experts with k-quant experts (Q8_K activations, 
 MOE_Q8_ACT_VS_EXACT_BOUND = 1e-3  # OpenCL moe_experts over 8-bit activations vs float64
 CPU_DOT_MAX_TOKENS = 8  # cpp/backend/cpu/cpu_linear.cpp: kMaxDotTokens
 # OpenCL decodes over these quantize activations to Q8_0 (cl_ops_linear.cpp: dot_q8).
-OPENCL_Q8_DTYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+OPENCL_Q8_DTYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs")
+KERNEL_FAMILIES = ("cpu", "gpu")
+
+
+def cpu_uses_q8k(dtype):
+    """The CPU backend's dot kernels quantize activations to Q8_K (256 elements) for these."""
+    return dtype.endswith("_k") or dtype == "iq4_xs"
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +76,9 @@ def cpu():
     return _core.make_backend("cpu", 2)
 
 
-@pytest.fixture(scope="module")
-def ocl():
-    return _core.make_backend("opencl")
+@pytest.fixture(scope="module", params=KERNEL_FAMILIES)
+def ocl(request):
+    return _core.make_backend("opencl", opencl_kernels=request.param)
 
 
 def encode_weight(w, dtype):
@@ -97,7 +108,7 @@ def cpu_vs_opencl_bound(dtype, opencl_q8):
     """CPU vs OpenCL bound for a few-row linear (T <= 8) the CPU runs on its dot kernels."""
     if dtype in FLOAT_DTYPES:
         return F32_BOUND
-    same_activations = opencl_q8 and not dtype.endswith("_k")  # both Q8_0 (the CPU: Q8_K for k-quants)
+    same_activations = opencl_q8 and not cpu_uses_q8k(dtype)  # both Q8_0
     return F32_BOUND if same_activations else Q8_ACT_BOUND
 
 
@@ -109,7 +120,7 @@ def upload_weight(be, raw, dtype, shape):
 
 def test_supports_is_truthful(cpu, ocl):
     all_types = ["f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q8_1", "q2_k", "q3_k",
-                 "q4_k", "q5_k", "q6_k", "q8_k"]
+                 "q4_k", "q5_k", "q6_k", "q8_k", "iq4_nl", "iq4_xs"]
     for dt in all_types:
         for op in ("linear", "embedding"):
             assert ocl.supports(op, dt) == (dt in WEIGHT_DTYPES), (op, dt)
@@ -159,10 +170,15 @@ def test_linear_parity(cpu, ocl, rng, dtype, tokens):
 QUANT_DTYPES = [d for d in WEIGHT_DTYPES if d not in FLOAT_DTYPES]
 
 
+def has_superblocks(dtype):
+    """256-element blocks (the k-quants, IQ4_XS) rather than 32-element ones."""
+    return dtype.endswith("_k") or dtype == "iq4_xs"
+
+
 def odd_block_k(dtype):
-    """A row length with an odd number of blocks: 3 super-blocks for the k-quants, 25 blocks of 32
-    for the others (the one-token kernel takes blocks in pairs, then the last one alone)."""
-    return 768 if dtype.endswith("_k") else 800
+    """A row length with an odd number of blocks: 3 super-blocks of 256, or 25 blocks of 32 (the
+    cpu family's one-token kernel takes blocks in pairs, then the last one alone)."""
+    return 768 if has_superblocks(dtype) else 800
 
 
 @pytest.mark.parametrize("dtype", QUANT_DTYPES)
@@ -182,13 +198,14 @@ def test_linear_one_token_odd_block_count(cpu, ocl, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", OPENCL_Q8_DTYPES)
-def test_portable_kernels_equal_the_x86_ones(ocl, rng, dtype, monkeypatch):
-    """The weight kernels' portable OpenCL C forms (what a GPU compiles) give pocl's x86 builtin
+def test_portable_kernels_equal_the_x86_ones(rng, dtype, monkeypatch):
+    """The cpu family's weight kernels in their portable OpenCL C forms give pocl's x86 builtin
     forms (vpmaddubsw integer sums, vcvtph2ps scales, vpmovm2b fifth bits) bit for bit: exact
     integers and conversions, then the same float ops. A batch of decodes covers linear_q8, a
     short prompt's experts moe_rows_q8, a scoring step linear_t1, and embedding rows."""
+    ocl = _core.make_backend("opencl", opencl_kernels="cpu")
     monkeypatch.setenv("FERRUM_OPENCL_PORTABLE", "1")
-    portable = _core.make_backend("opencl")  # builds its programs with -DPORTABLE_KERNELS
+    portable = _core.make_backend("opencl", opencl_kernels="cpu")  # programs with -DPORTABLE_KERNELS
     K, N, T = 512, 40, 3
     x = rng.standard_normal((T, K)).astype(np.float32)
     raw, _ = encode_weight(rng.standard_normal((N, K)).astype(np.float32), dtype)
@@ -306,30 +323,35 @@ def test_rope_parity_partial_rotary_and_padding(cpu, ocl, rng, layout):
     np.testing.assert_array_equal(o[:, :, rot:], x[:, :, rot:])
 
 
-def attention_step(be, rng_seed, kv_dtype, H, KV, hd, window, qk_norm, layout):
+def attention_step(be, rng_seed, kv_dtype, H, KV, hd, window, qk_norm, layout, seq_lens=(41, 17, 30),
+                   new=(1, 17, 5), max_blocks=3, unmapped=()):
     """Two varlen steps (history, then new tokens of three sequences plus two padding rows) on
-    one backend; returns q_out, the attention output and the pool rows the steps wrote."""
+    one backend; returns q_out, the attention output and the pool rows the steps wrote.
+    unmapped: (sequence, block index) entries of the block tables left at -1 (their positions are
+    neither written nor attended to)."""
     rng = np.random.default_rng(rng_seed)
-    bs, seq_lens, new = 16, [41, 17, 30], [1, 17, 5]
-    max_blocks = 3
+    bs = 16
     blocks = 3 * max_blocks + 2
     tables = rng.permutation(blocks)[:3 * max_blocks].reshape(3, max_blocks).astype(np.int32)
+    for seq, block in unmapped:
+        tables[seq, block] = -1
     shape = [blocks, KV, bs, hd]
     k, v = be.empty(kv_dtype, shape), be.empty(kv_dtype, shape)
     kv = _core.KvLayer(k, v, be.empty("f32", shape[:3]), be.empty("f32", shape[:3])) if kv_dtype == "i8" \
         else _core.KvLayer(k, v)
-    cos, sin = R.rope_tables(256, hd, 1e4)
+    cos, sin = R.rope_tables(max(256, max_blocks * bs), hd, 1e4)
     rope = _core.RopeTable(be.tensor(cos.astype(np.float32)), be.tensor(sin.astype(np.float32)),
                            getattr(_core.RopeLayout, layout))
     params = _core.AttnParams(H, KV, hd, 1.0 / np.sqrt(hd), window)
     qn = be.tensor(rng.standard_normal(hd).astype(np.float32)) if qk_norm else None
     kn = be.tensor(rng.standard_normal(hd).astype(np.float32)) if qk_norm else None
     qkv_all = [rng.standard_normal((n, (H + 2 * KV) * hd)).astype(np.float32) for n in seq_lens]
+    slot_of = lambda s, p: tables[s, p // bs] * bs + p % bs if p >= 0 and tables[s, p // bs] >= 0 else -1
 
     def step(rows, pad):
         seq = np.concatenate([np.full(c, s) for s, f, c in rows] + [np.zeros(pad)]).astype(np.int32)
         pos = np.concatenate([np.arange(f, f + c) for s, f, c in rows] + [np.full(pad, -1)]).astype(np.int32)
-        slots = np.array([tables[s, p // bs] * bs + p % bs if p >= 0 else -1 for s, p in zip(seq, pos)], np.int32)
+        slots = np.array([slot_of(s, p) for s, p in zip(seq, pos)], np.int32)
         x = np.concatenate([qkv_all[s][f:f + c] for s, f, c in rows] + [np.zeros((pad, qkv_all[0].shape[1]), np.float32)])
         batch = _core.AttnBatch(be.tensor(seq), be.tensor(pos), be.tensor(slots), be.tensor(tables))
         T = len(seq)
@@ -340,7 +362,8 @@ def attention_step(be, rng_seed, kv_dtype, H, KV, hd, window, qk_norm, layout):
 
     step([(s, 0, seq_lens[s] - new[s]) for s in range(3) if seq_lens[s] > new[s]], 0)
     q_out, out, slots = step([(s, seq_lens[s] - new[s], new[s]) for s in range(3)], 2)
-    written = np.concatenate([[tables[s, p // bs] * bs + p % bs for p in range(seq_lens[s])] for s in range(3)])
+    written = [slot_of(s, p) for s in range(3) for p in range(seq_lens[s])]
+    written = np.array([w for w in written if w >= 0])
     rows_of = lambda pool: pool.astype(np.float32).reshape(blocks, KV, bs, hd).transpose(0, 2, 1, 3).reshape(blocks * bs, KV, hd)[written]
     return q_out, out, rows_of(logical_k(be, k.numpy())), rows_of(v.numpy())
 
@@ -368,6 +391,22 @@ def test_qkv_to_cache_and_paged_attention_parity(cpu, ocl, kv_dtype, bound, H, K
     assert R.nmse(o[0][valid], c[0][valid]) < F32_BOUND  # q_out is f32 on both
     assert R.nmse(o[1][valid], c[1][valid]) < bound
     assert R.nmse(o[2], c[2]) < bound and R.nmse(o[3], c[3]) < bound  # the pool rows written
+
+
+@pytest.mark.parametrize("kv_dtype,bound", [("f32", F32_BOUND), ("f16", 1e-8)])
+@pytest.mark.parametrize("window", [0, 300])
+def test_decode_attention_over_long_contexts_parity(cpu, ocl, kv_dtype, bound, window):
+    """Decodes of three sequences at positions 699, 299 and 40 over a pool of 768 positions per
+    sequence (the gpu family splits each decode's positions into work-groups of 256 and combines
+    the splits' softmaxes), a block of the first sequence unmapped, with and without a sliding
+    window; the long history itself is one prompt step (the gpu family's per-token path)."""
+    args = dict(seq_lens=(700, 300, 41), new=(1, 1, 1), max_blocks=48, unmapped=[(0, 20)])
+    c = attention_step(cpu, 6, kv_dtype, 8, 2, 64, window, False, "half_split", **args)
+    o = attention_step(ocl, 6, kv_dtype, 8, 2, 64, window, False, "half_split", **args)
+    valid = slice(0, -2)
+    assert R.nmse(o[0][valid], c[0][valid]) < F32_BOUND
+    assert R.nmse(o[1][valid], c[1][valid]) < bound
+    assert R.nmse(o[2], c[2]) < bound and R.nmse(o[3], c[3]) < bound
 
 
 # --- mixture of experts ---------------------------------------------------------------------
@@ -436,7 +475,7 @@ def test_moe_experts_parity(cpu, ocl, rng, dtype, tokens):
 def moe_bound(dtypes):
     if all(d in FLOAT_DTYPES for d in dtypes):
         return F32_BOUND
-    return MOE_Q8K_ACT_BOUND if any(d.endswith("_k") for d in dtypes) else Q8_ACT_BOUND
+    return MOE_Q8K_ACT_BOUND if any(cpu_uses_q8k(d) for d in dtypes) else Q8_ACT_BOUND
 
 
 @pytest.mark.parametrize("dtypes", [("q4_k", "q4_k", "q6_k"), ("f16", "q8_0", "bf16"), ("q5_0", "f32", "q4_1")])
@@ -450,7 +489,7 @@ def test_moe_experts_parity_mixed_dtypes(cpu, ocl, rng, dtypes):
 def test_moe_experts_parity_odd_block_counts(cpu, ocl, rng, dtype):
     """Quantized experts with an odd number of blocks per row; for the 32-element types also
     expert widths (96) that leave the last work-group of each (token, slot) pair part empty."""
-    H, I = (odd_block_k(dtype), 256) if dtype.endswith("_k") else (odd_block_k(dtype), 96)
+    H, I = (odd_block_k(dtype), 256) if has_superblocks(dtype) else (odd_block_k(dtype), 96)
     c, o, ref = moe_parity(cpu, ocl, rng, [dtype] * 3, 3, E=6, I=I, H=H, k=2)
     assert R.nmse(o, ref) < opencl_moe_bound([dtype] * 3, 3, E=6)
     assert R.nmse(o, c) < moe_bound([dtype] * 3)

@@ -22,14 +22,14 @@ void Backend::moe_experts(Stream&, const Tensor&, const Tensor&, const Tensor&, 
 }
 
 #if FERRUM_HAVE_OPENCL
-std::shared_ptr<Backend> make_opencl_backend(const std::string& selector);
+std::shared_ptr<Backend> make_opencl_backend(const std::string& selector, const std::string& kernels);
 #endif
 
-std::shared_ptr<Backend> make_backend(const std::string& spec, int num_threads) {
+std::shared_ptr<Backend> make_backend(const std::string& spec, int num_threads, const std::string& opencl_kernels) {
   if (spec == "cpu") return std::make_shared<CpuBackend>(num_threads);
   if (spec == "opencl" || spec.rfind("opencl:", 0) == 0) {
 #if FERRUM_HAVE_OPENCL
-    return make_opencl_backend(spec.substr(6));  // "" or ":platform[:device]"
+    return make_opencl_backend(spec.substr(6), opencl_kernels);  // "" or ":platform[:device]"
 #else
     throw ValueError("this build of ferrum has no OpenCL backend");
 #endif

@@ -168,7 +168,9 @@ class Backend {
                            const Tensor& out);
 };
 
-// Creates "cpu" or "opencl[:platform[:device]]" backends.
-std::shared_ptr<Backend> make_backend(const std::string& spec, int num_threads = 0);
+// Creates "cpu" or "opencl[:platform[:device]]" backends. opencl_kernels picks the OpenCL
+// backend's kernel family: "gpu", "cpu", or "" (by device type, or FERRUM_OPENCL_KERNELS).
+std::shared_ptr<Backend> make_backend(const std::string& spec, int num_threads = 0,
+                                      const std::string& opencl_kernels = "");
 
 }  // namespace ferrum

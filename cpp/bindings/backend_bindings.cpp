@@ -140,6 +140,10 @@ void bind_backend(py::module_& m) {
         return b.from_host(info.ptr, dt, shape);
       }, py::keep_alive<0, 1>(), py::arg("data"), py::arg("dtype"), py::arg("shape"),
          "A tensor from raw bytes (bf16 as uint16, quantized blocks as uint8).")
+      .def("pack_weight", [](Backend& b, const Tensor& w) { return b.pack_weight(w, {}); },
+           py::keep_alive<0, 1>(), py::arg("w"),
+           "w as the loader leaves a linear / embedding weight: in the layout this backend reads fastest "
+           "(a copy, w repacked in place, or w itself).")
       .def("empty", [](Backend& b, const std::string& dtype, Shape shape) {
         return b.alloc(dtype_from_name(dtype), shape);
       }, py::keep_alive<0, 1>(), py::arg("dtype"), py::arg("shape"))
@@ -184,7 +188,9 @@ void bind_backend(py::module_& m) {
          py::arg("out"), py::arg("stream") = nullptr);
 
   m.def("make_backend", &make_backend, py::arg("device") = "cpu", py::arg("num_threads") = 0,
-        "Create a backend: 'cpu' or 'opencl[:platform[:device]]'.");
+        py::arg("opencl_kernels") = "",
+        "Create a backend: 'cpu' or 'opencl[:platform[:device]]'. opencl_kernels: the OpenCL kernel "
+        "family, 'gpu' or 'cpu' (default: by device type, or FERRUM_OPENCL_KERNELS).");
 }
 
 }  // namespace ferrum::bindings

@@ -40,12 +40,33 @@ void bind_opencl(py::module_& parent) {
     d["max_alloc_bytes"] = i.max_alloc_bytes;
     d["global_mem_bytes"] = i.global_mem_bytes;
     d["compute_units"] = i.compute_units;
+    d["kernels"] = ocl::family_name(c.family());
+    d["gpu_defines"] = c.tuning().defines();  // the gpu family's sizes (and -DNV_ASM while it builds)
+    d["gpu"] = i.gpu;
+    d["command_buffer"] = i.command_buffer;
+    d["local_mem_bytes"] = i.local_mem_bytes;
     d["programs_built"] = c.programs().built_from_source();
     d["programs_from_cache"] = c.programs().loaded_from_disk();
     return d;
   }, py::arg("backend"), "Device and program-cache facts of an OpenCL backend.");
   m.def("set_profiling", [cl_stream](Stream& s, bool on) { cl_stream(s).set_profiling(on); },
         py::arg("stream"), py::arg("on"), "Record an event per launch on later submits.");
+  m.def("set_command_buffer", [cl_stream](Stream& s, bool on) { cl_stream(s).set_command_buffer(on); },
+        py::arg("stream"), py::arg("on"),
+        "Replay the stream through a cl_khr_command_buffer where the device has one (default: on "
+        "for the gpu kernel family).");
+  m.def("uses_command_buffer", [cl_stream](Stream& s) { return cl_stream(s).uses_command_buffer(); },
+        py::arg("stream"), "Whether submit() replays the stream as one command buffer.");
+  m.def("submit_counters", [] {
+    const ocl::SubmitCounters c = ocl::submit_counters();
+    py::dict d;
+    d["submits"] = c.submits;
+    d["launches"] = c.launches;
+    d["command_buffer_submits"] = c.command_buffer_submits;
+    d["host_seconds"] = c.host_seconds;
+    return d;
+  }, "Totals over every OpenCL stream of the process: submit() calls, the launches they enqueued, "
+     "how many went as one command buffer, and the host seconds spent in submit().");
   m.def("kernel_times", [cl_stream](Stream& s) {
     ocl::ClStream& c = cl_stream(s);
     py::gil_scoped_release nogil;

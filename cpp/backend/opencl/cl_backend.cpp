@@ -8,8 +8,8 @@
 
 namespace ferrum {
 
-std::shared_ptr<Backend> make_opencl_backend(const std::string& selector) {
-  return std::make_shared<ocl::ClBackend>(selector);
+std::shared_ptr<Backend> make_opencl_backend(const std::string& selector, const std::string& kernels) {
+  return std::make_shared<ocl::ClBackend>(selector, kernels);
 }
 
 namespace ocl {
@@ -32,18 +32,23 @@ const char* weight_define(DType t) {
     case DType::Q4_K: return "-DW_Q4_K";
     case DType::Q5_K: return "-DW_Q5_K";
     case DType::Q6_K: return "-DW_Q6_K";
+    case DType::IQ4_NL: return "-DW_IQ4_NL";
+    case DType::IQ4_XS: return "-DW_IQ4_XS";
     default: return nullptr;
   }
 }
 }  // namespace
 
-ClBackend::ClBackend(const std::string& selector)
+ClBackend::ClBackend(const std::string& selector, const std::string& kernels)
     : dc_(std::make_shared<DeviceContext>(selector)),
       pool_(std::make_shared<BufferPool>(dc_, kPoolCacheBytes)),
       programs_(std::make_unique<ProgramCache>(*dc_)) {
+  family_ = choose_family(dc_->info(), kernels);
+  if (family_ == KernelFamily::Gpu) tuning_ = gpu_tuning(dc_->info());
   placeholder_ = alloc(DType::F32, {16});
   const char* portable = std::getenv("FERRUM_OPENCL_PORTABLE");
   portable_kernels_ = portable && std::string(portable) == "1";
+  if (portable_kernels_) tuning_.nv_asm = false;
 }
 
 bool ClBackend::supports(Op op, DType w) const {
@@ -72,6 +77,12 @@ Tensor ClBackend::from_host(const void* data, DType dtype, Shape shape, std::sha
   Tensor t = alloc(dtype, std::move(shape));  // device memory is not host-addressable: always copy
   upload(t, data, t.nbytes());
   return t;
+}
+
+std::unique_ptr<Stream> ClBackend::new_stream() {
+  auto s = std::make_unique<ClStream>(dc_);
+  s->set_command_buffer(family_ == KernelFamily::Gpu);
+  return s;
 }
 
 void ClBackend::check_owned(const Tensor& t, const char* op) const {
@@ -131,13 +142,14 @@ cl_program ClBackend::elementwise_program() { return programs_->get({"common", "
 
 cl_program ClBackend::attention_program(DType kv) {
   const char* def = kv == DType::F32 ? "-DKV_F32" : kv == DType::F16 ? "-DKV_F16" : "-DKV_I8";
-  return programs_->get({"common", "attention"}, std::string(def) + " -DMAX_HEAD_DIM=" + std::to_string(kMaxHeadDim));
+  return programs_->get({"common", "kv_pool", "attention"}, std::string(def) + " -DMAX_HEAD_DIM=" + std::to_string(kMaxHeadDim));
 }
 
 cl_program ClBackend::linear_program(DType w) {
   const char* def = weight_define(w);
   if (!def) throw ValueError(std::string("the OpenCL backend has no kernels for weights of type ") + dtype_name(w));
-  return programs_->get({"common", "weights", "linear", "moe"}, std::string(def) + (portable_kernels_ ? " -DPORTABLE_KERNELS" : ""));
+  return programs_->get({"common", "weights", "quantize", "linear", "moe"},
+                        std::string(def) + (portable_kernels_ ? " -DPORTABLE_KERNELS" : ""));
 }
 
 Launch ClBackend::launch(cl_program program, const char* kernel, int64_t work_items, int64_t max_local) {
@@ -154,13 +166,13 @@ Launch ClBackend::launch(cl_program program, const char* kernel, int64_t work_it
   return l;
 }
 
-void ClBackend::record(Stream& s, Launch&& l) {
+ClStream& ClBackend::cl_stream(Stream& s) {
   auto* cs = dynamic_cast<ClStream*>(&s);
-  if (!cs) {
-    throw ValueError("an OpenCL op was recorded into a stream of another backend");
-  }
-  cs->add(std::move(l));
+  if (!cs) throw ValueError("an OpenCL op was recorded into a stream of another backend");
+  return *cs;
 }
+
+void ClBackend::record(Stream& s, Launch&& l, bool keeps_quantized) { cl_stream(s).add(std::move(l), keeps_quantized); }
 
 }  // namespace ocl
 }  // namespace ferrum

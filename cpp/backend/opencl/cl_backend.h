@@ -1,12 +1,15 @@
 // The OpenCL backend: device buffers (split when larger than one allocation), streams of
-// prepared kernel launches, and the op set as kernels in kernels/*.cl. Ops validate with
-// backend/op_checks.h, then record launches; nothing runs before Stream::submit().
+// prepared kernel launches, and the op set as kernels in kernels/*.cl, in two families (cpu:
+// shaped for pocl; gpu: shaped for GPUs; cl_family.h). Ops validate with backend/op_checks.h,
+// then record the launches of the backend's family; nothing runs before Stream::submit().
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "backend/opencl/cl_device.h"
+#include "backend/opencl/cl_family.h"
 #include "backend/opencl/cl_memory.h"
 #include "backend/opencl/cl_programs.h"
 #include "backend/opencl/cl_stream.h"
@@ -24,26 +27,37 @@ struct MatmulTile {
   const char *linear_kernel, *moe_kernel;
 };
 MatmulTile matmul_tile(DType weight_dtype, int64_t tokens);
-// Whether one-token and batched-decode matmuls over these weights quantize x to 8 bits.
+// Whether one-token and batched-decode matmuls over these weights quantize x to 8 bits (both
+// families: the same numerics).
 bool dot_q8(DType weight_dtype);
+// Bytes per row of x quantized to 8 bits (kernels/quantize.cl: xq_row_bytes).
+int64_t xq_row_bytes(int64_t K);
 
 class ClBackend : public Backend {
  public:
-  // selector: what follows "opencl" in the device spec ("", ":P" or ":P:D").
-  explicit ClBackend(const std::string& selector);
+  // selector: what follows "opencl" in the device spec ("", ":P" or ":P:D"); kernels: the kernel
+  // family ("" / "auto", "gpu", "cpu"; see choose_family).
+  explicit ClBackend(const std::string& selector, const std::string& kernels = "");
   std::string name() const override { return "opencl"; }
   bool supports(Op op, DType weight_dtype) const override;
   const DeviceInfo& device_info() const { return dc_->info(); }
   ProgramCache& programs() { return *programs_; }
+  KernelFamily family() const { return family_; }
+  const GpuTuning& tuning() const { return tuning_; }
 
   Tensor alloc(DType dtype, Shape shape) override;
   Tensor from_host(const void* data, DType dtype, Shape shape,
                    std::shared_ptr<const void> keepalive) override;
   void upload(const Tensor& dst, const void* src, size_t bytes) override;
   void download(const Tensor& src, void* dst, size_t bytes) override;
+  // gpu family: 2-byte aligned block types repacked in place into the flat row layout
+  // (kernels/gpu_weights.cl), recorded in the storage; otherwise w itself.
+  Tensor pack_weight(const Tensor& w, const Consumed& consumed) override;
   size_t memory_available_bytes() const override;  // global memory less live buffers
   void materialize(const Tensor& t) override;       // fills t with zeros and waits
-  std::unique_ptr<Stream> new_stream() override { return std::make_unique<ClStream>(dc_); }
+  // gpu family: streams replay through a command buffer where the device has one (on pocl that is
+  // slower than enqueueing each launch, so the cpu family's do not).
+  std::unique_ptr<Stream> new_stream() override;
 
   void embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) override;
   void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -79,7 +93,9 @@ class ClBackend : public Backend {
                  const Tensor& out, int64_t out_col);
   // A launch of `kernel` over `work_items` work-items (1-D), in work-groups of up to max_local.
   Launch launch(cl_program program, const char* kernel, int64_t work_items, int64_t max_local = 16);
-  void record(Stream& s, Launch&& l);
+  static ClStream& cl_stream(Stream& s);  // ValueError for another backend's stream
+  // keeps_quantized: see ClStream::add.
+  void record(Stream& s, Launch&& l, bool keeps_quantized = false);
   // moe_experts' matmuls: y[p, col + n] = w[ids[p]][n, :] . x[p / x_div, :], per pair
   // (moe_rows) or over the pairs grouped by expert (moe_tiles; groups from moe_group).
   // xq: x quantized by quantize_q8 (8-bit activations), or undefined (f32 ones).
@@ -93,12 +109,43 @@ class ClBackend : public Backend {
   // Stands in for an absent optional tensor (bias, QK-norm weights, int8 scales).
   const Tensor& placeholder() const { return placeholder_; }
 
+  // ---- gpu family (cl_gpu_*.cpp) ----
+  // Programs: the gpu_*.cl files plus what they share, with the tuning's defines.
+  cl_program gpu_program(const std::vector<std::string>& sources, const std::string& options);
+  cl_program gpu_linear_program(const Tensor& w);
+  cl_program gpu_rows_program();
+  cl_program gpu_attention_program(DType kv_dtype);
+  // A launch of `groups` work-groups of `local` work-items.
+  Launch launch_groups(cl_program program, const char* kernel, int64_t groups, int64_t local);
+  void gpu_linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
+                  int64_t out_col);
+  void gpu_embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out);
+  // x quantized to 8 bits for a decode matmul: by the launch that wrote x when the stream's last
+  // launch is a gpu norm / SwiGLU writing exactly x, or already quantized for the previous matmul
+  // over x, else by a quantize_q8_rows launch.
+  Tensor gpu_quantized(Stream& s, cl_program program, const Tensor& x);
+  void gpu_rms_norm(Stream& s, const Tensor* residual, const Tensor& x, const Tensor& w, float eps,
+                    const Tensor& out);
+  void gpu_swiglu(Stream& s, const Tensor& gate_up, const Tensor& out);
+  void gpu_qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
+                        float eps, const RopeTable& rope, const AttnBatch& batch, const AttnParams& p,
+                        const Tensor& q_out, const KvLayer& kv);
+  void gpu_paged_attention(Stream& s, const Tensor& q, const KvLayer& kv, const AttnBatch& batch,
+                           const AttnParams& p, const Tensor& out);
+  void gpu_moe_rows(Stream& s, const Tensor& x, const Tensor& xq, int64_t x_div, const Tensor& w,
+                    const Tensor& ids, const Tensor& y, int64_t col);
+  void gpu_moe_tiles(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& groups,
+                     int64_t P, const Tensor& y, int64_t col);
+
   std::shared_ptr<DeviceContext> dc_;
   std::shared_ptr<BufferPool> pool_;
   std::unique_ptr<ProgramCache> programs_;
   Tensor placeholder_;
-  // FERRUM_OPENCL_PORTABLE=1 at construction: the weight kernels' portable forms on x86 too,
-  // not clang's x86 builtins (kernels/weights.cl; tests compare both forms).
+  KernelFamily family_ = KernelFamily::Cpu;
+  GpuTuning tuning_;
+  // FERRUM_OPENCL_PORTABLE=1 at construction: every kernel in its portable OpenCL C form: the cpu
+  // family's weight kernels without clang's x86 builtins (kernels/weights.cl), the gpu family's
+  // without NVIDIA's inline PTX (tests compare both forms).
   bool portable_kernels_ = false;
 };
 

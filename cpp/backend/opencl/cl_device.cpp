@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "backend/opencl/cl_error.h"
@@ -93,7 +94,36 @@ size_t max_alloc_override() {
   return size_t(n);
 }
 
+// cl_khr_command_buffer is provisional: its entry points kept their signatures through the 0.9
+// versions (the ones drivers ship), so only those are used. The version query is OpenCL 3.0's
+// (the backend builds against 1.2 headers: the constants are spelled out).
+bool command_buffer_version_supported(cl_device_id d) {
+  constexpr cl_device_info kExtensionsWithVersion = 0x1060;  // CL_DEVICE_EXTENSIONS_WITH_VERSION
+  struct NameVersion {
+    cl_uint version;  // major << 22 | minor << 12 | patch
+    char name[64];
+  };
+  size_t n = 0;
+  if (clGetDeviceInfo(d, kExtensionsWithVersion, 0, nullptr, &n) != CL_SUCCESS || n == 0) return false;
+  std::vector<NameVersion> exts(n / sizeof(NameVersion));
+  if (clGetDeviceInfo(d, kExtensionsWithVersion, n, exts.data(), nullptr) != CL_SUCCESS) return false;
+  for (const NameVersion& e : exts)
+    if (std::string(e.name, strnlen(e.name, sizeof(e.name))) == "cl_khr_command_buffer")
+      return (e.version >> 22) == 0 && ((e.version >> 12) & 0x3ff) == 9;
+  return false;
+}
+
 }  // namespace
+
+bool DeviceInfo::has_extension(const std::string& name) const {
+  size_t at = extensions.find(name);
+  while (at != std::string::npos) {
+    const size_t end = at + name.size();
+    if ((at == 0 || extensions[at - 1] == ' ') && (end == extensions.size() || extensions[end] == ' ')) return true;
+    at = extensions.find(name, end);
+  }
+  return false;
+}
 
 DeviceContext::DeviceContext(const std::string& selector) {
   std::vector<std::string> parts;
@@ -137,12 +167,18 @@ DeviceContext::DeviceContext(const std::string& selector) {
 
   info_.platform_name = platform_str(platform, CL_PLATFORM_NAME);
   info_.device_name = dev_names[size_t(di)];
+  info_.vendor = device_str(device_, CL_DEVICE_VENDOR);
   info_.driver_version = device_str(device_, CL_DRIVER_VERSION);
   info_.device_version = device_str(device_, CL_DEVICE_VERSION);
   info_.max_alloc_bytes = size_t(device_value<cl_ulong>(device_, CL_DEVICE_MAX_MEM_ALLOC_SIZE));
   info_.global_mem_bytes = size_t(device_value<cl_ulong>(device_, CL_DEVICE_GLOBAL_MEM_SIZE));
   info_.max_work_group = device_value<size_t>(device_, CL_DEVICE_MAX_WORK_GROUP_SIZE);
   info_.compute_units = device_value<cl_uint>(device_, CL_DEVICE_MAX_COMPUTE_UNITS);
+  info_.local_mem_bytes = size_t(device_value<cl_ulong>(device_, CL_DEVICE_LOCAL_MEM_SIZE));
+  info_.extensions = device_str(device_, CL_DEVICE_EXTENSIONS);
+  info_.gpu = (device_value<cl_device_type>(device_, CL_DEVICE_TYPE) & CL_DEVICE_TYPE_GPU) != 0;
+  info_.nvidia = lower(info_.vendor).find("nvidia") != std::string::npos;
+  info_.command_buffer = command_buffer_version_supported(device_);
   if (size_t cap = max_alloc_override()) info_.max_alloc_bytes = std::min(info_.max_alloc_bytes, cap);
 
   cl_int st = CL_SUCCESS;
@@ -153,6 +189,8 @@ DeviceContext::DeviceContext(const std::string& selector) {
     clReleaseContext(context_);
     cl_check(st, "clCreateCommandQueue");
   }
+  if (info_.command_buffer) command_buffers_ = load_command_buffer_api(platform, device_, CL_QUEUE_PROFILING_ENABLE);
+  info_.command_buffer = command_buffers_ != nullptr;
 }
 
 DeviceContext::~DeviceContext() {

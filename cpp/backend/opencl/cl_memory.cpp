@@ -78,9 +78,11 @@ ClStorage::~ClStorage() {
 
 std::shared_ptr<ClStorage> allocate_storage(Backend* owner, const std::shared_ptr<BufferPool>& pool,
                                             const DeviceInfo& info, size_t bytes, size_t row_bytes) {
-  if (bytes > info.global_mem_bytes)
+  const size_t in_use = pool->bytes_in_use();
+  if (bytes > info.global_mem_bytes || in_use > info.global_mem_bytes - bytes)
     throw ResourceError("OpenCL device '" + info.device_name + "' has " + std::to_string(info.global_mem_bytes) +
-                        " bytes of memory; cannot allocate " + std::to_string(bytes));
+                        " bytes of memory, " + std::to_string(in_use) + " in use; cannot allocate " +
+                        std::to_string(bytes));
   size_t per_chunk = bytes;
   if (bytes > info.max_alloc_bytes) {
     if (row_bytes == 0 || row_bytes > info.max_alloc_bytes)
@@ -104,7 +106,7 @@ std::shared_ptr<ClStorage> allocate_storage(Backend* owner, const std::shared_pt
   return std::make_shared<ClStorage>(owner, bytes, std::move(chunks), pool);
 }
 
-static const ClStorage& cl_storage(const Tensor& t, const char* op) {
+const ClStorage& cl_storage(const Tensor& t, const char* op) {
   const auto* s = dynamic_cast<const ClStorage*>(t.storage.get());
   if (!s) throw ValueError(std::string(op) + ": tensor " + (t.defined() ? t.str() : "(undefined)") +
                            " is not an OpenCL tensor");

@@ -41,10 +41,15 @@ struct ClStorage : Storage {
   ~ClStorage() override;
   std::vector<BufferChunk> chunks;
   std::shared_ptr<BufferPool> pool;
+  // Weight rows in the gpu family's flat layout (cl_weight_layout.h), set by pack_weight.
+  bool flat_rows = false;
 };
+const ClStorage& cl_storage(const Tensor& t, const char* op);  // ValueError if not an OpenCL tensor
 
 // Allocates `bytes` for a tensor whose rows are row_bytes long, split into buffers of at most
-// max_alloc bytes (whole rows each). Throws ResourceError when it cannot fit.
+// max_alloc bytes (whole rows each). Throws ResourceError when it cannot fit, or when it would
+// take the buffers in use past the device's global memory (drivers that back buffers only at
+// first use would fail later, in the middle of a step).
 std::shared_ptr<ClStorage> allocate_storage(Backend* owner, const std::shared_ptr<BufferPool>& pool,
                                             const DeviceInfo& info, size_t bytes, size_t row_bytes);
 

@@ -1,4 +1,5 @@
-// qkv_to_cache and paged_attention (kernels/attention.cl, built per KV pool dtype).
+// qkv_to_cache and paged_attention (kernels/attention.cl, built per KV pool dtype; the gpu
+// family's: cl_gpu_attention.cpp).
 #include "backend/op_checks.h"
 #include "backend/opencl/cl_backend.h"
 #include "core/error.h"
@@ -20,6 +21,7 @@ void ClBackend::qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm,
   check_head_dim(p.head_dim, "qkv_to_cache");
   const int64_t T = qkv.rows(), heads_all = p.heads + 2 * p.kv_heads;
   if (T == 0) return;
+  if (family_ == KernelFamily::Gpu) return gpu_qkv_to_cache(s, qkv, q_norm, k_norm, eps, rope, batch, p, q_out, kv);
   const bool norm = q_norm.defined();
   const bool i8 = kv.k.dtype == DType::I8;
   Launch l = launch(attention_program(kv.k.dtype), "qkv_to_cache", T * heads_all);
@@ -45,6 +47,7 @@ void ClBackend::paged_attention(Stream& s, const Tensor& q, const KvLayer& kv, c
   check_head_dim(p.head_dim, "paged_attention");
   const int64_t T = q.numel() / (p.heads * p.head_dim);
   if (T == 0) return;
+  if (family_ == KernelFamily::Gpu) return gpu_paged_attention(s, q, kv, batch, p, out);
   const bool i8 = kv.k.dtype == DType::I8;
   Launch l = launch(attention_program(kv.k.dtype), "paged_attention", T * p.heads, 4);
   KernelArgs(l)

@@ -1,4 +1,5 @@
-// Row and element ops: rms_norm, add_rms_norm, swiglu, gather_rows.
+// Row and element ops: rms_norm, add_rms_norm, swiglu, gather_rows (the gpu family's norms and
+// swiglu: cl_gpu_rows.cpp).
 #include "backend/op_checks.h"
 #include "backend/opencl/cl_backend.h"
 #include "core/error.h"
@@ -8,6 +9,7 @@ namespace ferrum::ocl {
 void ClBackend::rms_norm(Stream& s, const Tensor& x, const Tensor& w, float eps, const Tensor& out) {
   checks::rms_norm(x, w, out);
   if (x.rows() == 0) return;
+  if (family_ == KernelFamily::Gpu) return gpu_rms_norm(s, nullptr, x, w, eps, out);
   Launch l = launch(elementwise_program(), "rms_norm", x.rows(), 4);
   KernelArgs(l).tensor(x, "rms_norm").tensor(w, "rms_norm").f32(eps).tensor(out, "rms_norm")
       .i32(x.rows()).i32(x.cols());
@@ -18,6 +20,7 @@ void ClBackend::add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x,
                              float eps, const Tensor& out) {
   checks::add_rms_norm(residual, x, w, out);
   if (x.rows() == 0) return;
+  if (family_ == KernelFamily::Gpu) return gpu_rms_norm(s, &residual, x, w, eps, out);
   Launch l = launch(elementwise_program(), "add_rms_norm", x.rows(), 4);
   KernelArgs(l).tensor(residual, "add_rms_norm").tensor(x, "add_rms_norm").tensor(w, "add_rms_norm")
       .f32(eps).tensor(out, "add_rms_norm").i32(x.rows()).i32(x.cols());
@@ -27,6 +30,7 @@ void ClBackend::add_rms_norm(Stream& s, const Tensor& residual, const Tensor& x,
 void ClBackend::swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) {
   checks::swiglu(gate_up, out);
   if (out.numel() == 0) return;
+  if (family_ == KernelFamily::Gpu) return gpu_swiglu(s, gate_up, out);
   Launch l = launch(elementwise_program(), "swiglu", out.rows() * ((out.cols() + 15) / 16), 64);
   KernelArgs(l).tensor(gate_up, "swiglu").tensor(out, "swiglu").i32(out.rows()).i32(out.cols());
   record(s, std::move(l));

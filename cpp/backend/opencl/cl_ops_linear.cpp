@@ -33,6 +33,7 @@ void ClBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor
   checks::linear(x, w, bias, out, out_col);
   const int64_t T = x.rows(), K = x.cols(), N = w.dim(0);
   if (T == 0 || N == 0) return;
+  if (family_ == KernelFamily::Gpu) return gpu_linear(s, x, w, bias, out, out_col);
   cl_program program = linear_program(w.dtype);
   // Decodes (one token, or a batch of them) over quantized weights: x to 8 bits, integer dots.
   if (dot_q8(w.dtype) && !s.float_activations && (T == 1 || s.decode_rows > 0)) {
@@ -62,16 +63,18 @@ void ClBackend::linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor
 bool dot_q8(DType w) {
   switch (w) {
     case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1: case DType::Q8_0:
-    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K:
+    case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ4_NL: case DType::IQ4_XS:
       return true;
     default:
       return false;
   }
 }
 
+int64_t xq_row_bytes(int64_t K) { return (K + K / 4 + 15) / 16 * 16; }
+
 Tensor ClBackend::quantize_q8(Stream& s, cl_program program, const Tensor& x) {
   const int64_t T = x.rows(), K = x.cols();
-  Tensor xq = alloc(DType::I8, {T, K + K / 4});  // kernels/linear.cl: quantize_q8_rows
+  Tensor xq = alloc(DType::I8, {T, xq_row_bytes(K)});  // kernels/quantize.cl
   Launch l = launch(program, "quantize_q8_rows", T * (K / kChunk), 64);
   KernelArgs(l).tensor(x, "linear").i32(T).i32(K).tensor(xq, "linear");
   record(s, std::move(l));
@@ -103,6 +106,7 @@ void ClBackend::embedding(Stream& s, const Tensor& ids, const Tensor& table, con
   checks::embedding(ids, table, out);
   const int64_t T = ids.numel(), H = table.cols();
   if (T == 0 || H == 0) return;
+  if (family_ == KernelFamily::Gpu) return gpu_embedding(s, ids, table, out);
   cl_program program = linear_program(table.dtype);
   const int64_t chunks = (H + kChunk - 1) / kChunk;
   bool first = true;

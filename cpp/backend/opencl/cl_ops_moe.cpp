@@ -10,6 +10,8 @@
 //                grouped by expert on the device (moe_group), so each expert's rows are read
 //                once per tile of its tokens, not once per token. moe_rows quantizes the
 //                activations to 8 bits as linear does for decodes (not for scoring steps).
+// The gpu family runs the same steps with its own matmuls (cl_gpu_moe.cpp: a lane group per
+// (pair, rows), the tiled GEMM over each expert's grouped pairs).
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -41,6 +43,7 @@ void ClBackend::moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool n
 // xq: x quantized by quantize_q8 (undefined: f32 activations).
 void ClBackend::moe_rows(Stream& s, const Tensor& x, const Tensor& xq, int64_t x_div, const Tensor& w,
                          const Tensor& ids, const Tensor& y, int64_t col) {
+  if (family_ == KernelFamily::Gpu) return gpu_moe_rows(s, x, xq, x_div, w, ids, y, col);
   const int64_t P = ids.numel(), E = w.dim(0), N = w.dim(1), K = w.dim(2);
   cl_program program = linear_program(w.dtype);
   const BufferView o = single_buffer(y, "moe_experts");
@@ -112,11 +115,13 @@ void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, cons
     y = alloc(DType::F32, {P, H});
     Tensor gu = alloc(DType::F32, {P, 2 * I}), act = alloc(DType::F32, {P, I});
     std::vector<std::pair<int64_t, Tensor>> groupings;  // per tile height, made when first needed
+    const bool gpu = family_ == KernelFamily::Gpu;
     auto tiles = [&](const Tensor& in, int64_t x_div, const Tensor& w, const Tensor& out, int64_t col) {
-      const MatmulTile tile = matmul_tile(w.dtype, P / E);
+      const MatmulTile tile = gpu ? MatmulTile{tuning_.gemm_tm, 0, "", ""} : matmul_tile(w.dtype, P / E);
       auto g = std::find_if(groupings.begin(), groupings.end(), [&](const auto& p) { return p.first == tile.tokens; });
       if (g == groupings.end()) g = groupings.insert(g, {tile.tokens, moe_group(s, ids, E, tile.tokens)});
-      moe_tiles(s, in, x_div, w, g->second, P, tile, out, col);
+      if (gpu) gpu_moe_tiles(s, in, x_div, w, g->second, P, out, col);
+      else moe_tiles(s, in, x_div, w, g->second, P, tile, out, col);
     };
     tiles(x, k, gate, gu, 0);
     tiles(x, k, up, gu, I);
@@ -129,7 +134,9 @@ void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, cons
       Tensor xq, actq;
       auto activations = [&](const Tensor& in, const Tensor& w, Tensor& quantized) {
         if (s.float_activations || !dot_q8(w.dtype)) return Tensor();
-        if (!quantized.defined()) quantized = quantize_q8(s, linear_program(w.dtype), in);
+        if (!quantized.defined())
+          quantized = family_ == KernelFamily::Gpu ? gpu_quantized(s, gpu_linear_program(w), in)
+                                                   : quantize_q8(s, linear_program(w.dtype), in);
         return quantized;
       };
       Tensor gu = alloc(DType::F32, {P, 2 * I}), act = alloc(DType::F32, {P, I});

@@ -1,13 +1,40 @@
 #include "backend/opencl/cl_stream.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <mutex>
 
 #include "backend/opencl/cl_error.h"
 #include "backend/opencl/cl_memory.h"
 #include "core/error.h"
 
 namespace ferrum::ocl {
+
+namespace {
+std::mutex counters_mu;
+SubmitCounters counters;
+
+// Adds one submit of `launches` launches to the counters when it goes out of scope.
+struct CountedSubmit {
+  size_t launches;
+  bool command_buffer = false;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~CountedSubmit() {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::lock_guard<std::mutex> lock(counters_mu);
+    counters.submits++;
+    counters.launches += int64_t(launches);
+    counters.command_buffer_submits += command_buffer ? 1 : 0;
+    counters.host_seconds += s;
+  }
+};
+}  // namespace
+
+SubmitCounters submit_counters() {
+  std::lock_guard<std::mutex> lock(counters_mu);
+  return counters;
+}
 
 Launch& Launch::operator=(Launch&& o) noexcept {
   if (this != &o) {
@@ -31,8 +58,55 @@ ClStream::~ClStream() {
   clear();
 }
 
+void ClStream::add(Launch l, bool keeps_quantized) {
+  if (!keeps_quantized) offered_.reset();
+  command_buffer_.reset();
+  launches_.push_back(std::move(l));
+}
+
+void ClStream::offer_quantized(QuantizableOutput o) {
+  FERRUM_CHECK(!launches_.empty(), "offer_quantized: no launch");
+  o.launch = launches_.size() - 1;
+  offered_ = std::make_unique<QuantizableOutput>(std::move(o));
+}
+
+const Tensor* ClStream::claim_quantized(cl_mem mem, size_t byte_offset, int64_t rows, int64_t cols,
+                                        const std::function<Tensor()>& make_xq) {
+  QuantizableOutput* o = offered_.get();
+  if (!o || o->mem != mem || o->byte_offset != byte_offset || o->rows != rows || o->cols != cols) return nullptr;
+  if (!o->xq.defined()) {
+    o->xq = make_xq();
+    Launch& l = launches_[o->launch];
+    KernelArgs a(l, o->xq_arg);
+    a.tensor(o->xq, l.name).i32(1);
+    command_buffer_.reset();
+  }
+  return &o->xq;
+}
+
+void ClStream::set_command_buffer(bool on) {
+  command_buffer_on_ = on;
+  command_buffer_.reset();
+}
+
+bool ClStream::uses_command_buffer() const { return command_buffer_on_ && !profiling_ && dc_->command_buffer_api(); }
+
 void ClStream::submit() {
   cl_command_queue q = dc_->queue();
+  if (launches_.empty()) return;
+  CountedSubmit counted{launches_.size()};
+  if (uses_command_buffer()) {
+    counted.command_buffer = true;
+    if (!command_buffer_) {
+      auto cb = std::make_unique<CommandBuffer>(*dc_->command_buffer_api(), q);
+      for (const Launch& l : launches_) cb->add(l.kernel, l.global, l.local, l.name);
+      cb->finalize();
+      command_buffer_ = std::move(cb);
+    }
+    command_buffer_->enqueue();
+    clFlush(q);
+    return;
+  }
   for (const Launch& l : launches_) {
     cl_event ev = nullptr;
     cl_event* evp = profiling_ ? &ev : nullptr;
@@ -46,6 +120,8 @@ void ClStream::sync() { clFinish(dc_->queue()); }
 
 void ClStream::clear() {
   release_events();
+  command_buffer_.reset();
+  offered_.reset();
   launches_.clear();
 }
 
