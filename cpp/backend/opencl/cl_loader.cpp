@@ -128,3 +128,6 @@ FERRUM_CL_FORWARD(cl_int, clGetEventProfilingInfo,
                   (cl_event e, cl_profiling_info what, size_t size, void* value, size_t* size_ret),
                   (e, what, size, value, size_ret))
 FERRUM_CL_FORWARD(cl_int, clReleaseEvent, (cl_event e), (e))
+FERRUM_CL_FORWARD(cl_int, clWaitForEvents, (cl_uint n, const cl_event* events), (n, events))
+FERRUM_CL_FORWARD(void*, clGetExtensionFunctionAddressForPlatform, (cl_platform_id p, const char* name),
+                  (p, name))
