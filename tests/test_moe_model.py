@@ -127,6 +127,21 @@ def test_replay_equals_eager(moe_f32, device):
     assert greedy_tokens(llm, ps) == replayed
 
 
+def test_scores_do_not_depend_on_chunking_or_batching(tmp_path):
+    """A score's logits are the same bits however its sequence is chunked or batched: the
+    experts' f32 GEMMs of a scoring step (quantized weights, an f16 KV cache) give each row the
+    same result whatever rows share it."""
+    model = str(write(tmp_path, "gguf", "q8_0", num_experts=4, num_experts_per_tok=2))
+    ids = [int(t) for t in np.random.default_rng(5).integers(10, 40000, 300)]
+    alone = ferrum.LLM(model, num_threads=2, enable_prefix_caching=False)
+    want = alone.score(ids)
+    for budget in (7, 64, 129):
+        llm = ferrum.LLM(model, num_threads=2, enable_prefix_caching=False, max_num_batched_tokens=budget)
+        np.testing.assert_array_equal(llm.score(ids), want)
+    for k in (1, 50, 170):
+        np.testing.assert_array_equal(alone.score([ids[-k:], ids])[1], want)
+
+
 def llamacpp(path, n_gen=8):
     env = dict(os.environ, PROMPT_TEXT="Once upon a time there was")
     out = subprocess.run(["bash", LLAMACPP, str(path), "16", str(n_gen), "2"], env=env,

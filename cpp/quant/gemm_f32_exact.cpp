@@ -1,8 +1,9 @@
 // An f32 GEMM whose every result is one dot product in one fixed order (eight running sums over
 // k mod 8, then summed pairwise), whatever the number of activation rows and a row's place
 // among them: scores computed with it do not depend on how a sequence is chunked or batched.
-// For CPUs without ferrum's AVX-512 f32 GEMM (which has the same property, faster); written
-// with GCC vector types, so it compiles to whatever vector width the build targets.
+// Where the CPU has ferrum's AVX-512 f32 GEMM (which has the same property) that runs instead,
+// faster; the portable form is written with GCC vector types, so it compiles to whatever vector
+// width the build targets.
 #include "quant/quant.h"
 
 namespace ferrum::quant {
@@ -36,6 +37,11 @@ void dot_block(int64_t K, const float* w, int64_t w_stride, const float* x, floa
 }  // namespace
 
 void gemm_f32_exact(int64_t K, const float* w, int64_t rows, const float* x, int64_t T, float* out, int64_t ldo) {
+  static const DotBatchFn avx512 = gemm_kernel(DType::F32, WeightLayout::Plain);
+  if (avx512) {
+    avx512(K, w, size_t(K) * 4, rows, x, size_t(K) * 4, T, out, ldo);
+    return;
+  }
   constexpr int kRows = 4;  // weight rows a pass keeps in registers for one activation row
   int64_t r = 0;
   for (; r + kRows <= rows; r += kRows)

@@ -77,8 +77,8 @@ DotBatchFn gemm_kernel(DType weight_type, WeightLayout layout = WeightLayout::Pl
 DType gemm_act_type(DType weight_type);
 
 // out[t * ldo + r] = x[t, :] . w[r, :] for f32 rows of K (w [rows, K], x [T, K]), each result one
-// dot product in one fixed order whatever T and the row's place (gemm_f32_exact.cpp): portable,
-// for CPUs without the AVX-512 f32 GEMM of gemm_kernel(F32), which has the same property.
+// dot product in one fixed order whatever T and the row's place (gemm_f32_exact.cpp): the AVX-512
+// f32 GEMM of gemm_kernel(F32) where the CPU has it, else a portable one.
 void gemm_f32_exact(int64_t K, const float* w, int64_t rows, const float* x, int64_t T, float* out, int64_t ldo);
 
 }  // namespace ferrum::quant

@@ -11,9 +11,9 @@
 //     weights go to sgemm on each thread's slice of N; other types are dequantized a tile of
 //     rows at a time into per-thread scratch, then sgemm. Two to eight rows of f32 weights: sgemm.
 //   - a scoring step (Stream::float_activations) never quantizes activations: every matmul over
-//     weights whose kernels would is dequantize + an f32 GEMM (ferrum's on AVX512_BF16 CPUs,
-//     whose rows do not depend on how many there are; else sgemm), one row or many, so scores
-//     agree with a float reference.
+//     weights whose kernels would is dequantize + an f32 GEMM whose rows do not depend on how
+//     many there are (quant::gemm_f32_exact), one row or many, so scores agree with a float
+//     reference and do not depend on chunking or batching.
 // Weights in the R16 layout (pack_weight) take the same paths; threads split them at 16-row
 // group starts.
 #include <cblas.h>
@@ -112,17 +112,13 @@ const float* weight_rows_f32(const Matmul& m, int64_t r0, int64_t rows, float* t
   return tile;
 }
 
-// f32 weight rows times f32 activations. Where the CPU has it, ferrum's f32 GEMM, whose results do
-// not depend on the number of activation rows (sgemm's do, for small counts); else, for a
-// scoring step, the portable GEMM with that property, so a score's rows come out the same
-// however its sequence is chunked or batched; else sgemm.
+// f32 weight rows times f32 activations: gemm_f32_exact, whose results do not depend on the
+// number of activation rows (sgemm's do, for small counts), where the CPU has its AVX-512 form or
+// the step is a scoring one (a score's rows then come out the same however its sequence is
+// chunked or batched); else sgemm.
 void f32_matmul(const Matmul& m, const float* w_rows, int64_t rows, float* out) {
-  static const quant::DotBatchFn gemm = quant::gemm_kernel(DType::F32, quant::WeightLayout::Plain);
-  if (gemm) {
-    gemm(m.K, w_rows, size_t(m.K) * 4, rows, host_ptr<float>(m.x), size_t(m.K) * 4, m.T, out, m.ldo);
-    return;
-  }
-  if (m.exact_rows) {
+  static const bool fast_exact = quant::gemm_kernel(DType::F32, quant::WeightLayout::Plain) != nullptr;
+  if (fast_exact || m.exact_rows) {
     quant::gemm_f32_exact(m.K, w_rows, rows, host_ptr<float>(m.x), m.T, out, m.ldo);
     return;
   }

@@ -20,7 +20,8 @@
 // one); an expert chosen by many tokens dequantizes a tile of rows and runs one sgemm over all
 // its tokens. In a batch of decodes (Stream::decode_rows) every expert takes the dot path, as
 // linear does, so a sequence's tokens compute the same whatever else is in the batch; in a
-// scoring step (Stream::float_activations) every expert runs as sgemm, on f32 activations.
+// scoring step (Stream::float_activations) every expert runs as an f32 GEMM (quant::gemm_f32_exact),
+// on f32 activations.
 // Small calls (decode: at most kMaxDotPairs pairs) have every thread plan and quantize for
 // itself (a few rows) inside gate_up and down: two commands, one barrier, instead of four.
 #include <cblas.h>
@@ -89,8 +90,13 @@ const char* expert_row(const Tensor& w, size_t expert_bytes, size_t row_bytes, i
   return host_ptr<char>(w) + size_t(e) * expert_bytes + size_t(r) * row_bytes;
 }
 
-// C[n, rows] = A[n, K] @ B[rows, K]^T
-void gemm_nt(const float* a, const float* b, float* c, int64_t n, int64_t rows, int64_t K) {
+// C[n, rows] = A[n, K] @ B[rows, K]^T; for a scoring step (exact_rows) with results that do not
+// depend on n, so a score does not depend on how its sequence is chunked or batched.
+void gemm_nt(const float* a, const float* b, float* c, int64_t n, int64_t rows, int64_t K, bool exact_rows) {
+  if (exact_rows) {
+    quant::gemm_f32_exact(K, b, rows, a, n, c, rows);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(K), 1.0f, a, int(K),
               b, int(K), 0.0f, c, int(rows));
 }
@@ -330,8 +336,8 @@ void MoeCall::gate_up_sgemm(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1
   const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
   for (int64_t c0 = r0; c0 < r1; c0 += kGemmTileRows) {
     const int64_t rows = std::min(kGemmTileRows, r1 - c0);
-    gemm_nt(xs_.data() + p0 * H_, rows_f32(gate_, gate_row(e, 0), c0, rows, tile), g, n, rows, H_);
-    gemm_nt(xs_.data() + p0 * H_, rows_f32(up_, up_row(e, 0), c0, rows, tile), u, n, rows, H_);
+    gemm_nt(xs_.data() + p0 * H_, rows_f32(gate_, gate_row(e, 0), c0, rows, tile), g, n, rows, H_, float_acts_);
+    gemm_nt(xs_.data() + p0 * H_, rows_f32(up_, up_row(e, 0), c0, rows, tile), u, n, rows, H_, float_acts_);
     swiglu_block(g, u, p0, n, c0, rows);
   }
 }
@@ -397,7 +403,8 @@ void MoeCall::down_expert(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, 
   const int64_t step = sgemm ? kGemmTileRows : small_ && n == 1 ? r1 - r0 : kDotChunkRows;
   for (int64_t c0 = r0; c0 < r1; c0 += step) {
     const int64_t rows = std::min(step, r1 - c0);  // y: [n, rows]
-    if (sgemm) gemm_nt(act_.data() + p0 * I_, rows_f32(down_, down_row(e, 0), c0, rows, tile), y, n, rows, I_);
+    if (sgemm)
+      gemm_nt(act_.data() + p0 * I_, rows_f32(down_, down_row(e, 0), c0, rows, tile), y, n, rows, I_, float_acts_);
     else if (batch) down_batched(pr, e, c0, rows, y);
     else down_dot(pr, e, c0, rows, y);
     add_weighted(pr.plan, p0, n, c0, rows, y);
