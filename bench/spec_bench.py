@@ -44,20 +44,30 @@ def decode_rate(llm, prompt_ids, n):
     return (len(out) - first[1]) / (done - first[0]), out
 
 
-def side_by_side(plain, spec, prompts, n, reps):
+def side_by_side(plain, spec, prompts, n, reps, chat=None):
+    """`chat`: the tokenizer whose chat template renders the prompts (default: plain's)."""
+    chat = chat or plain.tokenizer
     rows = []
     for text in prompts:
-        ids = plain.tokenizer.encode(plain.tokenizer.apply_chat_template([{"role": "user", "content": text}]))
+        ids = chat.encode(chat.apply_chat_template([{"role": "user", "content": text}]))
         rates = {"plain": [], "spec": []}
         outs = {}
+        before = spec.stats()
         for _ in range(reps):
             for name, llm in (("plain", plain), ("spec", spec)):
                 rate, outs[name] = decode_rate(llm, ids, n)
                 rates[name].append(rate)
         rows.append({"prompt": text[:60], "prompt_ids": ids, "plain_tok_s": statistics.median(rates["plain"]),
-                     "spec_tok_s": statistics.median(rates["spec"]), "equal": outs["plain"] == outs["spec"]})
+                     "spec_tok_s": statistics.median(rates["spec"]), "equal": outs["plain"] == outs["spec"],
+                     "acceptance_rate": accepted_share(before, spec.stats())})
         rows[-1]["speedup"] = rows[-1]["spec_tok_s"] / rows[-1]["plain_tok_s"]
     return rows
+
+
+def accepted_share(before, after):
+    """The share of proposals accepted between two stats() snapshots."""
+    proposed = after["spec_proposed_tokens"] - before["spec_proposed_tokens"]
+    return (after["spec_accepted_tokens"] - before["spec_accepted_tokens"]) / proposed if proposed else 0.0
 
 
 def llamacpp_lookup(model, rows, n, threads):
@@ -76,7 +86,8 @@ def summary(name, rows):
     geo = lambda xs: statistics.geometric_mean(xs)
     line = {"set": name, "speedup_geomean": geo([r["speedup"] for r in rows]),
             "all_equal": all(r["equal"] for r in rows),
-            "plain_tok_s": geo([r["plain_tok_s"] for r in rows]), "spec_tok_s": geo([r["spec_tok_s"] for r in rows])}
+            "plain_tok_s": geo([r["plain_tok_s"] for r in rows]), "spec_tok_s": geo([r["spec_tok_s"] for r in rows]),
+            "acceptance_rate": statistics.mean(r["acceptance_rate"] for r in rows)}
     if "llamacpp_tok_s" in rows[0]:
         line["llamacpp_tok_s"] = geo([r["llamacpp_tok_s"] for r in rows])
         line["llamacpp_lookup_tok_s"] = geo([r["llamacpp_lookup_tok_s"] for r in rows])
@@ -111,7 +122,8 @@ def main():
         f16 = f16_target(q4_1)
         plain = ferrum.LLM(f16, num_threads=a.t)
         spec = ferrum.LLM(f16, num_threads=a.t, speculative_config={"model": q4_1, "num_speculative_tokens": 5})
-        rows = side_by_side(plain, spec, prompts["chat"], a.n, a.r)
+        # The F16 copy has the Q4_1 file's vocabulary but no chat template: the draft's renders.
+        rows = side_by_side(plain, spec, prompts["chat"], a.n, a.r, chat=ferrum.LLM(q4_1, num_threads=a.t).tokenizer)
         line = summary("draft model", rows)
         roof = measure_bandwidth_gbs(a.t)
         target_gb = os.path.getsize(f16) / 1e9
