@@ -259,26 +259,25 @@ def print_family(r: dict):
 def print_kernels(r: dict, pct, busy):
     if "gpu_defines" in r:
         print(f"gpu family sizes:{r['gpu_defines']}")
-    if r["gemv"]:
-        print(f"GEMV (1 token, K=4096, ~{WEIGHT_BYTES >> 20} MiB of weights; pocl target {GEMV_TARGET_GBS:g} GB/s)")
-    for x in r["gemv"]:
-        print(f"  {x['dtype']:>6}: {x['gb_s']:8.2f} GB/s{pct(x, 'pct_peak_bw')}{busy(x, 'gb_s_busy')}   "
-              f"device {x['device_ms']:.3f} ms, wall {x['wall_ms']:.3f} ms, {x['launches']} launches")
-    if r["batched_decode"]:
-        print("Batched decodes (8-bit activations; weight bytes read per step)")
-    for x in r["batched_decode"]:
-        print(f"  {x['dtype']:>6} x{x['tokens']:3d}: {x['gb_s']:8.2f} GB/s{pct(x, 'pct_peak_bw')}   "
-              f"{x['tokens'] / x['device_ms'] * 1e3:10.0f} token-rows/s   device {x['device_ms']:.3f} ms")
-    if r["gemm"]:
-        print(f"GEMM (K=N=2048; pocl target {GEMM_TARGET_GFLOPS:g} GFLOP/s for f32)")
-    for x in r["gemm"]:
-        print(f"  {x['dtype']:>6} T={x['tokens']:4d}: {x['gflop_s']:9.2f} GFLOP/s{pct(x, 'pct_peak_flops')}"
-              f"{busy(x, 'gflop_s_busy')}   device {x['device_ms']:.3f} ms")
-    if r["attention"]:
-        print("Decode attention (f16 KV, 32 heads / 8 KV heads / head_dim 128; K+V bytes read)")
-    for x in r["attention"]:
-        print(f"  {x['tokens']} x {x['positions']:5d} positions: {x['gb_s']:8.2f} GB/s{pct(x, 'pct_peak_bw')}   "
-              f"device {x['device_ms']:.3f} ms, {x['launches']} launches")
+    sections = [
+        ("gemv", f"GEMV (1 token, K=4096, ~{WEIGHT_BYTES >> 20} MiB of weights; pocl target {GEMV_TARGET_GBS:g} GB/s)",
+         lambda x: f"{x['dtype']:>6}: {x['gb_s']:8.2f} GB/s{pct(x, 'pct_peak_bw')}{busy(x, 'gb_s_busy')}   "
+                   f"device {x['device_ms']:.3f} ms, wall {x['wall_ms']:.3f} ms, {x['launches']} launches"),
+        ("batched_decode", "Batched decodes (8-bit activations; weight bytes read per step)",
+         lambda x: f"{x['dtype']:>6} x{x['tokens']:3d}: {x['gb_s']:8.2f} GB/s{pct(x, 'pct_peak_bw')}   "
+                   f"{x['tokens'] / x['device_ms'] * 1e3:10.0f} token-rows/s   device {x['device_ms']:.3f} ms"),
+        ("gemm", f"GEMM (K=N=2048; pocl target {GEMM_TARGET_GFLOPS:g} GFLOP/s for f32)",
+         lambda x: f"{x['dtype']:>6} T={x['tokens']:4d}: {x['gflop_s']:9.2f} GFLOP/s{pct(x, 'pct_peak_flops')}"
+                   f"{busy(x, 'gflop_s_busy')}   device {x['device_ms']:.3f} ms"),
+        ("attention", "Decode attention (f16 KV, 32 heads / 8 KV heads / head_dim 128; K+V bytes read)",
+         lambda x: f"{x['tokens']} x {x['positions']:5d} positions: {x['gb_s']:8.2f} GB/s{pct(x, 'pct_peak_bw')}   "
+                   f"device {x['device_ms']:.3f} ms, {x['launches']} launches"),
+    ]
+    for key, title, row in sections:
+        if r[key]:
+            print(title)
+        for x in r[key]:
+            print("  " + row(x))
     if "launch_overhead_us" in r:
         line = f"launch overhead: {r['launch_overhead_us']:.2f} us per queued kernel"
         if "launch_overhead_command_buffer_us" in r:

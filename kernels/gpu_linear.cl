@@ -46,54 +46,76 @@ inline void gemv_store(const int TM, const float* v, int lane, int n0, int N, in
 }
 
 // One lane's partial sums acc[r * TM + m] = sum over its chunks of W[n0 + r] . x[t0 + m] (rows
-// outside [0, N) read row 0 or N - 1: their sums are not stored).
+// outside [0, N) read row 0 or N - 1: their sums are not stored), for activations of type X read
+// a chunk at a time into XC by load_x, weight chunks decoded once per row into WC by load_w, and
+// dot(wc, xc, acc) the chunk's contribution.
+#define GEMV_PARTIAL(NAME, X, XC, load_x, WC, load_w, dot)                                      \
+  inline void NAME(const int TM, const global X* x, int T, int K, int t0, const global uchar* w, \
+                   long w_row_bytes, int N, int n0, int lane, float* acc) {                      \
+    const int chunks = K / CHUNK, nb = W_BLOCKS(K);                                              \
+    UNUSED_BY_FLOATS(nb);                                                                        \
+    for (int c = lane; c < chunks; c += LANES) {                                                 \
+      XC xc[GEMV_TOKENS];                                                                        \
+      for (int m = 0; m < TM; ++m) xc[m] = load_x(x, min(t0 + m, T - 1), K, c);                 \
+      for (int r = 0; r < GEMV_ROWS; ++r) {                                                      \
+        const WC wc = load_w(w + (long)clamp(n0 + r, 0, N - 1) * w_row_bytes, nb, c);            \
+        for (int m = 0; m < TM; ++m) acc[r * TM + m] = dot(wc, xc[m], acc[r * TM + m]);          \
+      }                                                                                          \
+    }                                                                                            \
+  }
+
+// f32 activations: a chunk's 32 floats and, for the types with mins, their sums per 16.
+typedef struct {
+  float16 lo, hi;
+  float sum_lo, sum_hi;
+} x_f32;
+inline x_f32 load_x_f32(const global float* x, int t, int K, int c) {
+  x_f32 r;
+  r.lo = vload16(0, x + (long)t * K + CHUNK * c);
+  r.hi = vload16(1, x + (long)t * K + CHUNK * c);
+#ifdef W_HAS_MIN
+  r.sum_lo = sum16(r.lo);
+  r.sum_hi = sum16(r.hi);
+#endif
+  return r;
+}
+
+// A weight chunk for f32 activations: its values (floats), or its integers as floats with their
+// scales and mins per 16 (the scales multiply the 16-product sums, not every weight).
+typedef struct {
+  float16 lo, hi;
+  float2 d, m;
+} w_f32;
+inline w_f32 load_w_f32(const global uchar* row, int nb, int c) {
+  w_f32 r;
+#ifdef W_FLOAT
+  chunk_f(row, c, &r.lo, &r.hi);
+#else
+  uint4 ql, qh;
+  chunk_q(row, nb, c, &ql, &qh, &r.d, &r.m);
+  r.lo = quants_float(ql);
+  r.hi = quants_float(qh);
+#endif
+  return r;
+}
+inline float dot_f32(w_f32 w, x_f32 x, float acc) {
+#ifdef W_FLOAT
+  return acc + (fdot16(w.lo, x.lo) + fdot16(w.hi, x.hi));
+#else
+  acc = fma(w.d.s1, fdot16(w.hi, x.hi), fma(w.d.s0, fdot16(w.lo, x.lo), acc));
+#ifdef W_HAS_MIN
+  acc = fma(w.m.s1, x.sum_hi, fma(w.m.s0, x.sum_lo, acc));
+#endif
+  return acc;
+#endif
+}
+GEMV_PARTIAL(gemv_f32_chunks, float, x_f32, load_x_f32, w_f32, load_w_f32, dot_f32)
+
 inline void gemv_f32_partial(const int TM, const global float* x, int T, int K, int t0,
                              const global uchar* w, long w_row_bytes, int N, int n0, int lane, float* acc) {
-  const int chunks = K / CHUNK, nb = W_BLOCKS(K);
-  UNUSED_BY_FLOATS(nb);
-  for (int c = lane; c < chunks; c += LANES) {
-    float16 xl[GEMV_TOKENS], xh[GEMV_TOKENS];
-#ifdef W_HAS_MIN
-    float sl[GEMV_TOKENS], sh[GEMV_TOKENS];
-#endif
-#pragma unroll
-    for (int m = 0; m < TM; ++m) {
-      const global float* xr = x + (long)min(t0 + m, T - 1) * K + CHUNK * c;
-      xl[m] = vload16(0, xr);
-      xh[m] = vload16(1, xr);
-#ifdef W_HAS_MIN
-      sl[m] = sum16(xl[m]);
-      sh[m] = sum16(xh[m]);
-#endif
-    }
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) {
-      const global uchar* row = w + (long)clamp(n0 + r, 0, N - 1) * w_row_bytes;
-#ifdef W_FLOAT
-      float16 wl, wh;
-      chunk_f(row, c, &wl, &wh);
-#pragma unroll
-      for (int m = 0; m < TM; ++m) acc[r * TM + m] += fdot16(wl, xl[m]) + fdot16(wh, xh[m]);
-#else
-      uint4 ql, qh;
-      float2 d, mn;
-      chunk_q(row, nb, c, &ql, &qh, &d, &mn);
-      const float16 fl = quants_float(ql), fh = quants_float(qh);
-#pragma unroll
-      for (int m = 0; m < TM; ++m) {
-        float a = fma(d.s0, fdot16(fl, xl[m]), acc[r * TM + m]);
-        a = fma(d.s1, fdot16(fh, xh[m]), a);
-#ifdef W_HAS_MIN
-        a = fma(mn.s0, sl[m], a);
-        a = fma(mn.s1, sh[m], a);
-#endif
-        acc[r * TM + m] = a;
-      }
-#endif
-    }
-  }
+  gemv_f32_chunks(TM, x, T, K, t0, w, w_row_bytes, N, n0, lane, acc);
 #ifdef W_FLOAT  // rows of any length: the last K % 32 elements one per lane
-  for (int k = chunks * CHUNK + lane; k < K; k += LANES)
+  for (int k = K / CHUNK * CHUNK + lane; k < K; k += LANES)
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r) {
       const float wv = load_elem(w + (long)clamp(n0 + r, 0, N - 1) * w_row_bytes, k);
@@ -104,55 +126,48 @@ inline void gemv_f32_partial(const int TM, const global float* x, int T, int K, 
 }
 
 #ifndef W_FLOAT
-// The same over xq rows (quantize.cl): chunk c of a token is 32 int8 quants and a scale dx. Per 16
-// quants the integer sum of (q + W_Q_ZERO) * xq is exact: dp4a's sum of q * xq plus W_Q_ZERO times
-// the sum of xq (computed once per chunk and token, shared by the rows).
+// 8-bit activations (xq rows, quantize.cl): a chunk's 32 quants, its scale dx and, where the
+// weights have a zero point or mins, the sums of its quants per 16. Per 16 quants the integer sum
+// of (q + W_Q_ZERO) * xq is exact: dp4a's sum of q * xq plus W_Q_ZERO times the sum of xq.
+typedef struct {
+  uint4 lo, hi;
+  float d;
+  int sum_lo, sum_hi;
+} x_q8;
+inline x_q8 load_x_q8(const global char* xq, int t, int K, int c) {
+  const global char* row = xq_row(xq, t, K);
+  x_q8 r;
+  r.lo = *(const global uint4*)(row + CHUNK * c);  // xq rows are 16-byte aligned
+  r.hi = *(const global uint4*)(row + CHUNK * c + 16);
+  r.d = ((const global float*)(row + K))[c];
 #if W_Q_ZERO != 0 || defined(W_HAS_MIN)
-#define W_XQ_SUMS 1
+  r.sum_lo = isum16(r.lo);
+  r.sum_hi = isum16(r.hi);
 #endif
-inline void gemv_q8_partial(const int TM, const global char* xq, int T, int K, int t0,
-                            const global uchar* w, long w_row_bytes, int N, int n0, int lane, float* acc) {
-  const int chunks = K / CHUNK, nb = W_BLOCKS(K);
-  for (int c = lane; c < chunks; c += LANES) {
-    uint4 xa[GEMV_TOKENS], xb[GEMV_TOKENS];
-    float dx[GEMV_TOKENS];
-#ifdef W_XQ_SUMS
-    int za[GEMV_TOKENS], zb[GEMV_TOKENS];
-#endif
-#pragma unroll
-    for (int m = 0; m < TM; ++m) {
-      const global char* xr = xq_row(xq, min(t0 + m, T - 1), K);
-      xa[m] = *(const global uint4*)(xr + CHUNK * c);  // xq rows are 16-byte aligned
-      xb[m] = *(const global uint4*)(xr + CHUNK * c + 16);
-      dx[m] = ((const global float*)(xr + K))[c];
-#ifdef W_XQ_SUMS
-      za[m] = isum16(xa[m]);
-      zb[m] = isum16(xb[m]);
-#endif
-    }
-#pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r) {
-      uint4 ql, qh;
-      float2 d, mn;
-      chunk_q(w + (long)clamp(n0 + r, 0, N - 1) * w_row_bytes, nb, c, &ql, &qh, &d, &mn);
-#pragma unroll
-      for (int m = 0; m < TM; ++m) {
-        int sa = idot16(ql, xa[m]), sb = idot16(qh, xb[m]);
-#if W_Q_ZERO != 0
-        sa += W_Q_ZERO * za[m];
-        sb += W_Q_ZERO * zb[m];
-#endif
-        float a = fma(d.s0 * dx[m], (float)sa, acc[r * TM + m]);
-        a = fma(d.s1 * dx[m], (float)sb, a);
-#ifdef W_HAS_MIN
-        a = fma(mn.s0, dx[m] * (float)za[m], a);
-        a = fma(mn.s1, dx[m] * (float)zb[m], a);
-#endif
-        acc[r * TM + m] = a;
-      }
-    }
-  }
+  return r;
 }
+typedef struct {
+  uint4 lo, hi;
+  float2 d, m;
+} w_q8;
+inline w_q8 load_w_q8(const global uchar* row, int nb, int c) {
+  w_q8 r;
+  chunk_q(row, nb, c, &r.lo, &r.hi, &r.d, &r.m);
+  return r;
+}
+inline float dot_q8(w_q8 w, x_q8 x, float acc) {
+  int lo = idot16(w.lo, x.lo), hi = idot16(w.hi, x.hi);
+#if W_Q_ZERO != 0
+  lo += W_Q_ZERO * x.sum_lo;
+  hi += W_Q_ZERO * x.sum_hi;
+#endif
+  acc = fma(w.d.s1 * x.d, (float)hi, fma(w.d.s0 * x.d, (float)lo, acc));
+#ifdef W_HAS_MIN
+  acc = fma(w.m.s1, x.d * (float)x.sum_hi, fma(w.m.s0, x.d * (float)x.sum_lo, acc));
+#endif
+  return acc;
+}
+GEMV_PARTIAL(gemv_q8_partial, char, x_q8, load_x_q8, w_q8, load_w_q8, dot_q8)
 #endif
 
 // GEMV over all T tokens in passes of TM: the lane group's rows, reduced and stored per pass.
@@ -268,36 +283,4 @@ kernel __attribute__((reqd_work_group_size(GEMM_ITEMS, 1, 1))) void gemm(LINEAR_
   for (int m = (int)get_local_id(0); m < GEMM_TM; m += GEMM_ITEMS) rows[m] = t0 + m < T ? t0 + m : -1;
   barrier(CLK_LOCAL_MEM_FENCE);
   gemm_tile(x + x_off, K, rows, rows, w + w_off, w_row_bytes, N, n0, bias + bias_off, has_bias, out + out_off, ldo, xs, ws);
-}
-
-// out[t, :] = table[ids[t], :] for the table rows [row0, row0 + nrows) this buffer holds; ids
-// outside the vocabulary give zero rows (written by the launch with zero_invalid set). One
-// work-item per (token, 32-element chunk), as the cpu family's (whose comments say more).
-kernel void embedding_rows(const global int* ids, long ids_off, int T, const global uchar* table,
-                           long table_off, long row_bytes, int row0, int nrows, int vocab, int H,
-                           int zero_invalid, global float* out, long out_off) {
-  const int chunks = (H + CHUNK - 1) / CHUNK;
-  const int gid = (int)get_global_id(0);
-  const int t = gid / chunks, c = gid % chunks;
-  if (t >= T) return;
-  const int id = ids[ids_off + t];
-  global float* o = out + out_off + (long)t * H + CHUNK * c;
-  const int n = min(CHUNK, H - CHUNK * c);
-  if (id < 0 || id >= vocab) {
-    if (zero_invalid)
-      for (int k = 0; k < n; ++k) o[k] = 0.0f;
-    return;
-  }
-  if (id < row0 || id >= row0 + nrows) return;
-  const global uchar* row = table + table_off + (long)(id - row0) * row_bytes;
-  if (n == CHUNK) {
-    float16 lo, hi;
-    chunk_dequant(row, W_BLOCKS(H), c, &lo, &hi);
-    vstore16(lo, 0, o);
-    vstore16(hi, 1, o);
-    return;
-  }
-#ifdef W_FLOAT
-  for (int k = 0; k < n; ++k) o[k] = load_elem(row, CHUNK * c + k);
-#endif
 }

@@ -297,3 +297,12 @@ inline void chunk_dequant(const global uchar* row, int nb, int c, float16* lo, f
 #endif
 #endif
 }
+
+// The same for a row of n elements (embedding.cl).
+inline void row_chunk(const global uchar* row, int n, int c, float16* lo, float16* hi) {
+#ifdef W_FLOAT
+  chunk_f(row, c, lo, hi);
+#else
+  chunk_dequant(row, n / (CHUNK * W_CHUNKS), c, lo, hi);
+#endif
+}

@@ -242,37 +242,3 @@ kernel void linear_q8_t4(LINEAR_ARGS_OF(char)) {
 kernel void linear_t4(LINEAR_ARGS) {
   linear_tile(4, 4, x + x_off, T, K, w + w_off, w_row_bytes, N, bias + bias_off, has_bias, out + out_off, ldo);
 }
-
-// out[t, :] = table[ids[t], :] for the table rows [row0, row0 + nrows) this buffer holds (a table
-// larger than one device allocation is several buffers, one launch each). Ids outside the
-// vocabulary give zero rows, written by the launch with zero_invalid set. One work-item per
-// (token, 32-element chunk).
-kernel void embedding_rows(const global int* ids, long ids_off, int T, const global uchar* table,
-                           long table_off, long row_bytes, int row0, int nrows, int vocab, int H,
-                           int zero_invalid, global float* out, long out_off) {
-  const int chunks = (H + CHUNK - 1) / CHUNK;
-  const int gid = (int)get_global_id(0);
-  const int t = gid / chunks, c = gid % chunks;
-  if (t >= T) return;
-  const int id = ids[ids_off + t];
-  global float* o = out + out_off + (long)t * H + CHUNK * c;
-  const int n = min(CHUNK, H - CHUNK * c);
-  if (id < 0 || id >= vocab) {
-    if (zero_invalid)
-      for (int k = 0; k < n; ++k) o[k] = 0.0f;
-    return;
-  }
-  if (id < row0 || id >= row0 + nrows) return;
-  const global uchar* row = table + table_off + (long)(id - row0) * row_bytes;
-  if (n == CHUNK) {
-    const global uchar* blk = row + (long)(c / W_CHUNKS) * W_BLOCK_BYTES;
-    float16 lo, hi;
-    block_chunk(blk, block_scales(blk), c % W_CHUNKS, &lo, &hi);
-    vstore16(lo, 0, o);
-    vstore16(hi, 1, o);
-    return;
-  }
-#ifdef W_FLOAT
-  for (int k = 0; k < n; ++k) o[k] = load_elem(row, CHUNK * c + k);
-#endif
-}

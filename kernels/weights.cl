@@ -212,11 +212,24 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
   *hi = as_float16(convert_uint16(vload16(1, (const global ushort*)b)) << 16);
 }
 
-#elif defined(W_Q4_0)  // 18 bytes: d, qs[16]; x = d * (q - 8)
+#elif defined(W_Q4_0) || defined(W_IQ4_NL)  // 18 bytes: d, qs[16]; x = d * (q - 8) / d * level[q]
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 18
 typedef float wscales;
 inline wscales block_scales(const global uchar* b) { return load_f16(b); }
+#ifdef W_IQ4_NL  // the nibbles index the IQ4 levels
+inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
+  const uchar16 q = load_bytes16(b + 2);
+  *lo = d * convert_float16(shuffle(IQ4_LEVELS, q & (uchar)15));
+  *hi = d * convert_float16(shuffle(IQ4_LEVELS, q >> (uchar)4));
+}
+#define W_DOT_Q8 1
+ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
+  const uchar16 q = load_bytes16(b + 2);
+  const int8 p = dot32_s(shuffle(IQ4_LEVELS, q & (uchar)15), shuffle(IQ4_LEVELS, q >> (uchar)4), xq);
+  acc[0] = fma(convert_float8(p), block_f16(b) * xd[0], acc[0]);
+}
+#else
 inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
   const uchar16 q = load_bytes16(b + 2);
   *lo = convert_float16(convert_int16(q & (uchar)15) - 8) * d;
@@ -235,6 +248,7 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
   acc[0] = fma(convert_float8(dot32_u(q & (uchar)15, q >> (uchar)4, xq)), d * xd[0], acc[0]);
   *acc_s = fma(-8.0f * d, xsum[0], *acc_s);
 }
+#endif
 #elif defined(W_Q4_1)  // 20 bytes: d, m, qs[16]; x = d * q + m
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 20
@@ -526,22 +540,6 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
   *hi = s.d[2 * j + 1] * convert_float16(v1);
 }
 
-#elif defined(W_IQ4_NL)  // 18 bytes: d, qs[16]; x = d * level[q], nibbles as Q4_0
-#define W_CHUNKS 1
-#define W_BLOCK_BYTES 18
-typedef float wscales;
-inline wscales block_scales(const global uchar* b) { return load_f16(b); }
-inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
-  const uchar16 q = load_bytes16(b + 2);
-  *lo = d * convert_float16(shuffle(IQ4_LEVELS, q & (uchar)15));
-  *hi = d * convert_float16(shuffle(IQ4_LEVELS, q >> (uchar)4));
-}
-#define W_DOT_Q8 1
-ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, const global float* xd, const global float* xsum, float8* acc, float8* acc_m, float* acc_s) {
-  const uchar16 q = load_bytes16(b + 2);
-  const int8 p = dot32_s(shuffle(IQ4_LEVELS, q & (uchar)15), shuffle(IQ4_LEVELS, q >> (uchar)4), xq);
-  acc[0] = fma(convert_float8(p), block_f16(b) * xd[0], acc[0]);
-}
 #elif defined(W_IQ4_XS)  // 136 bytes: d, scales_h, scales_l[4], qs[128]; x = d*(scale-32)*level[q]
 #define W_CHUNKS 8
 #define W_BLOCK_BYTES 136
@@ -576,3 +574,9 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
 #else
 #error "build with one -DW_<TYPE>"
 #endif
+
+// Chunk c of a row (of any length) as floats (embedding.cl).
+inline void row_chunk(const global uchar* row, int n, int c, float16* lo, float16* hi) {
+  const global uchar* blk = row + (long)(c / W_CHUNKS) * W_BLOCK_BYTES;
+  block_chunk(blk, block_scales(blk), c % W_CHUNKS, lo, hi);
+}

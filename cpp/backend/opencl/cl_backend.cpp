@@ -148,7 +148,7 @@ cl_program ClBackend::attention_program(DType kv) {
 cl_program ClBackend::linear_program(DType w) {
   const char* def = weight_define(w);
   if (!def) throw ValueError(std::string("the OpenCL backend has no kernels for weights of type ") + dtype_name(w));
-  return programs_->get({"common", "weights", "quantize", "linear", "moe"},
+  return programs_->get({"common", "weights", "quantize", "linear", "moe", "embedding"},
                         std::string(def) + (portable_kernels_ ? " -DPORTABLE_KERNELS" : ""));
 }
 

@@ -21,7 +21,7 @@ constexpr int64_t kMaxHeadDim = 256;
 
 // The register tile of the many-token matmul kernels (linear_t4 / t8, moe_tiles_t4 / t8) for a
 // weight type and the number of tokens sharing each weight row: tokens x weight rows per
-// work-item, and the kernels with that tile.
+// work-item, and the kernels with that tile (the gpu family's: a work-group's tile, moe_gemm).
 struct MatmulTile {
   int64_t tokens, rows;
   const char *linear_kernel, *moe_kernel;
@@ -96,8 +96,8 @@ class ClBackend : public Backend {
   static ClStream& cl_stream(Stream& s);  // ValueError for another backend's stream
   // keeps_quantized: see ClStream::add.
   void record(Stream& s, Launch&& l, bool keeps_quantized = false);
-  // moe_experts' matmuls: y[p, col + n] = w[ids[p]][n, :] . x[p / x_div, :], per pair
-  // (moe_rows) or over the pairs grouped by expert (moe_tiles; groups from moe_group).
+  // moe_experts' matmuls (either family): y[p, col + n] = w[ids[p]][n, :] . x[p / x_div, :], per
+  // pair (moe_rows) or over the pairs grouped by expert (moe_tiles; groups from moe_group).
   // xq: x quantized by quantize_q8 (8-bit activations), or undefined (f32 ones).
   void moe_rows(Stream& s, const Tensor& x, const Tensor& xq, int64_t x_div, const Tensor& w,
                 const Tensor& ids, const Tensor& y, int64_t col);
@@ -119,7 +119,6 @@ class ClBackend : public Backend {
   Launch launch_groups(cl_program program, const char* kernel, int64_t groups, int64_t local);
   void gpu_linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
                   int64_t out_col);
-  void gpu_embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out);
   // x quantized to 8 bits for a decode matmul: by the launch that wrote x when the stream's last
   // launch is a gpu norm / SwiGLU writing exactly x, or already quantized for the previous matmul
   // over x, else by a quantize_q8_rows launch.
@@ -127,15 +126,11 @@ class ClBackend : public Backend {
   void gpu_rms_norm(Stream& s, const Tensor* residual, const Tensor& x, const Tensor& w, float eps,
                     const Tensor& out);
   void gpu_swiglu(Stream& s, const Tensor& gate_up, const Tensor& out);
-  void gpu_qkv_to_cache(Stream& s, const Tensor& qkv, const Tensor& q_norm, const Tensor& k_norm,
-                        float eps, const RopeTable& rope, const AttnBatch& batch, const AttnParams& p,
-                        const Tensor& q_out, const KvLayer& kv);
-  void gpu_paged_attention(Stream& s, const Tensor& q, const KvLayer& kv, const AttnBatch& batch,
-                           const AttnParams& p, const Tensor& out);
-  void gpu_moe_rows(Stream& s, const Tensor& x, const Tensor& xq, int64_t x_div, const Tensor& w,
-                    const Tensor& ids, const Tensor& y, int64_t col);
-  void gpu_moe_tiles(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& groups,
-                     int64_t P, const Tensor& y, int64_t col);
+  // Splits of a step's positions (1: none) and the rest of attention_split's arguments (a: after
+  // the cpu family's paged_attention's), its launch, the combine of the splits, the output's offer.
+  int64_t gpu_attention_splits(int64_t tokens, int64_t max_positions) const;
+  void gpu_split_attention(Stream& s, cl_program program, Launch& l, KernelArgs& a, int64_t splits,
+                           const AttnBatch& batch, const AttnParams& p, int64_t block_size, const Tensor& out);
 
   std::shared_ptr<DeviceContext> dc_;
   std::shared_ptr<BufferPool> pool_;

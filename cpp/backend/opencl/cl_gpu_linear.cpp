@@ -1,4 +1,4 @@
-// The gpu family's programs, linear and embedding (kernels/gpu_linear.cl), and its weight packing.
+// The gpu family's programs, linear (kernels/gpu_linear.cl) and its weight packing.
 #include <algorithm>
 #include <vector>
 
@@ -43,7 +43,7 @@ cl_program ClBackend::gpu_linear_program(const Tensor& w) {
     options += " -DW_QALIGN=" + std::to_string(quant_alignment(w.dtype, w.row_bytes(), flat));
     if (flat) options += " -DW_FLAT";
   }
-  return gpu_program({"common", "gpu_common", "quantize", "gpu_weights", "gpu_linear", "gpu_moe"}, options);
+  return gpu_program({"common", "gpu_common", "quantize", "gpu_weights", "gpu_linear", "gpu_moe", "embedding"}, options);
 }
 
 Launch ClBackend::launch_groups(cl_program program, const char* kernel, int64_t groups, int64_t local) {
@@ -96,24 +96,6 @@ void ClBackend::gpu_linear(Stream& s, const Tensor& x, const Tensor& w, const Te
     a.tensor(xin, "linear").i32(T).i32(K);
     segment_args(a, seg, w, bias, o, out, out_col);
     record(s, std::move(l), /*keeps_quantized=*/true);
-  }
-}
-
-void ClBackend::gpu_embedding(Stream& s, const Tensor& ids, const Tensor& table, const Tensor& out) {
-  const int64_t T = ids.numel(), H = table.cols();
-  cl_program program = gpu_linear_program(table);
-  const int64_t chunks = (H + kChunk - 1) / kChunk;
-  bool first = true;
-  for (const RowSegment& seg : row_segments(table, "embedding")) {
-    Launch l = launch_groups(program, "embedding_rows", (T * chunks + 63) / 64, 64);
-    KernelArgs(l)
-        .tensor(ids, "embedding").i32(T)
-        .buffer(seg.mem, int64_t(seg.byte_offset), table.storage).i64(int64_t(table.row_bytes()))
-        .i32(seg.first_row).i32(seg.rows).i32(table.dim(0)).i32(H)
-        .i32(first ? 1 : 0)  // one launch writes the zero rows of out-of-range ids
-        .tensor(out, "embedding");
-    first = false;
-    record(s, std::move(l));
   }
 }
 

@@ -106,12 +106,13 @@ void ClBackend::embedding(Stream& s, const Tensor& ids, const Tensor& table, con
   checks::embedding(ids, table, out);
   const int64_t T = ids.numel(), H = table.cols();
   if (T == 0 || H == 0) return;
-  if (family_ == KernelFamily::Gpu) return gpu_embedding(s, ids, table, out);
-  cl_program program = linear_program(table.dtype);
+  const bool gpu = family_ == KernelFamily::Gpu;
+  cl_program program = gpu ? gpu_linear_program(table) : linear_program(table.dtype);
   const int64_t chunks = (H + kChunk - 1) / kChunk;
   bool first = true;
   for (const RowSegment& seg : row_segments(table, "embedding")) {
-    Launch l = launch(program, "embedding_rows", T * chunks, 64);
+    Launch l = gpu ? launch_groups(program, "embedding_rows", (T * chunks + 63) / 64, 64)
+                   : launch(program, "embedding_rows", T * chunks, 64);
     KernelArgs(l)
         .tensor(ids, "embedding").i32(T)
         .buffer(seg.mem, int64_t(seg.byte_offset), table.storage).i64(int64_t(table.row_bytes()))

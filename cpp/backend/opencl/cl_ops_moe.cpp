@@ -10,8 +10,8 @@
 //                grouped by expert on the device (moe_group), so each expert's rows are read
 //                once per tile of its tokens, not once per token. moe_rows quantizes the
 //                activations to 8 bits as linear does for decodes (not for scoring steps).
-// The gpu family runs the same steps with its own matmuls (cl_gpu_moe.cpp: a lane group per
-// (pair, rows), the tiled GEMM over each expert's grouped pairs).
+// The gpu family runs the same steps with its own matmuls (kernels/gpu_moe.cl: the GEMV's lane
+// groups per (pair, rows), its tiled GEMM over each expert's grouped pairs).
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -43,25 +43,31 @@ void ClBackend::moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool n
 // xq: x quantized by quantize_q8 (undefined: f32 activations).
 void ClBackend::moe_rows(Stream& s, const Tensor& x, const Tensor& xq, int64_t x_div, const Tensor& w,
                          const Tensor& ids, const Tensor& y, int64_t col) {
-  if (family_ == KernelFamily::Gpu) return gpu_moe_rows(s, x, xq, x_div, w, ids, y, col);
   const int64_t P = ids.numel(), E = w.dim(0), N = w.dim(1), K = w.dim(2);
-  cl_program program = linear_program(w.dtype);
+  const bool gpu = family_ == KernelFamily::Gpu, q8 = xq.defined();
+  cl_program program = gpu ? gpu_linear_program(w) : linear_program(w.dtype);
+  const char* kernel = gpu ? (q8 ? "moe_gemv_q8" : "moe_gemv") : (q8 ? "moe_rows_q8" : "moe_rows");
+  const int64_t gpu_rows_per_group = int64_t(tuning_.gemv_groups) * tuning_.gemv_rows;
   const BufferView o = single_buffer(y, "moe_experts");
-  const bool q8 = xq.defined();
   bool first = true;
   for (const RowSegment& seg : row_segments(w, "moe_experts")) {
     if (seg.rows == 0 && !first) continue;
-    Launch l = launch(program, q8 ? "moe_rows_q8" : "moe_rows", P * N, 64);
-    l.global = size_t(P) * ((size_t(N) + l.local - 1) / l.local * l.local);  // a pair's rows padded to whole work-groups
+    Launch l;
+    if (gpu) {  // a work-group per (pair, rows)
+      l = launch_groups(program, kernel, P * ((N + gpu_rows_per_group - 1) / gpu_rows_per_group), tuning_.gemv_wg());
+    } else {  // a work-item per (pair, row), a pair's rows padded to whole work-groups
+      l = launch(program, kernel, P * N, 64);
+      l.global = size_t(P) * ((size_t(N) + l.local - 1) / l.local * l.local);
+    }
     KernelArgs a(l);
     a.tensor(q8 ? xq : x, "moe_experts").i32(x_div).i32(K)
         .tensor(ids, "moe_experts").i32(P).i32(E).i32(N)
         .buffer(seg.mem, int64_t(seg.byte_offset), w.storage).i64(int64_t(w.row_bytes()))
         .i64(seg.first_row).i64(seg.rows).i32(first ? 1 : 0)
         .buffer(o.mem, int64_t(o.byte_offset / 4) + col, y.storage).i32(y.cols());
-    if (!q8) a.local_floats(K / 32);  // the sums of x per 32-element chunk (see linear_t1)
+    if (!q8 && !gpu) a.local_floats(K / 32);  // the sums of x per 32-element chunk (see linear_t1)
     first = false;
-    record(s, std::move(l));
+    record(s, std::move(l), /*keeps_quantized=*/true);
   }
 }
 
@@ -83,12 +89,14 @@ void ClBackend::moe_tiles(Stream& s, const Tensor& x, int64_t x_div, const Tenso
                           const Tensor& groups, int64_t P, const MatmulTile& tile, const Tensor& y,
                           int64_t col) {
   const int64_t N = w.dim(1), K = w.dim(2);
-  const int64_t max_tiles = (groups.numel() - P) / 3;
-  cl_program program = linear_program(w.dtype);
+  const int64_t max_tiles = (groups.numel() - P) / 3, row_tiles = (N + tile.rows - 1) / tile.rows;
+  const bool gpu = family_ == KernelFamily::Gpu;
+  cl_program program = gpu ? gpu_linear_program(w) : linear_program(w.dtype);
   const BufferView o = single_buffer(y, "moe_experts");
   for (const RowSegment& seg : row_segments(w, "moe_experts")) {
     if (seg.rows == 0) continue;
-    Launch l = launch(program, tile.moe_kernel, max_tiles * ((N + tile.rows - 1) / tile.rows), 16);
+    Launch l = gpu ? launch_groups(program, tile.moe_kernel, max_tiles * row_tiles, tuning_.gemm_items())
+                   : launch(program, tile.moe_kernel, max_tiles * row_tiles, 16);
     KernelArgs(l)
         .tensor(x, "moe_experts").i32(x_div).i32(K)
         .tensor(groups, "moe_experts").i32(P).i32(max_tiles).i32(N)
@@ -117,11 +125,11 @@ void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, cons
     std::vector<std::pair<int64_t, Tensor>> groupings;  // per tile height, made when first needed
     const bool gpu = family_ == KernelFamily::Gpu;
     auto tiles = [&](const Tensor& in, int64_t x_div, const Tensor& w, const Tensor& out, int64_t col) {
-      const MatmulTile tile = gpu ? MatmulTile{tuning_.gemm_tm, 0, "", ""} : matmul_tile(w.dtype, P / E);
+      const MatmulTile tile = gpu ? MatmulTile{tuning_.gemm_tm, tuning_.gemm_tn, "", "moe_gemm"}
+                                  : matmul_tile(w.dtype, P / E);
       auto g = std::find_if(groupings.begin(), groupings.end(), [&](const auto& p) { return p.first == tile.tokens; });
       if (g == groupings.end()) g = groupings.insert(g, {tile.tokens, moe_group(s, ids, E, tile.tokens)});
-      if (gpu) gpu_moe_tiles(s, in, x_div, w, g->second, P, out, col);
-      else moe_tiles(s, in, x_div, w, g->second, P, tile, out, col);
+      moe_tiles(s, in, x_div, w, g->second, P, tile, out, col);
     };
     tiles(x, k, gate, gu, 0);
     tiles(x, k, up, gu, I);
