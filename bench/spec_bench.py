@@ -1,6 +1,6 @@
 """Speculative decoding: single-stream decode tokens/s with and without it, side by side.
 
-usage: python bench/spec_bench.py [--what lookup|draft|all] [-n 128] [-t 2] [-r 3] [--out FILE.json]
+usage: python bench/spec_bench.py [--what lookup|draft|all] [-n 128] [-t 2] [-r 3] [-k 5] [--out FILE.json]
 
 - lookup: prompt lookup (ngram) on SmolLM2-135M-Instruct Q4_1, on prompts with repeated spans
   and on prompts with nothing to look up (bench/spec_prompts.json), against the same model
@@ -101,6 +101,7 @@ def main():
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("-k", type=int, default=5, help="num_speculative_tokens")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -111,7 +112,7 @@ def main():
     result = {"threads": a.t, "n": a.n, "load_at_start": [round(x, 2) for x in os.getloadavg()]}
     if a.what in ("lookup", "all"):
         plain = ferrum.LLM(q4_1, num_threads=a.t)
-        spec = ferrum.LLM(q4_1, num_threads=a.t, speculative_config=NGRAM)
+        spec = ferrum.LLM(q4_1, num_threads=a.t, speculative_config={**NGRAM, "num_speculative_tokens": a.k})
         for name in ("repeated", "novel"):
             rows = side_by_side(plain, spec, prompts[name], a.n, a.r)
             if os.path.exists(PEER_VENV):
@@ -121,7 +122,7 @@ def main():
         from moe_bench import measure_bandwidth_gbs
         f16 = f16_target(q4_1)
         plain = ferrum.LLM(f16, num_threads=a.t)
-        spec = ferrum.LLM(f16, num_threads=a.t, speculative_config={"model": q4_1, "num_speculative_tokens": 5})
+        spec = ferrum.LLM(f16, num_threads=a.t, speculative_config={"model": q4_1, "num_speculative_tokens": a.k})
         # The F16 copy has the Q4_1 file's vocabulary but no chat template: the draft's renders.
         rows = side_by_side(plain, spec, prompts["chat"], a.n, a.r, chat=ferrum.LLM(q4_1, num_threads=a.t).tokenizer)
         line = summary("draft model", rows)
