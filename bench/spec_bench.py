@@ -124,7 +124,10 @@ def main():
         plain = ferrum.LLM(f16, num_threads=a.t)
         spec = ferrum.LLM(f16, num_threads=a.t, speculative_config={"model": q4_1, "num_speculative_tokens": a.k})
         # The F16 copy has the Q4_1 file's vocabulary but no chat template: the draft's renders.
-        rows = side_by_side(plain, spec, prompts["chat"], a.n, a.r, chat=ferrum.LLM(q4_1, num_threads=a.t).tokenizer)
+        from ferrum import _core
+        from ferrum.llm import _load_tokenizer
+        draft_tokenizer = _load_tokenizer(q4_1, _core.ModelFile(q4_1), None)
+        rows = side_by_side(plain, spec, prompts["chat"], a.n, a.r, chat=draft_tokenizer)
         line = summary("draft model", rows)
         roof = measure_bandwidth_gbs(a.t)
         target_gb = os.path.getsize(f16) / 1e9

@@ -124,8 +124,9 @@ class Engine:
             raise TypeError("sampling params must be a ferrum.SamplingParams")
         prompt_ids = token_ids_of(prompt_ids)
         vocab = self.runner.config["vocab_size"]
-        if params.logit_bias and max(params.logit_bias) >= vocab:
-            raise ValueError(f"logit_bias token id {max(params.logit_bias)} is out of range [0, {vocab})")
+        biased = max(params.logit_bias, default=-1) if params.logit_bias else -1
+        if biased >= vocab:
+            raise ValueError(f"logit_bias token id {biased} is out of range [0, {vocab})")
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
