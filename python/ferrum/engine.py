@@ -124,7 +124,7 @@ class Engine:
             raise TypeError("sampling params must be a ferrum.SamplingParams")
         prompt_ids = token_ids_of(prompt_ids)
         vocab = self.runner.config["vocab_size"]
-        biased = max(params.logit_bias, default=-1) if params.logit_bias else -1
+        biased = max(params.logit_bias or (), default=-1)
         if biased >= vocab:
             raise ValueError(f"logit_bias token id {biased} is out of range [0, {vocab})")
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
