@@ -1,6 +1,7 @@
 """Speculative decoding: single-stream decode tokens/s with and without it, side by side.
 
-usage: python bench/spec_bench.py [--what lookup|draft|all] [-n 128] [-t 2] [-r 3] [-k 5] [--out FILE.json]
+usage: python bench/spec_bench.py [--what lookup|draft|all] [-n 128] [-t 2] [-r 3] [-k 5] [--ignore-eos]
+                                  [--out FILE.json]
 
 - lookup: prompt lookup (ngram) on SmolLM2-135M-Instruct Q4_1, on prompts with repeated spans
   and on prompts with nothing to look up (bench/spec_prompts.json), against the same model
@@ -10,8 +11,9 @@ usage: python bench/spec_bench.py [--what lookup|draft|all] [-n 128] [-t 2] [-r 
   prompts; reports the effective bandwidth (target bytes a token x tokens/s) against a plain
   read of memory, i.e. how far past the decode roof it gets.
 
-Every prompt is greedy, chat-templated, `-n` tokens; decode tokens/s counts from the first
-generated token to the last. Runs alternate (plain, speculative, plain, ...) in one process so
+Every prompt is greedy, chat-templated, up to `-n` tokens, ending at the model's end of turn as a
+user's request does (`--ignore-eos`: always `-n`, running on past the answer); decode tokens/s
+counts from the first generated token to the last. Runs alternate (plain, speculative, plain, ...) in one process so
 both meet the same memory phases; outputs are checked equal token for token.
 """
 import argparse
@@ -29,36 +31,40 @@ PEER_VENV = os.path.join(os.environ.get("FERRUM_PEER_DIR", os.path.expanduser("~
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
-def decode_rate(llm, prompt_ids, n):
-    """Decode tokens/s of one greedy request (from its first token to its last) and its tokens."""
+def decode_rate(llm, prompt_ids, n, ignore_eos=False):
+    """Decode tokens/s of one greedy request of up to n tokens (from its first token to its last),
+    its tokens and the steps that decoded them."""
     import ferrum
-    rid = llm.add_request(prompt_ids, ferrum.SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
-    first = None
+    rid = llm.add_request(prompt_ids, ferrum.SamplingParams(max_tokens=n, temperature=0, ignore_eos=ignore_eos))
+    first, steps = None, 0
     while llm.has_unfinished():
-        for d in llm.step():
+        deltas = llm.step()
+        steps += first is not None
+        for d in deltas:
             if first is None and d.outputs and d.outputs[0].token_ids:
                 first = (time.perf_counter(), len(d.outputs[0].token_ids))
             if d.finished:
                 done, out = time.perf_counter(), d.output.outputs[0].token_ids
     assert d.request_id == rid
-    return (len(out) - first[1]) / (done - first[0]), out
+    return (len(out) - first[1]) / (done - first[0]), out, steps
 
 
-def side_by_side(plain, spec, prompts, n, reps, chat=None):
+def side_by_side(plain, spec, prompts, n, reps, chat=None, ignore_eos=False):
     """`chat`: the tokenizer whose chat template renders the prompts (default: plain's)."""
     chat = chat or plain.tokenizer
     rows = []
     for text in prompts:
         ids = chat.encode(chat.apply_chat_template([{"role": "user", "content": text}]))
         rates = {"plain": [], "spec": []}
-        outs = {}
+        outs, steps = {}, {}
         before = spec.stats()
         for _ in range(reps):
             for name, llm in (("plain", plain), ("spec", spec)):
-                rate, outs[name] = decode_rate(llm, ids, n)
+                rate, outs[name], steps[name] = decode_rate(llm, ids, n, ignore_eos)
                 rates[name].append(rate)
         rows.append({"prompt": text[:60], "prompt_ids": ids, "plain_tok_s": statistics.median(rates["plain"]),
                      "spec_tok_s": statistics.median(rates["spec"]), "equal": outs["plain"] == outs["spec"],
+                     "tokens": len(outs["spec"]), "tokens_per_step": (len(outs["spec"]) - 1) / max(steps["spec"], 1),
                      "acceptance_rate": accepted_share(before, spec.stats())})
         rows[-1]["speedup"] = rows[-1]["spec_tok_s"] / rows[-1]["plain_tok_s"]
     return rows
@@ -70,13 +76,13 @@ def accepted_share(before, after):
     return (after["spec_accepted_tokens"] - before["spec_accepted_tokens"]) / proposed if proposed else 0.0
 
 
-def llamacpp_lookup(model, rows, n, threads):
+def llamacpp_lookup(model, rows, n, threads, ignore_eos):
     """llama.cpp's decode tokens/s without and with LlamaPromptLookupDecoding on the same prompt ids."""
     script = os.path.join(HERE, "llamacpp_lookup.py")
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump([r["prompt_ids"] for r in rows], f)
-    out = subprocess.run([PEER_VENV, script, model, f.name, str(n), str(threads)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run([PEER_VENV, script, model, f.name, str(n), str(threads)] + ["--ignore-eos"] * ignore_eos,
+                         capture_output=True, text=True, check=True).stdout
     os.unlink(f.name)
     for r, peer in zip(rows, json.loads(out.strip().splitlines()[-1])):
         r.update({"llamacpp_tok_s": peer["plain"], "llamacpp_lookup_tok_s": peer["lookup"]})
@@ -87,7 +93,8 @@ def summary(name, rows):
     line = {"set": name, "speedup_geomean": geo([r["speedup"] for r in rows]),
             "all_equal": all(r["equal"] for r in rows),
             "plain_tok_s": geo([r["plain_tok_s"] for r in rows]), "spec_tok_s": geo([r["spec_tok_s"] for r in rows]),
-            "acceptance_rate": statistics.mean(r["acceptance_rate"] for r in rows)}
+            "acceptance_rate": statistics.mean(r["acceptance_rate"] for r in rows),
+            "tokens_per_step": statistics.mean(r["tokens_per_step"] for r in rows)}
     if "llamacpp_tok_s" in rows[0]:
         line["llamacpp_tok_s"] = geo([r["llamacpp_tok_s"] for r in rows])
         line["llamacpp_lookup_tok_s"] = geo([r["llamacpp_lookup_tok_s"] for r in rows])
@@ -102,6 +109,7 @@ def main():
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("-r", type=int, default=3)
     ap.add_argument("-k", type=int, default=5, help="num_speculative_tokens")
+    ap.add_argument("--ignore-eos", action="store_true", help="always decode -n tokens, past the end of the answer")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -109,14 +117,14 @@ def main():
     from ferrum.models import default_model_path
     prompts = json.load(open(os.path.join(HERE, "spec_prompts.json")))
     q4_1 = str(default_model_path())
-    result = {"threads": a.t, "n": a.n, "load_at_start": [round(x, 2) for x in os.getloadavg()]}
+    result = {"threads": a.t, "n": a.n, "ignore_eos": a.ignore_eos, "load_at_start": [round(x, 2) for x in os.getloadavg()]}
     if a.what in ("lookup", "all"):
         plain = ferrum.LLM(q4_1, num_threads=a.t)
         spec = ferrum.LLM(q4_1, num_threads=a.t, speculative_config={**NGRAM, "num_speculative_tokens": a.k})
         for name in ("repeated", "novel"):
-            rows = side_by_side(plain, spec, prompts[name], a.n, a.r)
+            rows = side_by_side(plain, spec, prompts[name], a.n, a.r, ignore_eos=a.ignore_eos)
             if os.path.exists(PEER_VENV):
-                llamacpp_lookup(q4_1, rows, a.n, a.t)
+                llamacpp_lookup(q4_1, rows, a.n, a.t, a.ignore_eos)
             result[f"lookup_{name}"] = {"rows": rows, "summary": summary(f"lookup {name}", rows)}
     if a.what in ("draft", "all"):
         from moe_bench import measure_bandwidth_gbs
@@ -127,7 +135,7 @@ def main():
         from ferrum import _core
         from ferrum.llm import _load_tokenizer
         draft_tokenizer = _load_tokenizer(q4_1, _core.ModelFile(q4_1), None)
-        rows = side_by_side(plain, spec, prompts["chat"], a.n, a.r, chat=draft_tokenizer)
+        rows = side_by_side(plain, spec, prompts["chat"], a.n, a.r, chat=draft_tokenizer, ignore_eos=a.ignore_eos)
         line = summary("draft model", rows)
         roof = measure_bandwidth_gbs(a.t)
         target_gb = os.path.getsize(f16) / 1e9

@@ -83,13 +83,25 @@ def ngram_proposal(tokens: np.ndarray, k: int, lookup_max: int, lookup_min: int)
     """Prompt lookup: the `k` tokens that followed the latest earlier occurrence of the longest
     suffix of `tokens` (of lookup_max down to lookup_min tokens); [] when none occurs."""
     n_tokens = len(tokens)
-    for n in range(min(lookup_max, n_tokens - 1), lookup_min - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:n_tokens - 1], n)
-        hits = np.flatnonzero((windows == tokens[n_tokens - n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return tokens[start:start + k].tolist()
-    return []
+    # Earlier occurrences end at the positions holding the last token; each is extended backwards
+    # while it still matches, up to lookup_max (one comparison per length over the candidates).
+    ends = np.flatnonzero(tokens[:n_tokens - 1] == tokens[n_tokens - 1])
+    if ends.size == 0 or lookup_min > n_tokens - 1:
+        return []
+    length = np.ones(ends.size, dtype=np.int64)
+    alive = np.ones(ends.size, dtype=bool)
+    for j in range(1, min(lookup_max, n_tokens - 1)):
+        back = ends - j
+        alive &= back >= 0
+        alive[alive] = tokens[back[alive]] == tokens[n_tokens - 1 - j]
+        length += alive
+        if not alive.any():
+            break
+    best = int(length.max())
+    if best < lookup_min:
+        return []
+    start = int(ends[np.flatnonzero(length == best)[-1]]) + 1
+    return tokens[start:start + k].tolist()
 
 
 class DraftModel:
