@@ -9,7 +9,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "quant/kernels.h"
 #include "quant/repack.h"
@@ -95,106 +94,12 @@ FERRUM_AVX512 void dot_rows_float_r16(int64_t n, const void* w, size_t w_row_byt
   }
 }
 
-// ---- several activation rows (a verify step, a batch of decodes) ----
-//
-// Each weight block is converted once for kA activation rows. The blocks stay the outer loop, so
-// a group is still read as one stream; a block's 16 rows go two at a time against kA activation
-// rows, their accumulators kept in L1 between blocks. Every accumulator takes its blocks and
-// their vectors in the row kernel's order and is summed by the same tree (sum_lanes8), so a
-// result equals dot_rows_float_r16's bit for bit, whatever T.
-
-constexpr int kMaxActs = 8;  // activation rows per pass over a group: 2 x 8 accumulators in registers
-
-// The activations of T rows in B's lane order, block by block (BF16's come permuted).
-template <class B>
-FERRUM_AVX512 const __m256* prepare_acts(int64_t blocks, const char* act, size_t act_row_bytes, int64_t T) {
-  thread_local std::vector<__m256> prepared;
-  prepared.resize(size_t(T * blocks * B::kVecs));
-  for (int64_t t = 0; t < T; ++t) {
-    const float* a = reinterpret_cast<const float*>(act + t * act_row_bytes);
-    for (int64_t b = 0; b < blocks; ++b) B::acts(a + b * B::kElems, &prepared[size_t((t * blocks + b) * B::kVecs)]);
-  }
-  return prepared.data();
-}
-
-// Block b of one 16-row group against kA activation rows: acc[i * kMaxActs + j] for row i, act j.
-template <class B, int kA>
-FERRUM_AVX512 void group_block(const char* block, const __m256* acts, int64_t act_stride, __m256* acc) {
-#pragma GCC unroll 1
-  for (int i = 0; i < kR16Rows; i += 2) {
-    __m256 w0[B::kVecs], w1[B::kVecs];
-    B::weights(block + i * kBlockBytes, w0);
-    B::weights(block + (i + 1) * kBlockBytes, w1);
-    __m256 a0[kA], a1[kA];
-    for (int j = 0; j < kA; ++j) a0[j] = acc[i * kMaxActs + j], a1[j] = acc[(i + 1) * kMaxActs + j];
-    for (int j = 0; j < kA; ++j)
-      for (int k = 0; k < B::kVecs; ++k) {
-        const __m256 x = acts[j * act_stride + k];
-        a0[j] = _mm256_fmadd_ps(w0[k], x, a0[j]);
-        a1[j] = _mm256_fmadd_ps(w1[k], x, a1[j]);
-      }
-    for (int j = 0; j < kA; ++j) acc[i * kMaxActs + j] = a0[j], acc[(i + 1) * kMaxActs + j] = a1[j];
-  }
-}
-
-// kA activation rows from `acts` (prepared) against `rows` rows from a group start.
-template <class B, int kA>
-FERRUM_AVX512 void batch_pass(int64_t blocks, const char* w, size_t w_row_bytes, int64_t rows, const __m256* acts,
-                              float* out, int64_t ldo) {
-  const int64_t act_stride = blocks * B::kVecs;
-  const char* group = w;
-  for (int64_t r = 0; r < rows; r += kR16Rows, group += kR16Rows * w_row_bytes) {
-    alignas(32) __m256 acc[kR16Rows * kMaxActs];
-    for (__m256& v : acc) v = _mm256_setzero_ps();
-    const char* p = group;
-    for (int64_t b = 0; b < blocks; ++b, p += kR16Rows * kBlockBytes)
-      group_block<B, kA>(p, acts + b * B::kVecs, act_stride, acc);
-    for (int j = 0; j < kA; ++j)
-      for (int h = 0; h < 2; ++h) {
-        __m256 v[8];
-        for (int i = 0; i < 8; ++i) v[i] = acc[(8 * h + i) * kMaxActs + j];
-        const int64_t left = std::clamp<int64_t>(rows - r - 8 * h, 0, 8);
-        _mm256_mask_storeu_ps(out + j * ldo + r + 8 * h, __mmask8((1u << left) - 1), sum_lanes8(v));
-      }
-  }
-}
-
-// The last `left` (< kMaxActs) activation rows, in one pass of that many.
-template <class B, int kA>
-FERRUM_AVX512 void batch_tail(int64_t left, int64_t blocks, const char* w, size_t w_row_bytes, int64_t rows,
-                              const __m256* acts, float* out, int64_t ldo) {
-  if constexpr (kA > 0) {
-    if (left == kA) batch_pass<B, kA>(blocks, w, w_row_bytes, rows, acts, out, ldo);
-    else batch_tail<B, kA - 1>(left, blocks, w, w_row_bytes, rows, acts, out, ldo);
-  }
-}
-
-template <class B>
-FERRUM_AVX512 void dot_batch_float_r16(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
-                                       size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
-  const int64_t blocks = n / B::kElems;
-  const __m256* acts = prepare_acts<B>(blocks, static_cast<const char*>(act), act_row_bytes, T);
-  const char* wp = static_cast<const char*>(w);
-  int64_t t = 0;
-  for (; t + kMaxActs <= T; t += kMaxActs)
-    batch_pass<B, kMaxActs>(blocks, wp, w_row_bytes, rows, acts + t * blocks * B::kVecs, out + t * ldo, ldo);
-  batch_tail<B, kMaxActs - 1>(T - t, blocks, wp, w_row_bytes, rows, acts + t * blocks * B::kVecs, out + t * ldo, ldo);
-}
-
 }  // namespace
 
 DotRowsFn avx512_float_r16_dot_rows(DType t) {
   switch (t) {
     case DType::F16: return dot_rows_float_r16<F16Block>;
     case DType::BF16: return dot_rows_float_r16<BF16Block>;
-    default: return nullptr;
-  }
-}
-
-DotBatchFn avx512_float_r16_dot_batch(DType t) {
-  switch (t) {
-    case DType::F16: return dot_batch_float_r16<F16Block>;
-    case DType::BF16: return dot_batch_float_r16<BF16Block>;
     default: return nullptr;
   }
 }
