@@ -17,6 +17,7 @@
 // Weights in the R16 layout (pack_weight) take the same paths; threads split them at 16-row
 // group starts.
 #include <cblas.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
@@ -217,8 +218,16 @@ void dot_row_range(const Matmul& m, const LinearPath& p, const DotSplit& d, cons
   } else {
     for (int64_t tr = r0; tr < r1; tr += d.tile_rows) {
       const int64_t rows = std::min(d.tile_rows, r1 - tr);
-      for (int64_t t = 0; t < m.T; ++t)
+      // With several activation rows a tile's passes are compute-bound: the next tile is fetched
+      // into L2 meanwhile, a share before each pass, so memory and arithmetic overlap.
+      const char* next = m.weight_rows(tr + rows);
+      const int64_t next_bytes = std::min(d.tile_rows, r1 - tr - rows) * int64_t(m.w_row_bytes);
+      const int64_t share = m.T > 1 ? (next_bytes / m.T + 64) & ~int64_t(63) : 0;
+      for (int64_t t = 0; t < m.T; ++t) {
+        for (int64_t at = t * share, end = std::min(next_bytes, at + share); at < end; at += 64)
+          _mm_prefetch(next + at, _MM_HINT_T1);
         p.kernel->dot_rows(m.K, m.weight_rows(tr), m.w_row_bytes, rows, a.row(m, acts, t), op + t * m.ldo + tr);
+      }
     }
   }
   add_bias(m, op, r0, r1);
