@@ -1,0 +1,240 @@
+// AVX2 kernels for the weight types dotted with Q8_K activations (Q2_K .. Q6_K, IQ4_XS): one
+// GEMM, whose single-activation-row case is also the row kernel.
+//
+// Every output takes the scalar kernel's float order (dot_scalar.cpp), which the int8 GEMMs and
+// R16 kernels of AVX-512 VNNI CPUs also take: per 256-element super-block,
+//   isum    = sum_s scale_s * (sum over sub-block s of q * a  - zero point * bsum_s)   (int32)
+//   min_sum = sum_s min_s * bsum_s                                     (Q2_K, Q4_K, Q5_K)
+//   acc = fma(float(isum), d * d_a, acc), then acc = fma(-float(min_sum), dmin * d_a, acc)
+// with the super-blocks in order. The integers are exact (|isum| < 2^29) in whatever order they
+// are summed, so a row's result depends neither on how many activation rows share the call nor
+// on its place among them.
+//
+// Four weight rows run at once, one per float lane. Each super-block of the four is unpacked once
+// into a small buffer in L1 (PackedSuperBlock), which every activation row then passes over.
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "quant/avx2_common.h"
+#include "quant/formats.h"
+#include "quant/kernels.h"
+
+namespace ferrum::quant::detail {
+
+namespace {
+
+constexpr int kRows = 4;             // weight rows per pass, one per float lane
+constexpr int kChunks = kQKK / 32;   // 32-element chunks per super-block
+
+// One super-block of 4 weight rows, ready for the multiply loop.
+struct PackedSuperBlock {
+  __m256i quants[kRows][kChunks];  // chunk c: elements 32c .. 32c + 31 in order (unsigned, or signed levels)
+  __m256i scales[kRows][kChunks];  // chunk c's scales as int16 words: elements 32c .. 32c + 15 in the low
+                                   // 128 bits, the rest in the high ones (maddubs keeps that split)
+  __m256i bsum_terms[kRows];       // int16 weights of the 16 activation block sums (bsums): -zero point
+                                   // * scale (joins isum), or the mins (min_sum)
+  alignas(16) float d[kRows], dmin[kRows];
+};
+
+// Chunk c's scale words from the scales of its two 16-element halves.
+FERRUM_AVX2_INLINE __m256i half_scales(int lo, int hi) {
+  return _mm256_set_m128i(_mm_set1_epi16(short(hi)), _mm_set1_epi16(short(lo)));
+}
+
+// Per format: pack(block, p, r) fills row r of p. kZeroPoint: bsum_terms join isum; kHasMin: they
+// give min_sum; kSigned: quants are signed levels (signed_pairs), else unsigned (maddubs; pair
+// sums within int16: 2 * 63 * 127).
+
+// Q4_K / Q5_K: each 32 bytes of qs hold 32-element sub-block 2c in the low nibbles and 2c + 1 in
+// the high ones; Q5_K's fifth bit of element l of sub-block j is bit j of qh[l].
+template <class B, bool kFiveBit>
+struct K4Format {
+  using Block = B;
+  static constexpr bool kZeroPoint = false, kHasMin = true, kSigned = false;
+  FERRUM_AVX2_INLINE static void pack(const Block& b, PackedSuperBlock& p, int r) {
+    uint64_t scale_bytes, mins;
+    unpack_k4_scales(b.scales, scale_bytes, mins);
+    uint8_t sc[8];
+    std::memcpy(sc, &scale_bytes, 8);
+    const __m256i low4 = _mm256_set1_epi8(15), ones8 = _mm256_set1_epi8(1);
+    __m256i qh;
+    if constexpr (kFiveBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh));
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * c));
+      __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (kFiveBit) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), ones8), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), ones8), 4));
+      }
+      p.quants[r][2 * c] = lo;
+      p.quants[r][2 * c + 1] = hi;
+    }
+    for (int j = 0; j < 8; ++j) p.scales[r][j] = _mm256_set1_epi16(short(sc[j]));
+    // min j weighs bsums 2j and 2j + 1
+    const __m256i m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mins)));
+    p.bsum_terms[r] = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
+    p.d[r] = h2f(b.d);
+    p.dmin[r] = h2f(b.dmin);
+  }
+};
+
+// Q6_K: half h (128 elements) takes 64 bytes of ql and 32 of qh; its 32-element quarter g is the
+// low (g = 0, 1) / high (g = 2, 3) nibbles of ql[32 (g % 2)..] with bits 2g, 2g + 1 of qh on top.
+// Quants stay unsigned (0..63); the -32 zero point goes through the bsums.
+struct Q6Format {
+  using Block = BlockQ6_K;
+  static constexpr bool kZeroPoint = true, kHasMin = false, kSigned = false;
+  FERRUM_AVX2_INLINE static void pack(const Block& b, PackedSuperBlock& p, int r) {
+    const __m256i low4 = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * h));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * h));
+      const __m256i low[4] = {l0, l1, _mm256_srli_epi16(l0, 4), _mm256_srli_epi16(l1, 4)};
+      const __m256i high[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh, _mm256_srli_epi16(qh, 2)};
+      for (int g = 0; g < 4; ++g) {
+        p.quants[r][4 * h + g] = _mm256_or_si256(_mm256_and_si256(low[g], low4), _mm256_and_si256(high[g], bits45));
+        const int s = 8 * h + 2 * g;
+        p.scales[r][4 * h + g] = half_scales(b.scales[s], b.scales[s + 1]);
+      }
+    }
+    const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+    p.bsum_terms[r] = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scales16, 5));
+    p.d[r] = h2f(b.d);
+  }
+};
+
+// Q2_K / Q3_K: each 32 bytes of qs hold four 32-element quarters j in 2-bit fields (element
+// 128h + 32j + l is field j of qs[32h + l]); every 16 elements have a scale. Q2_K: 4-bit scales and
+// mins; Q3_K: bit 4h + j of hmask[l] is the third bit, the zero point is 4 and the 6-bit scales
+// are offset by 32.
+template <bool kThreeBit>
+struct K2Format {
+  using Block = std::conditional_t<kThreeBit, BlockQ3_K, BlockQ2_K>;
+  static constexpr bool kZeroPoint = kThreeBit, kHasMin = !kThreeBit, kSigned = false;
+  FERRUM_AVX2_INLINE static void pack(const Block& b, PackedSuperBlock& p, int r) {
+    int8_t sc[16];
+    if constexpr (kThreeBit) {
+      for (int s = 0; s < 16; ++s) sc[s] = int8_t(q3k_scale(b.scales, s) - 32);
+      const __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+      p.bsum_terms[r] = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scales16, 2));
+    } else {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(sc), _mm_and_si128(packed, _mm_set1_epi8(15)));
+      p.bsum_terms[r] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15)));
+      p.dmin[r] = h2f(b.dmin);
+    }
+    const __m256i low2 = _mm256_set1_epi8(3), ones8 = _mm256_set1_epi8(1);
+    __m256i hmask;
+    if constexpr (kThreeBit) hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.hmask));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qs + 32 * h));
+      for (int j = 0; j < 4; ++j) {
+        __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), low2);
+        if constexpr (kThreeBit)
+          q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hmask, 4 * h + j), ones8), 2));
+        p.quants[r][4 * h + j] = q;
+        const int s = 8 * h + 2 * j;
+        p.scales[r][4 * h + j] = half_scales(sc[s], sc[s + 1]);
+      }
+    }
+    p.d[r] = h2f(b.d);
+  }
+};
+
+// IQ4_XS: sub-block c (32 elements, IQ4_NL's nibble layout at qs + 16c) has a 6-bit scale less 32.
+struct IQ4_XSFormat {
+  using Block = BlockIQ4_XS;
+  static constexpr bool kZeroPoint = false, kHasMin = false, kSigned = true;
+  FERRUM_AVX2_INLINE static void pack(const Block& b, PackedSuperBlock& p, int r) {
+    for (int c = 0; c < kChunks; ++c) {
+      p.quants[r][c] = iq4_levels(b.qs + 16 * c);
+      p.scales[r][c] = _mm256_set1_epi16(short(iq4xs_scale(b, c)));
+    }
+    p.d[r] = h2f(b.d);
+  }
+};
+
+// One super-block step of the float chain of the 4 packed rows against activation super-block y.
+template <class F>
+FERRUM_AVX2_INLINE __m128 super_block_step(const PackedSuperBlock& p, const BlockQ8_K& y, __m128 acc) {
+  const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
+  __m256i isum[kRows];
+  for (int r = 0; r < kRows; ++r)
+    isum[r] = F::kZeroPoint ? _mm256_madd_epi16(bsums, p.bsum_terms[r]) : _mm256_setzero_si256();
+  for (int c = 0; c < kChunks; ++c) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 32 * c));
+    for (int r = 0; r < kRows; ++r) {
+      const __m256i pairs = F::kSigned ? signed_pairs(p.quants[r][c], a) : _mm256_maddubs_epi16(p.quants[r][c], a);
+      isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, p.scales[r][c]));
+    }
+  }
+  const __m128 d_a = _mm_set1_ps(y.d);
+  acc = _mm_fmadd_ps(lane_sums(isum[0], isum[1], isum[2], isum[3]), _mm_mul_ps(_mm_load_ps(p.d), d_a), acc);
+  if constexpr (F::kHasMin) {
+    __m256i min_sum[kRows];
+    for (int r = 0; r < kRows; ++r) min_sum[r] = _mm256_madd_epi16(bsums, p.bsum_terms[r]);
+    acc = _mm_fnmadd_ps(lane_sums(min_sum[0], min_sum[1], min_sum[2], min_sum[3]), _mm_mul_ps(_mm_load_ps(p.dmin), d_a),
+                        acc);
+  }
+  return acc;
+}
+
+// out[t * ldo + r] = dot(weight row r, activation row t): weight rows 4 at a time; for each of
+// their super-blocks, packed once, every activation row's step of its accumulator.
+template <class F>
+FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act, size_t act_row_bytes,
+                      int64_t T, float* out, int64_t ldo) {
+  using Block = typename F::Block;
+  const int64_t nb = n / kQKK;
+  thread_local PackedSuperBlock packed;
+  thread_local std::vector<float> acc_buffer;  // [T][kRows]
+  acc_buffer.resize(size_t(T * kRows));
+  float* acc = acc_buffer.data();
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const int live = int(std::min<int64_t>(kRows, rows - r0));
+    const Block* x[kRows];  // rows past `live` repeat the last one (computed, not stored)
+    for (int r = 0; r < kRows; ++r)
+      x[r] = reinterpret_cast<const Block*>(static_cast<const char*>(w) + size_t(r0 + std::min(r, live - 1)) * w_row_bytes);
+    for (int64_t sb = 0; sb < nb; ++sb) {
+      for (int r = 0; r < kRows; ++r) F::pack(x[r][sb], packed, r);
+      for (int64_t t = 0; t < T; ++t) {
+        const BlockQ8_K& y = reinterpret_cast<const BlockQ8_K*>(static_cast<const char*>(act) + t * act_row_bytes)[sb];
+        const __m128 prev = sb == 0 ? _mm_setzero_ps() : _mm_loadu_ps(acc + t * kRows);
+        _mm_storeu_ps(acc + t * kRows, super_block_step<F>(packed, y, prev));
+      }
+    }
+    for (int64_t t = 0; t < T; ++t)
+      for (int r = 0; r < live; ++r) out[t * ldo + r0 + r] = acc[t * kRows + r];
+  }
+}
+
+// The row kernel: the GEMM for one activation row.
+template <class F>
+FERRUM_AVX2 void dot_rows(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act, float* out) {
+  gemm<F>(n, w, w_row_bytes, rows, act, 0, 1, out, 0);
+}
+
+template <class F>
+Avx2Kernels kernels_of() {
+  return {dot_rows<F>, gemm<F>};
+}
+
+}  // namespace
+
+Avx2Kernels avx2_q8_k_kernels(DType t) {
+  switch (t) {
+    case DType::Q2_K: return kernels_of<K2Format<false>>();
+    case DType::Q3_K: return kernels_of<K2Format<true>>();
+    case DType::Q4_K: return kernels_of<K4Format<BlockQ4_K, false>>();
+    case DType::Q5_K: return kernels_of<K4Format<BlockQ5_K, true>>();
+    case DType::Q6_K: return kernels_of<Q6Format>();
+    case DType::IQ4_XS: return kernels_of<IQ4_XSFormat>();
+    default: return {nullptr, nullptr};
+  }
+}
+
+}  // namespace ferrum::quant::detail
