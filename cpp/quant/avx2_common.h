@@ -16,11 +16,11 @@ namespace ferrum::quant::detail {
 
 FERRUM_AVX2_INLINE static float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
-// The sums of the 8 int32 lanes of v0 .. v3 (exact), as 4 floats: one per weight row of the
-// kernels that run four rows at once, one per float lane.
-FERRUM_AVX2_INLINE static __m128 lane_sums(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+// The sums of the 8 int32 lanes of v0 .. v3: one per weight row of the kernels that run four
+// rows at once, one per lane.
+FERRUM_AVX2_INLINE static __m128i lane_sums(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
   const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
-  return _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1)));
+  return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
 }
 
 // 16 bytes of 4-bit indices -> 32 bytes: element j (low nibble of byte j) then j + 16 (high).

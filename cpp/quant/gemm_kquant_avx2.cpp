@@ -173,11 +173,11 @@ FERRUM_AVX2_INLINE __m128 super_block_step(const PackedSuperBlock& p, const Bloc
     }
   }
   const __m128 d_a = _mm_set1_ps(y.d);
-  acc = _mm_fmadd_ps(lane_sums(isum[0], isum[1], isum[2], isum[3]), _mm_mul_ps(_mm_load_ps(p.d), d_a), acc);
+  acc = _mm_fmadd_ps(_mm_cvtepi32_ps(lane_sums(isum[0], isum[1], isum[2], isum[3])), _mm_mul_ps(_mm_load_ps(p.d), d_a), acc);
   if constexpr (F::kHasMin) {
     __m256i min_sum[kRows];
     for (int r = 0; r < kRows; ++r) min_sum[r] = _mm256_madd_epi16(bsums, p.bsum_terms[r]);
-    acc = _mm_fnmadd_ps(lane_sums(min_sum[0], min_sum[1], min_sum[2], min_sum[3]), _mm_mul_ps(_mm_load_ps(p.dmin), d_a),
+    acc = _mm_fnmadd_ps(_mm_cvtepi32_ps(lane_sums(min_sum[0], min_sum[1], min_sum[2], min_sum[3])), _mm_mul_ps(_mm_load_ps(p.dmin), d_a),
                         acc);
   }
   return acc;

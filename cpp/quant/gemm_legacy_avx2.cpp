@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <vector>
 
 #include "quant/avx2_common.h"
 #include "quant/formats.h"
@@ -40,7 +41,7 @@ FERRUM_AVX2_INLINE __m256i fifth_bits(const uint8_t* qh) {
 // A format: its block, its 32 quants in element order (quants), and how they meet the
 // activations. Unsigned formats (Q4_0 .. Q5_1): q in 0..31 times int8 activations by maddubs
 // (pair sums within int16: 2 * 31 * 127); a symmetric format's zero point 1 << kZeroShift is
-// removed as zero * sum(a), summed by maddubs too; the min formats add m_w * d_a * sum(a).
+// removed as zero * sum(a); the min formats add m_w * d_a * sum(a).
 template <class B, bool kFiveBit, bool kMin>
 struct UnsignedFormat {
   using Block = B;
@@ -76,13 +77,39 @@ FERRUM_AVX2_INLINE __m128 halves4(const Block* const b[kRows], size_t at) {
   return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h)));
 }
 
-// Activation rows y[0 .. N) against the 4 weight rows x over nb blocks; result j's lane r to
-// out[j * ldo + r] for the first `live` rows.
+// Per activation row and block, what the float chain needs besides the products: d_a, and for
+// the unsigned formats sum(a) (the min formats' term, or the zero point's: -zero * sum(a)).
+struct ActTerms {
+  std::vector<float> d;        // [T][nb]
+  std::vector<int32_t> sum;    // [T][nb]
+};
+
+template <class F>
+FERRUM_AVX2 void prepare_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T, ActTerms& acts) {
+  acts.d.resize(size_t(T * nb));
+  acts.sum.resize(size_t(T * nb));
+  for (int64_t t = 0; t < T; ++t) {
+    const BlockQ8_0* y = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
+    for (int64_t i = 0; i < nb; ++i) {
+      const size_t k = size_t(t * nb + i);
+      acts.d[k] = h2f(y[i].d);
+      if constexpr (!F::kSigned) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+        const __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
+        const __m128i s4 = lane_sums(sa, sa, sa, sa);
+        acts.sum[k] = _mm_cvtsi128_si32(s4);
+      }
+    }
+  }
+}
+
+// Activation rows t0 .. t0 + N - 1 against the 4 weight rows x over nb blocks; result j's lane r
+// to out[j * ldo + r] for the first `live` rows.
 template <class F, int N>
 FERRUM_AVX2 void gemm_block(int64_t nb, const typename F::Block* const x[kRows], const BlockQ8_0* const y[N],
-                            float* out, int64_t ldo, int live) {
+                            const ActTerms& acts, int64_t t0, float* out, int64_t ldo, int live) {
   using Block = typename F::Block;
-  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  const __m256i ones16 = _mm256_set1_epi16(1);
   __m128 sum[N];
   for (int j = 0; j < N; ++j) sum[j] = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
@@ -90,27 +117,20 @@ FERRUM_AVX2 void gemm_block(int64_t nb, const typename F::Block* const x[kRows],
     for (int r = 0; r < kRows; ++r) q[r] = F::quants(x[r][i]);
     const Block* blocks[kRows] = {&x[0][i], &x[1][i], &x[2][i], &x[3][i]};
     const __m128 d_w = halves4(blocks, offsetof(Block, d));
+    __m128 m_w;
+    if constexpr (F::kHasMin) m_w = halves4(blocks, offsetof(Block, m));
     for (int j = 0; j < N; ++j) {
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[j][i].qs));
-      __m256i isum[kRows], sa;
-      if constexpr (!F::kSigned) sa = _mm256_maddubs_epi16(ones8, a);
-      for (int r = 0; r < kRows; ++r) {
-        __m256i pairs;
-        if constexpr (F::kSigned) {
-          pairs = signed_pairs(q[r], a);
-        } else {
-          pairs = _mm256_maddubs_epi16(q[r], a);
-          if constexpr (!F::kHasMin) pairs = _mm256_sub_epi16(pairs, _mm256_slli_epi16(sa, F::kZeroShift));
-        }
-        isum[r] = _mm256_madd_epi16(pairs, ones16);
-      }
-      const __m128 d_a = _mm_set1_ps(h2f(y[j][i].d));
-      sum[j] = _mm_fmadd_ps(_mm_mul_ps(d_w, d_a), lane_sums(isum[0], isum[1], isum[2], isum[3]), sum[j]);
-      if constexpr (F::kHasMin) {
-        const __m256i sa32 = _mm256_madd_epi16(sa, ones16);
-        sum[j] = _mm_fmadd_ps(_mm_mul_ps(halves4(blocks, offsetof(Block, m)), d_a), lane_sums(sa32, sa32, sa32, sa32),
-                              sum[j]);
-      }
+      __m256i isum[kRows];
+      for (int r = 0; r < kRows; ++r)
+        isum[r] = _mm256_madd_epi16(F::kSigned ? signed_pairs(q[r], a) : _mm256_maddubs_epi16(q[r], a), ones16);
+      const size_t k = size_t((t0 + j) * nb + i);
+      __m128i block_sums = lane_sums(isum[0], isum[1], isum[2], isum[3]);
+      if constexpr (!F::kSigned && !F::kHasMin)
+        block_sums = _mm_add_epi32(block_sums, _mm_set1_epi32(-(1 << F::kZeroShift) * acts.sum[k]));
+      const __m128 d_a = _mm_set1_ps(acts.d[k]);
+      sum[j] = _mm_fmadd_ps(_mm_mul_ps(d_w, d_a), _mm_cvtepi32_ps(block_sums), sum[j]);
+      if constexpr (F::kHasMin) sum[j] = _mm_fmadd_ps(_mm_mul_ps(m_w, d_a), _mm_set1_ps(float(acts.sum[k])), sum[j]);
     }
   }
   for (int j = 0; j < N; ++j) {
@@ -127,6 +147,8 @@ FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows
                       int64_t T, float* out, int64_t ldo) {
   using Block = typename F::Block;
   const int64_t nb = n / kQK;
+  thread_local ActTerms acts;
+  prepare_acts<F>(nb, act, act_row_bytes, T, acts);
   const auto act_row = [&](int64_t t) {
     return reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
   };
@@ -139,11 +161,11 @@ FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows
     for (; t + kActs <= T; t += kActs) {
       const BlockQ8_0* y[kActs];
       for (int j = 0; j < kActs; ++j) y[j] = act_row(t + j);
-      gemm_block<F, kActs>(nb, x, y, out + t * ldo + r0, ldo, live);
+      gemm_block<F, kActs>(nb, x, y, acts, t, out + t * ldo + r0, ldo, live);
     }
     for (; t < T; ++t) {
       const BlockQ8_0* y[1] = {act_row(t)};
-      gemm_block<F, 1>(nb, x, y, out + t * ldo + r0, ldo, live);
+      gemm_block<F, 1>(nb, x, y, acts, t, out + t * ldo + r0, ldo, live);
     }
   }
 }
