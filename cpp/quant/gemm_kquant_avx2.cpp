@@ -1,5 +1,5 @@
-// AVX2 kernels for the weight types dotted with Q8_K activations (Q2_K .. Q6_K, IQ4_XS): one
-// GEMM, whose single-activation-row case is also the row kernel.
+// AVX2 kernels for the weight types dotted with Q8_K activations (Q2_K .. Q6_K, IQ4_XS): the
+// GEMM and the row kernels.
 //
 // Every output takes the scalar kernel's float order (dot_scalar.cpp), which the int8 GEMMs and
 // R16 kernels of AVX-512 VNNI CPUs also take: per 256-element super-block,
@@ -7,12 +7,13 @@
 //   min_sum = sum_s min_s * bsum_s                                     (Q2_K, Q4_K, Q5_K)
 //   acc = fma(float(isum), d * d_a, acc), then acc = fma(-float(min_sum), dmin * d_a, acc)
 // with the super-blocks in order. The integers are exact (|isum| < 2^29) in whatever order they
-// are summed, so a row's result depends neither on how many activation rows share the call nor
-// on its place among them.
+// are summed, so the GEMM gives the row kernel's bits: a row's result depends neither on how
+// many activation rows share the call nor on its place among them.
 //
 // Four weight rows run at once, one per float lane. Each super-block of the four is unpacked once
 // into a small buffer in L1 (PackedSuperBlock), which every activation row then passes over.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
@@ -212,27 +213,198 @@ FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows
   }
 }
 
-// The row kernel: the GEMM for one activation row.
-template <class F>
-FERRUM_AVX2 void dot_rows(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act, float* out) {
-  gemm<F>(n, w, w_row_bytes, rows, act, 0, 1, out, 0);
+// ---- the row kernels: one weight row at a time, unpacked straight into registers ----
+//
+// A decode reads each weight super-block once, for one activation row: unpacking it into the
+// GEMM's buffer would cost more than the products. The integer sums are the GEMM's, the float
+// chain the same.
+
+FERRUM_AVX2_INLINE int hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
 }
 
-template <class F>
+// A super-block's step of the float chain (dot_scalar.cpp's kquant_step).
+FERRUM_AVX2_INLINE float kquant_step(float sum, int isum, int min_sum, float d, float dmin, float d_a) {
+  sum = std::fma(float(isum), d * d_a, sum);
+  return std::fma(-float(min_sum), dmin * d_a, sum);
+}
+
+// sum_j mins[j] * (bsums[2j] + bsums[2j + 1]), as 8 int32 lanes.
+FERRUM_AVX2 inline __m256i min_terms(uint64_t mins, const int16_t* bsums) {
+  __m256i m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mins)));
+  m32 = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));  // m_j in both int16 halves
+  return _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums)), m32);
+}
+
+template <bool kFiveBit, class Block>
+FERRUM_AVX2 float dot_k4(int64_t n, const void* w, const void* act) {  // Q4_K and Q5_K
+  const Block* x = static_cast<const Block*>(w);
+  const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
+  const __m256i low4 = _mm256_set1_epi8(15), ones8 = _mm256_set1_epi8(1);
+  float sum = 0;
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    uint64_t scale_bytes, mins;
+    unpack_k4_scales(x[i].scales, scale_bytes, mins);
+    uint8_t scales[8];
+    std::memcpy(scales, &scale_bytes, 8);
+    __m256i qh;
+    if constexpr (kFiveBit) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh));
+    __m256i isum = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * c));
+      __m256i q_lo = _mm256_and_si256(q, low4);
+      __m256i q_hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+      if constexpr (kFiveBit) {
+        q_lo = _mm256_or_si256(
+            q_lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), ones8), 4));
+        q_hi = _mm256_or_si256(
+            q_hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), ones8), 4));
+      }
+      const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c));
+      const __m256i a_hi =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 64 * c + 32));
+      const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(q_lo, a_lo),
+                                             _mm256_set1_epi16(scales[2 * c]));
+      const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(q_hi, a_hi),
+                                             _mm256_set1_epi16(scales[2 * c + 1]));
+      isum = _mm256_add_epi32(isum, _mm256_add_epi32(p_lo, p_hi));
+    }
+    sum = kquant_step(sum, hsum_i32(isum), hsum_i32(min_terms(mins, y[i].bsums)), h2f(x[i].d), h2f(x[i].dmin), y[i].d);
+  }
+  return sum;
+}
+
+// Q2_K / Q3_K: 32 bytes of qs hold four 32-element quarters j in 2-bit fields (element
+// 128h + 32j + l is field j of qs[32h + l]); every 16 elements have a scale. Q2_K: 4-bit scales and
+// mins (min_sum = sum_s min_s * bsum_s); Q3_K: bit 4h + j of hmask[l] is the third bit,
+// the zero point is 4 (removed with the block sums, as Q6_K's) and the scales are 6-bit, offset 32.
+template <bool kThreeBit>
+FERRUM_AVX2 float dot_k2(int64_t n, const void* w, const void* act) {
+  using Block = std::conditional_t<kThreeBit, BlockQ3_K, BlockQ2_K>;
+  const Block* x = static_cast<const Block*>(w);
+  const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
+  const __m256i low2 = _mm256_set1_epi8(3), ones8 = _mm256_set1_epi8(1);
+  float sum = 0;
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
+    __m128i scale_bytes;  // the 16 scales as int8
+    __m256i isum, hmask, min_sum = _mm256_setzero_si256();
+    if constexpr (kThreeBit) {
+      uint32_t a[3], sc[4];
+      std::memcpy(a, x[i].scales, 12);
+      for (int k = 0; k < 4; ++k)  // scales 4k..4k+3: low nibbles (k = 0, 1) / high (2, 3) of a[k % 2]
+        sc[k] = ((a[k % 2] >> (4 * (k / 2))) & 0x0f0f0f0fu) | (((a[2] >> (2 * k)) & 0x03030303u) << 4);
+      scale_bytes = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)), _mm_set1_epi8(32));
+      // sum_s scale_s * (-4 * bsum_s)
+      isum = _mm256_slli_epi32(_mm256_madd_epi16(bsums, _mm256_cvtepi8_epi16(scale_bytes)), 2);
+      isum = _mm256_sub_epi32(_mm256_setzero_si256(), isum);
+      hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].hmask));
+    } else {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales));
+      scale_bytes = _mm_and_si128(packed, _mm_set1_epi8(15));
+      const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15)));
+      min_sum = _mm256_madd_epi16(bsums, mins);
+      isum = _mm256_setzero_si256();
+    }
+    alignas(16) int8_t scales[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(scales), scale_bytes);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * h));
+      for (int j = 0; j < 4; ++j) {
+        __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), low2);
+        if constexpr (kThreeBit)
+          q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hmask, 4 * h + j), ones8), 2));
+        const int s = 8 * h + 2 * j;  // elements l < 16 and l >= 16 of the quarter
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 128 * h + 32 * j));
+        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(scales[s + 1]), _mm_set1_epi16(scales[s]));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), scale));
+      }
+    }
+    if constexpr (kThreeBit) sum = std::fma(float(hsum_i32(isum)), h2f(x[i].d) * y[i].d, sum);
+    else sum = kquant_step(sum, hsum_i32(isum), hsum_i32(min_sum), h2f(x[i].d), h2f(x[i].dmin), y[i].d);
+  }
+  return sum;
+}
+
+// IQ4_XS: signed levels against signed activations (signed_pairs).
+FERRUM_AVX2 float dot_iq4_xs(int64_t n, const void* w, const void* act) {
+  const BlockIQ4_XS* x = static_cast<const BlockIQ4_XS*>(w);
+  const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
+  float sum = 0;
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int s = 0; s < 8; ++s) {
+      const __m256i pairs = signed_pairs(iq4_levels(x[i].qs + 16 * s), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 32 * s)));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(int16_t(iq4xs_scale(x[i], s)))));
+    }
+    sum = std::fma(float(hsum_i32(isum)), h2f(x[i].d) * y[i].d, sum);
+  }
+  return sum;
+}
+
+// Q6_K: unsigned quants 0..63 times a, scaled per 16 elements; the -32 zero point is removed
+// with the activation block sums: sum_s scale_s * 32 * bsum_s.
+FERRUM_AVX2 float dot_q6_k(int64_t n, const void* w, const void* act) {
+  const BlockQ6_K* x = static_cast<const BlockQ6_K*>(w);
+  const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
+  const __m256i low4 = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30);
+  float sum = 0;
+  for (int64_t i = 0; i < n / kQKK; ++i) {
+    const int8_t* sc = x[i].scales;
+    const __m256i scales16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    const __m256i zero_point = _mm256_slli_epi32(
+        _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums)),
+                          scales16),
+        5);
+    __m256i isum = _mm256_sub_epi32(_mm256_setzero_si256(), zero_point);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = x[i].ql + 64 * h;
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qh + 32 * h));
+      const __m256i groups[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, low4),
+                          _mm256_and_si256(_mm256_slli_epi16(qh, 4), bits45)),
+          _mm256_or_si256(_mm256_and_si256(l1, low4),
+                          _mm256_and_si256(_mm256_slli_epi16(qh, 2), bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                          _mm256_and_si256(qh, bits45)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), bits45)),
+      };
+      for (int g = 0; g < 4; ++g) {
+        const int s = 8 * h + 2 * g;  // the group's two 16-element sub-blocks
+        const __m256i a =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 128 * h + 32 * g));
+        const __m256i scale = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
+        isum = _mm256_add_epi32(isum,
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(groups[g], a), scale));
+      }
+    }
+    sum = std::fma(float(hsum_i32(isum)), h2f(x[i].d) * y[i].d, sum);
+  }
+  return sum;
+}
+
+
+template <class F, float (*DotRow)(int64_t, const void*, const void*)>
 Avx2Kernels kernels_of() {
-  return {dot_rows<F>, gemm<F>};
+  return {for_each_row<DotRow>, gemm<F>};
 }
 
 }  // namespace
 
 Avx2Kernels avx2_q8_k_kernels(DType t) {
   switch (t) {
-    case DType::Q2_K: return kernels_of<K2Format<false>>();
-    case DType::Q3_K: return kernels_of<K2Format<true>>();
-    case DType::Q4_K: return kernels_of<K4Format<BlockQ4_K, false>>();
-    case DType::Q5_K: return kernels_of<K4Format<BlockQ5_K, true>>();
-    case DType::Q6_K: return kernels_of<Q6Format>();
-    case DType::IQ4_XS: return kernels_of<IQ4_XSFormat>();
+    case DType::Q2_K: return kernels_of<K2Format<false>, dot_k2<false>>();
+    case DType::Q3_K: return kernels_of<K2Format<true>, dot_k2<true>>();
+    case DType::Q4_K: return kernels_of<K4Format<BlockQ4_K, false>, dot_k4<false, BlockQ4_K>>();
+    case DType::Q5_K: return kernels_of<K4Format<BlockQ5_K, true>, dot_k4<true, BlockQ5_K>>();
+    case DType::Q6_K: return kernels_of<Q6Format, dot_q6_k>();
+    case DType::IQ4_XS: return kernels_of<IQ4_XSFormat, dot_iq4_xs>();
     default: return {nullptr, nullptr};
   }
 }
