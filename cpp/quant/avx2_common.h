@@ -16,6 +16,14 @@ namespace ferrum::quant::detail {
 
 FERRUM_AVX2_INLINE static float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
+// The sum of 8 float lanes, in the one order the AVX2 float and k-quant kernels share.
+FERRUM_AVX2_INLINE static float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // The sums of the 8 int32 lanes of v0 .. v3: one per weight row of the kernels that run four
 // rows at once, one per lane.
 FERRUM_AVX2_INLINE static __m128i lane_sums(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {

@@ -10,13 +10,6 @@ namespace ferrum::quant::detail {
 
 namespace {
 
-FERRUM_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // ---- float weights against f32 activations: 4 independent accumulators hide FMA latency ----
 
 FERRUM_AVX2 inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }

@@ -1,19 +1,18 @@
 // AVX2 kernels for the weight types dotted with Q8_K activations (Q2_K .. Q6_K, IQ4_XS): the
 // GEMM and the row kernels.
 //
-// Every output takes the scalar kernel's float order (dot_scalar.cpp), which the int8 GEMMs and
-// R16 kernels of AVX-512 VNNI CPUs also take: per 256-element super-block,
-//   isum    = sum_s scale_s * (sum over sub-block s of q * a  - zero point * bsum_s)   (int32)
+// The GEMM gives the row kernels' bits: per 256-element super-block and output it forms the same
+// 8 int32 lanes (exact, so their order inside a lane does not matter) of
+//   isum    = sum_s scale_s * (sum over sub-block s of q * a  - zero point * bsum_s)
 //   min_sum = sum_s min_s * bsum_s                                     (Q2_K, Q4_K, Q5_K)
-//   acc = fma(float(isum), d * d_a, acc), then acc = fma(-float(min_sum), dmin * d_a, acc)
-// with the super-blocks in order. The integers are exact (|isum| < 2^29) in whatever order they
-// are summed, so the GEMM gives the row kernel's bits: a row's result depends neither on how
-// many activation rows share the call nor on its place among them.
+// and the same float steps on them: acc = fma(float(isum), d * d_a, acc) lane by lane (acc_min
+// likewise with dmin), with the super-blocks in order, then hsum(acc - acc_min). So a row's
+// result depends neither on how many activation rows share the call nor on its place among
+// them. (These kernels round in their own order, not the scalar kernels'.)
 //
-// Four weight rows run at once, one per float lane. Each super-block of the four is unpacked once
-// into a small buffer in L1 (PackedSuperBlock), which every activation row then passes over.
+// The GEMM runs four weight rows at once: each super-block of the four is unpacked once into a
+// small buffer in L1 (PackedSuperBlock), which every activation row then passes over.
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <type_traits>
@@ -159,42 +158,44 @@ struct IQ4_XSFormat {
   }
 };
 
-// One super-block step of the float chain of the 4 packed rows against activation super-block y.
+// One output's float accumulators, the row kernel's: 8 lanes, and 8 for the min terms.
+struct Accumulators {
+  __m256 acc[kRows], acc_min[kRows];
+};
+
+// One super-block step of the 4 packed rows' accumulators against activation super-block y.
 template <class F>
-FERRUM_AVX2_INLINE __m128 super_block_step(const PackedSuperBlock& p, const BlockQ8_K& y, __m128 acc) {
+FERRUM_AVX2_INLINE void super_block_step(const PackedSuperBlock& p, const BlockQ8_K& y, bool first, Accumulators& a) {
   const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.bsums));
   __m256i isum[kRows];
   for (int r = 0; r < kRows; ++r)
     isum[r] = F::kZeroPoint ? _mm256_madd_epi16(bsums, p.bsum_terms[r]) : _mm256_setzero_si256();
   for (int c = 0; c < kChunks; ++c) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 32 * c));
+    const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y.qs + 32 * c));
     for (int r = 0; r < kRows; ++r) {
-      const __m256i pairs = F::kSigned ? signed_pairs(p.quants[r][c], a) : _mm256_maddubs_epi16(p.quants[r][c], a);
+      const __m256i pairs = F::kSigned ? signed_pairs(p.quants[r][c], q8) : _mm256_maddubs_epi16(p.quants[r][c], q8);
       isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pairs, p.scales[r][c]));
     }
   }
-  const __m128 d_a = _mm_set1_ps(y.d);
-  acc = _mm_fmadd_ps(_mm_cvtepi32_ps(lane_sums(isum[0], isum[1], isum[2], isum[3])), _mm_mul_ps(_mm_load_ps(p.d), d_a), acc);
-  if constexpr (F::kHasMin) {
-    __m256i min_sum[kRows];
-    for (int r = 0; r < kRows; ++r) min_sum[r] = _mm256_madd_epi16(bsums, p.bsum_terms[r]);
-    acc = _mm_fnmadd_ps(_mm_cvtepi32_ps(lane_sums(min_sum[0], min_sum[1], min_sum[2], min_sum[3])), _mm_mul_ps(_mm_load_ps(p.dmin), d_a),
-                        acc);
+  const __m256 zero = _mm256_setzero_ps();
+  for (int r = 0; r < kRows; ++r) {
+    a.acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(p.d[r] * y.d), first ? zero : a.acc[r]);
+    if constexpr (F::kHasMin)
+      a.acc_min[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, p.bsum_terms[r])),
+                                     _mm256_set1_ps(p.dmin[r] * y.d), first ? zero : a.acc_min[r]);
   }
-  return acc;
 }
 
 // out[t * ldo + r] = dot(weight row r, activation row t): weight rows 4 at a time; for each of
-// their super-blocks, packed once, every activation row's step of its accumulator.
+// their super-blocks, packed once, every activation row's step of its accumulators.
 template <class F>
 FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act, size_t act_row_bytes,
                       int64_t T, float* out, int64_t ldo) {
   using Block = typename F::Block;
   const int64_t nb = n / kQKK;
   thread_local PackedSuperBlock packed;
-  thread_local std::vector<float> acc_buffer;  // [T][kRows]
-  acc_buffer.resize(size_t(T * kRows));
-  float* acc = acc_buffer.data();
+  thread_local std::vector<Accumulators> accs;  // [T]
+  accs.resize(size_t(T));
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const int live = int(std::min<int64_t>(kRows, rows - r0));
     const Block* x[kRows];  // rows past `live` repeat the last one (computed, not stored)
@@ -204,32 +205,21 @@ FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows
       for (int r = 0; r < kRows; ++r) F::pack(x[r][sb], packed, r);
       for (int64_t t = 0; t < T; ++t) {
         const BlockQ8_K& y = reinterpret_cast<const BlockQ8_K*>(static_cast<const char*>(act) + t * act_row_bytes)[sb];
-        const __m128 prev = sb == 0 ? _mm_setzero_ps() : _mm_loadu_ps(acc + t * kRows);
-        _mm_storeu_ps(acc + t * kRows, super_block_step<F>(packed, y, prev));
+        super_block_step<F>(packed, y, sb == 0, accs[size_t(t)]);
       }
     }
-    for (int64_t t = 0; t < T; ++t)
-      for (int r = 0; r < live; ++r) out[t * ldo + r0 + r] = acc[t * kRows + r];
+    for (int64_t t = 0; t < T; ++t) {
+      const Accumulators& a = accs[size_t(t)];
+      for (int r = 0; r < live; ++r)
+        out[t * ldo + r0 + r] = hsum(F::kHasMin ? _mm256_sub_ps(a.acc[r], a.acc_min[r]) : a.acc[r]);
+    }
   }
 }
 
 // ---- the row kernels: one weight row at a time, unpacked straight into registers ----
 //
 // A decode reads each weight super-block once, for one activation row: unpacking it into the
-// GEMM's buffer would cost more than the products. The integer sums are the GEMM's, the float
-// chain the same.
-
-FERRUM_AVX2_INLINE int hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
-}
-
-// A super-block's step of the float chain (dot_scalar.cpp's kquant_step).
-FERRUM_AVX2_INLINE float kquant_step(float sum, int isum, int min_sum, float d, float dmin, float d_a) {
-  sum = std::fma(float(isum), d * d_a, sum);
-  return std::fma(-float(min_sum), dmin * d_a, sum);
-}
+// GEMM's buffer would cost more than the products.
 
 // sum_j mins[j] * (bsums[2j] + bsums[2j + 1]), as 8 int32 lanes.
 FERRUM_AVX2 inline __m256i min_terms(uint64_t mins, const int16_t* bsums) {
@@ -243,7 +233,7 @@ FERRUM_AVX2 float dot_k4(int64_t n, const void* w, const void* act) {  // Q4_K a
   const Block* x = static_cast<const Block*>(w);
   const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
   const __m256i low4 = _mm256_set1_epi8(15), ones8 = _mm256_set1_epi8(1);
-  float sum = 0;
+  __m256 acc = _mm256_setzero_ps(), acc_min = acc;
   for (int64_t i = 0; i < n / kQKK; ++i) {
     uint64_t scale_bytes, mins;
     unpack_k4_scales(x[i].scales, scale_bytes, mins);
@@ -271,14 +261,16 @@ FERRUM_AVX2 float dot_k4(int64_t n, const void* w, const void* act) {  // Q4_K a
                                              _mm256_set1_epi16(scales[2 * c + 1]));
       isum = _mm256_add_epi32(isum, _mm256_add_epi32(p_lo, p_hi));
     }
-    sum = kquant_step(sum, hsum_i32(isum), hsum_i32(min_terms(mins, y[i].bsums)), h2f(x[i].d), h2f(x[i].dmin), y[i].d);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(x[i].d) * y[i].d), acc);
+    acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_terms(mins, y[i].bsums)),
+                              _mm256_set1_ps(h2f(x[i].dmin) * y[i].d), acc_min);
   }
-  return sum;
+  return hsum(_mm256_sub_ps(acc, acc_min));
 }
 
 // Q2_K / Q3_K: 32 bytes of qs hold four 32-element quarters j in 2-bit fields (element
 // 128h + 32j + l is field j of qs[32h + l]); every 16 elements have a scale. Q2_K: 4-bit scales and
-// mins (min_sum = sum_s min_s * bsum_s); Q3_K: bit 4h + j of hmask[l] is the third bit,
+// mins (acc - dmin * sum_s min_s * bsum_s); Q3_K: bit 4h + j of hmask[l] is the third bit,
 // the zero point is 4 (removed with the block sums, as Q6_K's) and the scales are 6-bit, offset 32.
 template <bool kThreeBit>
 FERRUM_AVX2 float dot_k2(int64_t n, const void* w, const void* act) {
@@ -286,11 +278,11 @@ FERRUM_AVX2 float dot_k2(int64_t n, const void* w, const void* act) {
   const Block* x = static_cast<const Block*>(w);
   const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
   const __m256i low2 = _mm256_set1_epi8(3), ones8 = _mm256_set1_epi8(1);
-  float sum = 0;
+  __m256 acc = _mm256_setzero_ps(), acc_min = acc;
   for (int64_t i = 0; i < n / kQKK; ++i) {
     const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].bsums));
     __m128i scale_bytes;  // the 16 scales as int8
-    __m256i isum, hmask, min_sum = _mm256_setzero_si256();
+    __m256i isum, hmask;
     if constexpr (kThreeBit) {
       uint32_t a[3], sc[4];
       std::memcpy(a, x[i].scales, 12);
@@ -305,7 +297,8 @@ FERRUM_AVX2 float dot_k2(int64_t n, const void* w, const void* act) {
       const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales));
       scale_bytes = _mm_and_si128(packed, _mm_set1_epi8(15));
       const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(15)));
-      min_sum = _mm256_madd_epi16(bsums, mins);
+      acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bsums, mins)),
+                                _mm256_set1_ps(h2f(x[i].dmin) * y[i].d), acc_min);
       isum = _mm256_setzero_si256();
     }
     alignas(16) int8_t scales[16];
@@ -322,26 +315,25 @@ FERRUM_AVX2 float dot_k2(int64_t n, const void* w, const void* act) {
         isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), scale));
       }
     }
-    if constexpr (kThreeBit) sum = std::fma(float(hsum_i32(isum)), h2f(x[i].d) * y[i].d, sum);
-    else sum = kquant_step(sum, hsum_i32(isum), hsum_i32(min_sum), h2f(x[i].d), h2f(x[i].dmin), y[i].d);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(x[i].d) * y[i].d), acc);
   }
-  return sum;
+  return hsum(_mm256_sub_ps(acc, acc_min));
 }
 
 // IQ4_XS: signed levels against signed activations (signed_pairs).
 FERRUM_AVX2 float dot_iq4_xs(int64_t n, const void* w, const void* act) {
   const BlockIQ4_XS* x = static_cast<const BlockIQ4_XS*>(w);
   const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
-  float sum = 0;
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQKK; ++i) {
     __m256i isum = _mm256_setzero_si256();
     for (int s = 0; s < 8; ++s) {
       const __m256i pairs = signed_pairs(iq4_levels(x[i].qs + 16 * s), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs + 32 * s)));
       isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(int16_t(iq4xs_scale(x[i], s)))));
     }
-    sum = std::fma(float(hsum_i32(isum)), h2f(x[i].d) * y[i].d, sum);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(x[i].d) * y[i].d), acc);
   }
-  return sum;
+  return hsum(acc);
 }
 
 // Q6_K: unsigned quants 0..63 times a, scaled per 16 elements; the -32 zero point is removed
@@ -350,7 +342,7 @@ FERRUM_AVX2 float dot_q6_k(int64_t n, const void* w, const void* act) {
   const BlockQ6_K* x = static_cast<const BlockQ6_K*>(w);
   const BlockQ8_K* y = static_cast<const BlockQ8_K*>(act);
   const __m256i low4 = _mm256_set1_epi8(15), bits45 = _mm256_set1_epi8(0x30);
-  float sum = 0;
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / kQKK; ++i) {
     const int8_t* sc = x[i].scales;
     const __m256i scales16 =
@@ -384,9 +376,9 @@ FERRUM_AVX2 float dot_q6_k(int64_t n, const void* w, const void* act) {
                                 _mm256_madd_epi16(_mm256_maddubs_epi16(groups[g], a), scale));
       }
     }
-    sum = std::fma(float(hsum_i32(isum)), h2f(x[i].d) * y[i].d, sum);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(h2f(x[i].d) * y[i].d), acc);
   }
-  return sum;
+  return hsum(acc);
 }
 
 

@@ -173,8 +173,9 @@ TEST(Gemm, KQuantsMatchDequantizedReferenceAndIgnoreBatchSize) {
 
 // Below AVX-512 VNNI (FERRUM_CPU_ISA=avx2 / scalar, or such a CPU) linear() runs a prefill on the
 // GEMM of the row kernel's ISA and shorter calls on the row kernel: each ISA's GEMM must give
-// its row kernel's bits, and those the scalar kernel's, at every T, for every weight row count
-// (the AVX2 kernels take 4 weight rows and 4 activation rows at a time) and from any weight row.
+// its row kernel's bits at every T, for every weight row count (the AVX2 GEMMs take 4 weight
+// rows and up to 4 activation rows at a time) and from any weight row. The types dotted with
+// Q8_0 activations also give the scalar kernel's bits on every ISA.
 TEST(Gemm, EveryIsaEqualsItsRowKernelAtEveryBatchSize) {
   std::mt19937 rng(17);
   int checked = 0;
@@ -185,6 +186,7 @@ TEST(Gemm, EveryIsaEqualsItsRowKernelAtEveryBatchSize) {
       if (std::string(isa) == "avx512") continue;  // LegacyKernelsAgree..., test_quant.cpp, test_repack.cpp
       ASSERT_NE(gemm, nullptr) << dtype_name(wt) << " " << isa;
       const DotKernel& row = *dot_kernel_for_isa(wt, isa);
+      const bool scalar_order = row.act_type == DType::Q8_0;
       const int64_t block = dtype_info(wt).block_elems;
       for (int64_t n : {block, 3 * block}) {
         const int64_t rows = 23, T = 70;  // rows: 4-row groups plus 3
@@ -195,7 +197,8 @@ TEST(Gemm, EveryIsaEqualsItsRowKernelAtEveryBatchSize) {
           const uint8_t* a = c.act.data() + t * c.act_row_bytes;
           row.dot_rows(n, c.w.data(), c.w_row_bytes, rows, a, want.data() + t * rows);
           dot_kernel_scalar(wt).dot_rows(n, c.w.data(), c.w_row_bytes, rows, a, scalar.data());
-          for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(want[size_t(t * rows + r)], scalar[size_t(r)]) << "t " << t << " r " << r;
+          for (int64_t r = 0; r < rows && scalar_order; ++r)
+            ASSERT_EQ(want[size_t(t * rows + r)], scalar[size_t(r)]) << "t " << t << " r " << r;
         }
         std::vector<int64_t> batch_sizes = {33, 64, 70};
         for (int64_t t = 1; t <= 20; ++t) batch_sizes.push_back(t);
