@@ -114,16 +114,36 @@ bool float_gemm_supported() {
   const CpuFeatures& f = cpu_features();
   return f.avx512f && f.avx512bw && f.avx512vl && f.f16c && f.avx512_bf16;
 }
+
+// One ISA's GEMM for (type, layout), or nullptr. Float weights have AVX512_BF16 GEMMs only; the
+// quantized types have one on every ISA (file layout; R16: AVX-512 only), except IQ4_NL / IQ4_XS,
+// whose AVX-512 GEMMs are the R16 layout's only.
+bool is_float(DType t) { return t == DType::BF16 || t == DType::F16 || t == DType::F32; }
+
+DotBatchFn isa_gemm(int isa, DType type, WeightLayout layout) {
+  if (is_float(type)) {
+    static const bool supported = float_gemm_supported();
+    return isa == 0 && supported ? detail::avx512_float_gemm(type, layout) : nullptr;
+  }
+  if (isa == 0) return layout == WeightLayout::R16 ? detail::avx512_r16_gemm(type) : detail::avx512_gemm(type);
+  if (layout == WeightLayout::R16) return nullptr;
+  return isa == 1 ? detail::avx2_gemm(type) : detail::scalar_gemm(type);
+}
 }  // namespace
 
+DotBatchFn gemm_kernel_for_isa(DType weight_type, const char* isa, WeightLayout layout) {
+  for (int i = 0; i < kNumIsas; ++i)
+    if (std::strcmp(isa, kIsaNames[i]) == 0) return isa_supported(i) ? isa_gemm(i, weight_type, layout) : nullptr;
+  return nullptr;
+}
+
 DotBatchFn gemm_kernel(DType weight_type, WeightLayout layout) {
-  if (weight_type == DType::BF16 || weight_type == DType::F16 || weight_type == DType::F32) {
-    static const bool supported = float_gemm_supported();
-    return supported ? detail::avx512_float_gemm(weight_type, layout) : nullptr;
-  }
   static const bool avx512 = isa_supported(0);
-  if (!avx512) return nullptr;
-  return layout == WeightLayout::R16 ? detail::avx512_r16_gemm(weight_type) : detail::avx512_gemm(weight_type);
+  if (avx512 || is_float(weight_type)) return isa_gemm(0, weight_type, layout);
+  // Below AVX-512 VNNI: the GEMM of the row kernel's ISA, which equals it bit for bit.
+  for (int i = 1; i < kNumIsas; ++i)
+    if (table().find(weight_type, layout, i)) return isa_gemm(i, weight_type, layout);
+  return nullptr;
 }
 
 DType gemm_act_type(DType weight_type) {

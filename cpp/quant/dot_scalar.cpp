@@ -226,25 +226,45 @@ DType dot_act_type(DType weight_type) {
   }
 }
 
-DotRowsFn scalar_dot_rows(DType t) {
+namespace {
+
+// A type's row kernel and the GEMM made of it.
+struct ScalarKernels {
+  DotRowsFn dot_rows;
+  DotBatchFn gemm;
+};
+
+template <float (*Dot)(int64_t, const void*, const void*)>
+ScalarKernels kernels_of() {
+  return {for_each_row<Dot>, gemm_by_rows<for_each_row<Dot>>};
+}
+
+ScalarKernels scalar_kernels(DType t) {
   switch (t) {
-    case DType::F32: return for_each_row<dot_f32>;
-    case DType::F16: return for_each_row<dot_f16>;
-    case DType::BF16: return for_each_row<dot_bf16>;
-    case DType::Q4_0: return for_each_row<dot_legacy<BlockQ4_0, 4, 8, false>>;
-    case DType::Q4_1: return for_each_row<dot_legacy<BlockQ4_1, 4, 0, true>>;
-    case DType::Q5_0: return for_each_row<dot_legacy<BlockQ5_0, 5, 16, false>>;
-    case DType::Q5_1: return for_each_row<dot_legacy<BlockQ5_1, 5, 0, true>>;
-    case DType::Q8_0: return for_each_row<dot_q8_0>;
-    case DType::IQ4_NL: return for_each_row<dot_iq4_nl>;
-    case DType::IQ4_XS: return for_each_row<dot_iq4_xs>;
-    case DType::Q2_K: return for_each_row<dot_q2_k>;
-    case DType::Q3_K: return for_each_row<dot_q3_k>;
-    case DType::Q4_K: return for_each_row<dot_k4<false, BlockQ4_K>>;
-    case DType::Q5_K: return for_each_row<dot_k4<true, BlockQ5_K>>;
-    case DType::Q6_K: return for_each_row<dot_q6_k>;
-    default: return nullptr;
+    case DType::F32: return kernels_of<dot_f32>();
+    case DType::F16: return kernels_of<dot_f16>();
+    case DType::BF16: return kernels_of<dot_bf16>();
+    case DType::Q4_0: return kernels_of<dot_legacy<BlockQ4_0, 4, 8, false>>();
+    case DType::Q4_1: return kernels_of<dot_legacy<BlockQ4_1, 4, 0, true>>();
+    case DType::Q5_0: return kernels_of<dot_legacy<BlockQ5_0, 5, 16, false>>();
+    case DType::Q5_1: return kernels_of<dot_legacy<BlockQ5_1, 5, 0, true>>();
+    case DType::Q8_0: return kernels_of<dot_q8_0>();
+    case DType::IQ4_NL: return kernels_of<dot_iq4_nl>();
+    case DType::IQ4_XS: return kernels_of<dot_iq4_xs>();
+    case DType::Q2_K: return kernels_of<dot_q2_k>();
+    case DType::Q3_K: return kernels_of<dot_q3_k>();
+    case DType::Q4_K: return kernels_of<dot_k4<false, BlockQ4_K>>();
+    case DType::Q5_K: return kernels_of<dot_k4<true, BlockQ5_K>>();
+    case DType::Q6_K: return kernels_of<dot_q6_k>();
+    default: return {nullptr, nullptr};
   }
 }
+
+}  // namespace
+
+DotRowsFn scalar_dot_rows(DType t) { return scalar_kernels(t).dot_rows; }
+
+// Float weights keep sgemm for prefill below AVX512_BF16 (gemm_kernel).
+DotBatchFn scalar_gemm(DType t) { return is_quantized(t) ? scalar_kernels(t).gemm : nullptr; }
 
 }  // namespace ferrum::quant::detail

@@ -1,5 +1,6 @@
 // Internal: the per-ISA dot kernel tables that dot_kernel.cpp dispatches between.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -48,12 +49,41 @@ DotRowsFn scalar_dot_rows(DType weight_type);
 DotRowsFn avx2_dot_rows(DType weight_type);
 DotRowsFn avx512_dot_rows(DType weight_type);
 
+// The GEMMs of the ISAs below AVX-512 VNNI, for the quantized types: each equals its ISA's row
+// kernel bit for bit, whatever T (nullptr for other types). The scalar one runs the row kernel
+// over tiles of weight rows (gemm_by_rows).
+DotBatchFn scalar_gemm(DType weight_type);
+DotBatchFn avx2_gemm(DType weight_type);
+
+// The AVX2 int8 kernels of one weight type: a GEMM and its single-activation-row case, the row
+// kernel ({nullptr, nullptr} where the file has none): gemm_legacy_avx2.cpp for the types dotted
+// with Q8_0 activations, gemm_kquant_avx2.cpp for those dotted with Q8_K ones.
+struct Avx2Kernels {
+  DotRowsFn dot_rows;
+  DotBatchFn gemm;
+};
+Avx2Kernels avx2_q8_0_kernels(DType weight_type);
+Avx2Kernels avx2_q8_k_kernels(DType weight_type);
+
 // Applies a one-row dot function to each of `rows` rows.
 template <float (*DotRow)(int64_t, const void*, const void*)>
 void for_each_row(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                   float* out) {
   const char* row = static_cast<const char*>(w);
   for (int64_t r = 0; r < rows; ++r, row += w_row_bytes) out[r] = DotRow(n, row, act);
+}
+
+// A GEMM from a row kernel: tiles of weight rows, each dotted with every activation row while
+// it stays in L1; a result is the row kernel's.
+template <DotRowsFn kDotRows>
+void gemm_by_rows(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act, size_t act_row_bytes,
+                  int64_t T, float* out, int64_t ldo) {
+  constexpr size_t kTileBytes = 16 * 1024;
+  const int64_t tile = std::max<int64_t>(1, int64_t(kTileBytes / w_row_bytes));
+  for (int64_t r0 = 0; r0 < rows; r0 += tile)
+    for (int64_t t = 0; t < T; ++t)
+      kDotRows(n, static_cast<const char*>(w) + r0 * w_row_bytes, w_row_bytes, std::min(tile, rows - r0),
+               static_cast<const char*>(act) + t * act_row_bytes, out + t * ldo + r0);
 }
 
 }  // namespace ferrum::quant::detail

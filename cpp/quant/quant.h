@@ -65,13 +65,18 @@ bool has_dot_batch(DType weight_type);
 // The same contract for many activation rows (prefill), register-tiled over weight rows and
 // activation rows, except that act rows are in gemm_act_type(t). A result does not depend on T
 // or the row's place in a tile; for the legacy formats (Q4_0 .. Q8_0) it also equals the row
-// kernel's bit for bit (one float order; their dot_batch_kernel is this GEMM from 4 rows).
+// kernel's bit for bit (one float order; their dot_batch_kernel is this GEMM from 4 rows), and
+// below AVX-512 VNNI it does for every quantized type (the GEMM of the row kernel's ISA).
 // nullptr when this CPU / weight type / layout has none (AVX-512 VNNI: the legacy formats and
-// Q2_K .. Q6_K, in either layout, and the IQ4 types in R16; AVX512_BF16: BF16, with vdpbf16ps on
-// bf16 activations, and F16 / F32, with f32 FMAs on f32 ones). Faster than dequantize + sgemm
-// for prefill; linear() uses it there but not for scoring steps (Stream::float_activations),
-// where 8-bit activations would move a model's perplexity away from a float reference's.
+// Q2_K .. Q6_K, in either layout, and the IQ4 types in R16; AVX2 and scalar: every quantized type
+// in the file layout; AVX512_BF16: BF16, with vdpbf16ps on bf16 activations, and F16 / F32, with
+// f32 FMAs on f32 ones). Faster than dequantize + sgemm for prefill on AVX-512 and near it on
+// AVX2; linear() uses it there but not for scoring steps (Stream::float_activations), where
+// 8-bit activations would move a model's perplexity away from a float reference's.
 DotBatchFn gemm_kernel(DType weight_type, WeightLayout layout = WeightLayout::Plain);
+// The GEMM of one ISA ("avx512", "avx2", "scalar"), or nullptr when this CPU lacks the ISA or that
+// ISA has none for t: lets tests check every variant the CPU supports.
+DotBatchFn gemm_kernel_for_isa(DType weight_type, const char* isa, WeightLayout layout = WeightLayout::Plain);
 // The activation format gemm_kernel(t, any layout) takes: dot_kernel(t).act_type, but BF16 for
 // BF16 weights.
 DType gemm_act_type(DType weight_type);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -93,7 +94,7 @@ TEST(DotBatch, LegacyKernelsAgreeBitForBitAtEveryBatchSize) {
   for (DType wt : kLegacy) {
     DotBatchFn batch = dot_batch_kernel(wt), gemm = gemm_kernel(wt);
     EXPECT_EQ(batch != nullptr, expected) << dtype_name(wt);
-    EXPECT_EQ(gemm != nullptr, expected) << dtype_name(wt);
+    EXPECT_NE(gemm, nullptr) << dtype_name(wt);  // every ISA has one
     if (!batch || !gemm) continue;
     for (int64_t n : {32, 64, 96, 160, 576, 32 * 49}) {
       const int64_t rows = n == 576 ? 53 : n == 160 ? 16 : 37, T = 70;
@@ -140,12 +141,10 @@ TEST(DotBatch, LegacyKernelsAgreeBitForBitAtEveryBatchSize) {
 // result bit-identical whatever T (odd weight rows past the 32-row tiles, T past the register
 // blocks of 4).
 TEST(Gemm, KQuantsMatchDequantizedReferenceAndIgnoreBatchSize) {
-  const CpuFeatures& f = cpu_features();
   std::mt19937 rng(7);
   for (DType wt : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     DotBatchFn gemm = gemm_kernel(wt);
-    EXPECT_EQ(gemm != nullptr, f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni);
-    if (!gemm) continue;
+    ASSERT_NE(gemm, nullptr);  // every ISA has one
     for (int64_t n : {256, 512, 2816}) {
       const int64_t rows = n == 2816 ? 45 : 71;  // tiles of 32 plus 13 / 7
       const int64_t T = n == 512 ? 128 : 33;
@@ -170,6 +169,56 @@ TEST(Gemm, KQuantsMatchDequantizedReferenceAndIgnoreBatchSize) {
         for (int64_t r = skip; r < rows; ++r) EXPECT_EQ(nine[size_t(t * rows + r - skip)], out[size_t(t * ldo + r)]);
     }
   }
+}
+
+// Below AVX-512 VNNI (FERRUM_CPU_ISA=avx2 / scalar, or such a CPU) linear() runs a prefill on the
+// GEMM of the row kernel's ISA and shorter calls on the row kernel: each ISA's GEMM must give
+// its row kernel's bits at every T, for every weight row count (the AVX2 GEMMs take 4 weight
+// rows and up to 4 activation rows at a time) and from any weight row. The types dotted with
+// Q8_0 activations also give the scalar kernel's bits on every ISA.
+TEST(Gemm, EveryIsaEqualsItsRowKernelAtEveryBatchSize) {
+  std::mt19937 rng(17);
+  int checked = 0;
+  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::IQ4_NL, DType::Q2_K,
+                   DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS}) {
+    for (const char* isa : dot_kernel_isas(wt)) {
+      const DotBatchFn gemm = gemm_kernel_for_isa(wt, isa);
+      if (std::string(isa) == "avx512") continue;  // LegacyKernelsAgree..., test_quant.cpp, test_repack.cpp
+      ASSERT_NE(gemm, nullptr) << dtype_name(wt) << " " << isa;
+      const DotKernel& row = *dot_kernel_for_isa(wt, isa);
+      const bool scalar_order = row.act_type == DType::Q8_0;
+      const int64_t block = dtype_info(wt).block_elems;
+      for (int64_t n : {block, 3 * block}) {
+        const int64_t rows = 23, T = 70;  // rows: 4-row groups plus 3
+        SCOPED_TRACE(std::string(dtype_name(wt)) + " " + isa + " n=" + std::to_string(n));
+        Case c = make_case(wt, n, rows, T, rng);
+        std::vector<float> want(static_cast<size_t>(T * rows)), scalar(static_cast<size_t>(rows));
+        for (int64_t t = 0; t < T; ++t) {
+          const uint8_t* a = c.act.data() + t * c.act_row_bytes;
+          row.dot_rows(n, c.w.data(), c.w_row_bytes, rows, a, want.data() + t * rows);
+          dot_kernel_scalar(wt).dot_rows(n, c.w.data(), c.w_row_bytes, rows, a, scalar.data());
+          for (int64_t r = 0; r < rows && scalar_order; ++r)
+            ASSERT_EQ(want[size_t(t * rows + r)], scalar[size_t(r)]) << "t " << t << " r " << r;
+        }
+        std::vector<int64_t> batch_sizes = {33, 64, 70};
+        for (int64_t t = 1; t <= 20; ++t) batch_sizes.push_back(t);
+        for (int64_t T1 : batch_sizes)
+          for (int64_t skip : {0, 1, 6}) {  // every weight row at another place in the 4-row groups
+            const int64_t ldo = rows + 2;
+            std::vector<float> got(size_t(T1 * ldo), -7.0f);
+            gemm(n, c.w.data() + skip * c.w_row_bytes, c.w_row_bytes, rows - skip, c.act.data(), c.act_row_bytes, T1,
+                 got.data() + skip, ldo);
+            for (int64_t t = 0; t < T1; ++t) {
+              for (int64_t r = skip; r < rows; ++r)
+                ASSERT_EQ(got[size_t(t * ldo + r)], want[size_t(t * rows + r)]) << "T " << T1 << " skip " << skip << " t " << t << " r " << r;
+              for (int64_t r = rows; r < ldo; ++r) ASSERT_EQ(got[size_t(t * ldo + r)], -7.0f);  // untouched
+            }
+          }
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 12);  // scalar, at least
 }
 
 }  // namespace

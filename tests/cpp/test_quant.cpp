@@ -365,12 +365,13 @@ TEST(DotKernel, EveryIsaMatchesDequantizedReference) {
   EXPECT_GE(checked, 13);
 }
 
-// The legacy formats' kernels share the scalar kernel's float chain (whole integer sums per
-// block, then one fused multiply-add per scale), so a model computes the same bits on every
-// CPU, and FERRUM_CPU_ISA caps change no result.
+// The types dotted with Q8_0 activations share the scalar kernel's float chain (whole integer sums
+// per block, then one fused multiply-add per scale) on every ISA, so a model computes the same
+// bits on every CPU, and FERRUM_CPU_ISA caps change no result. (IQ4_NL has no AVX-512 kernel in
+// the file layout; its R16 kernels take the chain too: test_repack.cpp.)
 TEST(DotKernel, LegacyFormatsGiveTheSameBitsOnEveryIsa) {
   std::mt19937 rng(11);
-  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0}) {
+  for (DType wt : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::IQ4_NL}) {
     const int64_t n = 1024 + 96, rows = 37;
     const size_t row_bytes = dtype_bytes(wt, n);
     std::vector<uint8_t> w(row_bytes * size_t(rows));
@@ -395,7 +396,7 @@ TEST(DotKernel, ScalarKernelsEqualTheGemmsBitForBit) {
   std::mt19937 rng(13);
   int checked = 0;
   for (DType wt : kAllTypes) {
-    const DotBatchFn gemm = is_quantized(wt) ? gemm_kernel(wt) : nullptr;
+    const DotBatchFn gemm = is_quantized(wt) ? gemm_kernel_for_isa(wt, "avx512") : nullptr;
     if (!gemm) continue;
     const int64_t n = 5 * std::max<int64_t>(dtype_info(wt).block_elems, 64), rows = 21, T = 3;
     const size_t row_bytes = dtype_bytes(wt, n);

@@ -4,12 +4,16 @@
 //     dot kernel straight from the stored (possibly quantized) rows, the batched kernel where
 //     there is one; activations are first quantized once to the kernel's activation type (a
 //     single row by every thread inside the dot command).
-//   - many rows (prefill): quantized weights with an int8 GEMM kernel (Q4_0 ... Q8_0, Q2_K ...
-//     Q6_K) go to it (activations quantized once, as for the dot kernels), bf16 weights to the
-//     vdpbf16ps GEMM (activations rounded to bf16 once), f16 / f32 weights to the f32-FMA GEMM
-//     (f16 converted as it packs a tile; f32 activations) on AVX512_BF16 CPUs; elsewhere f32
-//     weights go to sgemm on each thread's slice of N; other types are dequantized a tile of
-//     rows at a time into per-thread scratch, then sgemm. Two to eight rows of f32 weights: sgemm.
+//   - many rows (prefill): quantized weights with a GEMM kernel go to it (activations quantized
+//     once, as for the dot kernels): the AVX-512 VNNI int8 GEMMs, or below AVX-512 VNNI the
+//     GEMM of the row kernel's ISA (AVX2 int8, or the scalar row kernel over tiles), which
+//     gives the row kernel's bits, so a row's result does not depend on how many rows share
+//     the call. bf16 weights go to the vdpbf16ps GEMM (activations rounded to bf16 once), f16 /
+//     f32 weights to the f32-FMA GEMM (f16 converted as it packs a tile; f32 activations) on
+//     AVX512_BF16 CPUs; elsewhere f32 weights go to sgemm on each thread's slice of N; other
+//     types (f16 / bf16 there, IQ4 weights left in the file layout on AVX-512) are dequantized a
+//     tile of rows at a time into per-thread scratch, then sgemm. Two to eight rows of f32
+//     weights: sgemm.
 //   - a scoring step (Stream::float_activations) never quantizes activations: every matmul over
 //     weights whose kernels would is dequantize + an f32 GEMM whose rows do not depend on how
 //     many there are (quant::gemm_f32_exact), one row or many, so scores agree with a float

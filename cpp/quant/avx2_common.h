@@ -1,0 +1,53 @@
+// Internal: what the AVX2 kernel files (dot_avx2.cpp, gemm_legacy_avx2.cpp,
+// gemm_kquant_avx2.cpp) share. Only those files include it: CMake builds them without AVX-512
+// (-mno-avx512f in a native build), so they stay what AVX2-only CPUs can run.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "quant/formats.h"
+
+#define FERRUM_AVX2 __attribute__((target("avx2,fma,f16c")))
+// For helpers called in kernel loops: an out-of-line call there spills every vector register.
+#define FERRUM_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+
+namespace ferrum::quant::detail {
+
+FERRUM_AVX2_INLINE static float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+// The sum of 8 float lanes, in the one order the AVX2 float and k-quant kernels share.
+FERRUM_AVX2_INLINE static float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// The sums of the 8 int32 lanes of v0 .. v3: one per weight row of the kernels that run four
+// rows at once, one per lane.
+FERRUM_AVX2_INLINE static __m128i lane_sums(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+  const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+  return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+// 16 bytes of 4-bit indices -> 32 bytes: element j (low nibble of byte j) then j + 16 (high).
+FERRUM_AVX2_INLINE static __m256i unpack_nibbles(const uint8_t* qs) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
+}
+
+// 16 bytes of IQ4 nibbles -> their 32 signed levels (kIq4Values), in element order.
+FERRUM_AVX2_INLINE static __m256i iq4_levels(const uint8_t* qs) {
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values));
+  const __m256i table2 = _mm256_set_m128i(table, table);
+  return _mm256_shuffle_epi8(table2, unpack_nibbles(qs));
+}
+
+// 16 int16 sums of adjacent w * a products, w signed: maddubs(|w|, a * sign(w)). Both are
+// within +-127 (the activation quantizers never give -128), so no pair saturates.
+FERRUM_AVX2_INLINE static __m256i signed_pairs(__m256i w, __m256i a) {
+  return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+}  // namespace ferrum::quant::detail
