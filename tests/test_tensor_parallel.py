@@ -105,20 +105,29 @@ def relative_error(got, want):
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
+# Generation steps over quantized weights quantize their activations to 8 bits: the ranks' partial
+# sums round differently from one process's whole sums (in the last bit), and that can move an
+# activation to the neighbouring int8 level, about 1% of the largest logit for a level (one
+# 37-token prompt of the Q4_K_M model shows it under FERRUM_CPU_ISA=avx2; other prompts natively).
+# Their scored logits (f32 activations) keep 1e-5; a lost shard or all-reduce is off by far more.
+INT8_LEVEL = 5e-2
+
+
 @pytest.mark.parametrize("name", list(MODELS) + list(EXTRA_MODELS))
 def test_two_ranks_equal_one_process(name, models, compared):
-    """Logits at every position (scored: f32 activations) and of generation steps (the decode
-    path, 8-bit activations for quantized weights) within 1e-5 of the single process's, relative
-    to the largest; greedy tokens identical."""
+    """Logits at every position (scored: f32 activations) within 1e-5 of the single process's,
+    relative to the largest, and of generation steps (the decode path) too where its activations
+    stay f32, within INT8_LEVEL where quantized weights take 8-bit ones; greedy tokens identical."""
     model = models.get(name) or EXTRA_MODELS[name]
     want = tp_ranks.model_results(tp_ranks.make_llm(model, 1), PROMPTS)
+    int8_acts = name in MODELS and MODELS[name][2].startswith("q")
     for key, w in want.items():
         got = compared[f"{name}/{key}"]
         assert got.shape == w.shape, key
         if key == "greedy":
             assert got.tolist() == w.tolist()
         else:
-            assert relative_error(got, w) <= 1e-5, key
+            assert relative_error(got, w) <= (INT8_LEVEL if key == "generation" and int8_acts else 1e-5), key
     # the embedding, then o and the MLP of each layer: summed over the ranks
     assert compared[f"{name}/all_reduces"] > 0
 
