@@ -13,8 +13,9 @@ usage: python bench/spec_bench.py [--what lookup|draft|all] [-n 128] [-t 2] [-r 
 
 Every prompt is greedy, chat-templated, up to `-n` tokens, ending at the model's end of turn as a
 user's request does (`--ignore-eos`: always `-n`, running on past the answer); decode tokens/s
-counts from the first generated token to the last. Runs alternate (plain, speculative, plain, ...) in one process so
-both meet the same memory phases; outputs are checked equal token for token.
+counts from the first generated token to the last. Runs alternate (plain, speculative, plain,
+...) in one process so both meet the same memory phases; outputs are checked equal token for
+token.
 """
 import argparse
 import json
