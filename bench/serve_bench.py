@@ -4,7 +4,7 @@ streaming clients (the `openai` client), the same prompts and lengths for both; 
 throughput next to LLM.generate's in-process; and what structured output's token masks cost.
 
 usage: python bench/serve_bench.py [MODEL.gguf] [-c 1,8,32] [-r 2] [-p 128] [-n 128] [-t 2]
-                                   [--no-peer] [--no-structured] [--out FILE.json]
+                                   [--pairs 8] [--no-peer] [--no-structured] [--out FILE.json]
 
 Each client sends -r requests one after another (temperature 0; ferrum with ignore_eos, llama.cpp
 with min_tokens, so every request generates exactly -n tokens). llama_cpp.server runs one request
@@ -169,18 +169,32 @@ def _quantile(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def in_process_tok_s(model, threads, n_ctx, prompt, n):
-    """LLM.generate's tokens/s for one request (prompt + generation, as one client sees it)."""
+def one_client_pairs(llm, url, prompts, n, pairs):
+    """The server's single-stream tokens/s against LLM.generate's in this process, run in turns
+    (one request each, prompt and generation as one client sees them, a new prompt each turn)
+    so both meet the same memory phases; the median of the per-turn ratios."""
     import ferrum
-    llm = ferrum.LLM(model, num_threads=threads, max_model_len=n_ctx)
+    import openai
     params = ferrum.SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-    llm.generate([prompt], ferrum.SamplingParams(max_tokens=4, temperature=0))
-    best = 0.0
-    for _ in range(3):
-        start = time.perf_counter()
-        llm.generate([prompt], params)
-        best = max(best, n / (time.perf_counter() - start))
-    return best
+    llm.generate([prompts[0]], ferrum.SamplingParams(max_tokens=4, temperature=0))
+
+    async def turns():
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0) as client:
+            await one_request(client, prompts[0], 4, {"ignore_eos": True})
+            rates = []
+            for i in range(pairs):
+                prompt = prompts[1 + i % (len(prompts) - 1)]
+                start = time.perf_counter()
+                llm.generate([prompt], params)
+                generate = n / (time.perf_counter() - start)
+                start = time.perf_counter()
+                await one_request(client, prompt, n, {"ignore_eos": True})
+                rates.append((generate, n / (time.perf_counter() - start)))
+            return rates
+    rates = asyncio.run(turns())
+    return {"pairs": pairs, "llm_generate_tok_s": statistics.median(g for g, _ in rates),
+            "server_tok_s": statistics.median(s for _, s in rates),
+            "ratio": statistics.median(s / g for g, s in rates)}
 
 
 async def structured_cost(url, clients):
@@ -224,6 +238,8 @@ def main():
     ap.add_argument("-p", "--prompt-tokens", type=int, default=128)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=8,
+                    help="single requests to the server and LLM.generate, in turns (default: 8; 0: none)")
     ap.add_argument("--no-peer", action="store_true", help="ferrum only")
     ap.add_argument("--no-structured", action="store_true", help="skip the structured-output run")
     ap.add_argument("--out", default=None, help="also write every figure to this JSON file")
@@ -240,9 +256,9 @@ def main():
     load_at_start = [round(x, 2) for x in os.getloadavg()]
 
     results = {"ferrum": {}, "llama.cpp": {}}
-    print(f"LLM.generate, 1 request: ", end="", flush=True)
-    baseline = in_process_tok_s(model, a.threads, n_ctx, prompts[0], a.max_tokens)
-    print(f"{baseline:.1f} tok/s")
+    import ferrum
+    llm = ferrum.LLM(model, num_threads=a.threads, max_model_len=n_ctx)  # idle while the servers run
+    one_client = None
     servers = [("ferrum", start_ferrum, {"ignore_eos": True})]
     if not a.no_peer:
         servers.append(("llama.cpp", start_llamacpp, {"min_tokens": a.max_tokens}))
@@ -255,6 +271,10 @@ def main():
                 results[name][c] = r
                 print(f"{name:10} {c:3} clients: {r['throughput_tok_s']:7.1f} tok/s  TTFT p50 {r['ttft_p50_s'] * 1e3:8.1f} ms"
                       f"  ITL p50 {r['itl_p50_s'] * 1e3 if r['itl_p50_s'] else float('nan'):6.1f} ms", flush=True)
+            if name == "ferrum" and a.pairs:
+                one_client = one_client_pairs(llm, server.url, prompts, a.max_tokens, a.pairs)
+                print(f"ferrum       1 client in turns with LLM.generate: {one_client['server_tok_s']:.1f} vs "
+                      f"{one_client['llm_generate_tok_s']:.1f} tok/s, ratio {one_client['ratio']:.2f}", flush=True)
             if name == "ferrum" and not a.no_structured:
                 structured = asyncio.run(structured_cost(server.url, 8))
         finally:
@@ -270,9 +290,10 @@ def main():
         print(f"{c:>7} | {f['throughput_tok_s']:>12.1f} {fmt(p and p['throughput_tok_s']):>10} "
               f"{fmt(p and f['throughput_tok_s'] / p['throughput_tok_s']):>6} | {f['ttft_p50_s'] * 1e3:>11.1f} "
               f"{fmt(p and p['ttft_p50_s'], 1e3):>10} | {fmt(f['itl_p50_s'], 1e3):>10} {fmt(p and p['itl_p50_s'], 1e3):>10}")
-    if 1 in results["ferrum"]:
-        one = results["ferrum"][1]["throughput_tok_s"]
-        print(f"1 client: the server gives {one:.1f} tok/s, {100 * one / baseline:.0f}% of LLM.generate's {baseline:.1f}")
+    if one_client:
+        print(f"1 client, in turns with LLM.generate ({one_client['pairs']} each): the server gives "
+              f"{one_client['server_tok_s']:.1f} tok/s, {100 * one_client['ratio']:.0f}% of LLM.generate's "
+              f"{one_client['llm_generate_tok_s']:.1f} (median of the per-turn ratios)")
     if structured:
         print(f"structured output (JSON schema, {structured['clients']} clients): {structured['parsed']}/"
               f"{structured['clients']} replies parse; mask {structured['mask_ms_per_step']:.3f} ms per step "
@@ -282,7 +303,7 @@ def main():
             json.dump({"date": datetime.date.today().isoformat(), "model": os.path.basename(model),
                        "threads": a.threads, "prompt_tokens": a.prompt_tokens, "max_tokens": a.max_tokens,
                        "requests_per_client": a.requests_per_client, "machine": platform.machine(),
-                       "load_at_start": load_at_start, "llm_generate_tok_s": baseline, "servers": results,
+                       "load_at_start": load_at_start, "one_client_vs_llm_generate": one_client, "servers": results,
                        "structured": structured}, f, indent=1)
 
 

@@ -101,6 +101,33 @@ async def wait_idle(engine, timeout=20.0):
         await asyncio.sleep(0.02)
 
 
+def test_a_consumer_that_falls_behind_gets_the_waiting_deltas_merged(expected):
+    """Deltas that wait while their consumer is busy arrive as one: fewer deltas than steps,
+    each completion's tokens, text and logprobs in order, as the finished output holds them."""
+    sampled = ferrum.SamplingParams(max_tokens=24, temperature=0.8, seed=7, n=2, logprobs=2, ignore_eos=True)
+
+    async def main():
+        async with AsyncLLM(make_llm()) as engine:
+            for params, prompt in ((GREEDY, prompts(1)[0]), (sampled, prompts(2)[1])):
+                got = {i: ([], "", []) for i in range(params.n)}
+                deltas = 0
+                async for delta in engine.generate(prompt, params):
+                    deltas += 1
+                    for d in delta.outputs:
+                        tokens, text, logprobs = got[d.index]
+                        got[d.index] = (tokens + d.token_ids, text + d.text, logprobs + (d.logprobs or []))
+                    await asyncio.sleep(0.03)  # steps run meanwhile
+                assert delta.finished and deltas < params.max_tokens
+                for c in delta.output.outputs:
+                    assert got[c.index][:2] == (c.token_ids, c.text)
+                    if params.logprobs:
+                        assert got[c.index][2] == c.logprobs and len(c.logprobs) == params.max_tokens
+                if params is GREEDY:
+                    assert got[0][:2] == expected[0]
+            assert_pool_empty(engine)
+    asyncio.run(main())
+
+
 def test_abort_ends_the_stream_with_abort_and_others_go_on(expected):
     async def main():
         async with AsyncLLM(make_llm()) as engine:

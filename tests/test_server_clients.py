@@ -90,6 +90,10 @@ def test_ferrum_serve_exits_0_on_sigterm(smollm2_path):
         assert url, "".join(log)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         assert client.models.list().data[0].id == "smollm2"
+        # The event loop (the main thread) runs only on cores the engine's threads leave idle.
+        policies = {int(tid): thread_policy(proc.pid, tid) for tid in os.listdir(f"/proc/{proc.pid}/task")}
+        assert policies.pop(proc.pid) == os.SCHED_IDLE
+        assert os.SCHED_OTHER in policies.values()
         stream = client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=400,
                                            temperature=0, stream=True, extra_body={"ignore_eos": True})
         first = next(iter(stream))
@@ -105,3 +109,9 @@ def test_ferrum_serve_exits_0_on_sigterm(smollm2_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def thread_policy(pid, tid):
+    """A thread's scheduling policy: field 41 of /proc/PID/task/TID/stat."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[38])

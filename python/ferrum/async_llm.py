@@ -84,11 +84,18 @@ class AsyncLLM:
         try:
             await asyncio.wrap_future(added)
             while not finished:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
+                # A consumer that fell behind takes the deltas waiting as one (as vLLM's
+                # output collector merges them): a slow client costs fewer events, not tokens.
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                deltas = list(itertools.takewhile(lambda i: not isinstance(i, BaseException), items))
+                if deltas:
+                    delta = RequestDelta.merge(deltas)
+                    finished = delta.finished
+                    yield delta
+                if len(deltas) < len(items):  # the engine failed the request
+                    raise items[len(deltas)]
         finally:
             with self._cv:
                 self._streams.pop(rid, None)

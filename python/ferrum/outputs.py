@@ -111,3 +111,26 @@ class RequestDelta:
     def text(self, index: int = 0) -> str:
         """New text of completion ``index`` in this step ("" when it produced none)."""
         return "".join(d.text for d in self.outputs if d.index == index)
+
+    @staticmethod
+    def merge(deltas: List["RequestDelta"]) -> "RequestDelta":
+        """Consecutive deltas of one request as one: each completion's text, token ids and
+        logprobs joined in order, its finish reason the last one's."""
+        if len(deltas) == 1:
+            return deltas[0]
+        merged: Dict[int, CompletionDelta] = {}
+        for delta in deltas:
+            for d in delta.outputs:
+                m = merged.get(d.index)
+                if m is None:
+                    merged[d.index] = CompletionDelta(d.index, d.text, list(d.token_ids), d.finish_reason,
+                                                      d.stop_reason, None if d.logprobs is None else list(d.logprobs))
+                    continue
+                m.text += d.text
+                m.token_ids += d.token_ids
+                if d.logprobs is not None:
+                    m.logprobs = (m.logprobs or []) + d.logprobs
+                if d.finish_reason is not None:
+                    m.finish_reason, m.stop_reason = d.finish_reason, d.stop_reason
+        last = deltas[-1]
+        return RequestDelta(last.request_id, list(merged.values()), last.finished, last.output)

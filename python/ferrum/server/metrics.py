@@ -69,8 +69,10 @@ class RequestTimer:
         self.arrival = self.last = time.perf_counter()
         self.first: Optional[float] = None
 
-    def tokens(self, count: int) -> None:
-        """``count`` tokens arrived (one engine step's, over the request's completions)."""
+    def tokens(self, count: int, in_sequence: int = 1) -> None:
+        """``count`` tokens arrived (one delta's, over the request's completions), at most
+        ``in_sequence`` of them one completion's: a delta that merges several steps, or holds
+        accepted proposals, counts each at an even share of the gap since the last."""
         if count <= 0:
             return
         now = time.perf_counter()
@@ -78,7 +80,8 @@ class RequestTimer:
             self.first = now
             self.metrics.ttft.observe(now - self.arrival)
         else:
-            self.metrics.itl.observe(now - self.last)
+            for _ in range(in_sequence):
+                self.metrics.itl.observe((now - self.last) / in_sequence)
         self.last = now
         self.metrics.generation_tokens.inc(count)
 

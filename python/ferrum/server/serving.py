@@ -75,7 +75,8 @@ class Serving:
         try:
             async with contextlib.aclosing(self.engine.generate(prompt_ids, params, random_id("req"))) as deltas:
                 async for delta in deltas:
-                    timer.tokens(sum(len(d.token_ids) for d in delta.outputs))
+                    counts = [len(d.token_ids) for d in delta.outputs]
+                    timer.tokens(sum(counts), max(counts, default=0))
                     if delta.finished:
                         reasons = [o.finish_reason for o in delta.output.outputs]
                     yield delta
