@@ -104,6 +104,16 @@ def test_bad_best_of(kwargs, words):
         ferrum.SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize("count", [2 ** 70, "blocks + 1"])
+@pytest.mark.parametrize("name", ["n", "best_of"])
+def test_more_completions_than_kv_blocks_are_refused_at_once(llm, name, count):
+    count = llm.stats()["kv_blocks_total"] + 1 if count == "blocks + 1" else count
+    with pytest.raises(ValueError, match="completions"):
+        llm.generate("Once", ferrum.SamplingParams(temperature=1.0, max_tokens=2, **{name: count}))
+    assert llm.stats()["sequences"] == 0
+    assert len(llm.generate("Once", ferrum.SamplingParams(n=3, temperature=1.0, max_tokens=2))[0].outputs) == 3
+
+
 def test_stream_refuses_best_of(llm):
     with pytest.raises(ValueError, match="best_of"):
         next(llm.stream("Once", ferrum.SamplingParams(best_of=3, temperature=1.0)))

@@ -127,6 +127,10 @@ class Engine:
         biased = max(params.logit_bias or (), default=-1)
         if biased >= vocab:
             raise ValueError(f"logit_bias token id {biased} is out of range [0, {vocab})")
+        blocks = self.runner.stats()["kv_blocks_total"]
+        if params.best_of > blocks:  # also keeps an absurd n from building that many completions
+            raise ValueError(f"{params.best_of} completions (n / best_of) is more than the KV cache's {blocks} "
+                             "blocks: each completion needs one of its own")
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
