@@ -183,7 +183,7 @@ def one_client_pairs(llm, url, prompts, n, pairs):
             await one_request(client, prompts[0], 4, {"ignore_eos": True})
             rates = []
             for i in range(pairs):
-                prompt = prompts[1 + i % (len(prompts) - 1)]
+                prompt = prompts[1 + i]
                 start = time.perf_counter()
                 llm.generate([prompt], params)
                 generate = n / (time.perf_counter() - start)
@@ -252,7 +252,7 @@ def main():
     concurrency = [int(c) for c in a.concurrency.split(",")]
     n_ctx = max(a.prompt_tokens + a.max_tokens, 192) + 64  # room for the structured-output requests too
     prompts = make_prompts(Tokenizer.from_gguf_metadata(_core.gguf_metadata(model)),
-                           max(concurrency) * a.requests_per_client, a.prompt_tokens)
+                           max(max(concurrency) * a.requests_per_client, a.pairs + 1), a.prompt_tokens)
     load_at_start = [round(x, 2) for x in os.getloadavg()]
 
     results = {"ferrum": {}, "llama.cpp": {}}

@@ -2,8 +2,8 @@
 // type and ISA variant this CPU supports; then the batched kernels (a batch of decodes) in
 // multiply-adds per second; then the prefill GEMM against dequantize + sgemm. Not a test; build
 // with -DFERRUM_BENCH=ON.
-// usage: quant_dot_bench [batch|gemm|prefill|stream|rows TYPE|read TYPE [N [hot|2]]]   (only the batched kernels / the GEMM /
-// ... / one type's row kernel / one thread's decode stream against a plain read)
+// usage: quant_dot_bench [batch|gemm|prefill|stream|peak|rows TYPE|read TYPE [N [hot|2]]]   (only the batched kernels /
+// the GEMM / ... / the arithmetic ceiling / one type's row kernel / one thread's decode stream against a plain read)
 #include <cblas.h>
 #include <immintrin.h>
 
@@ -62,7 +62,8 @@ int whole_blocks(DType t, int n) {
 void bench_batch() {
   const Format formats[] = {{DType::Q8_0}, {DType::Q4_0}, {DType::Q4_1}, {DType::Q5_0}, {DType::Q5_1},
                             {DType::Q8_0, R16}, {DType::Q4_0, R16}, {DType::Q4_1, R16}, {DType::Q5_0, R16}, {DType::Q5_1, R16},
-                            {DType::Q4_K, R16}, {DType::Q5_K, R16}, {DType::Q6_K, R16}, {DType::Q2_K, R16}, {DType::Q3_K, R16}};
+                            {DType::Q4_K, R16}, {DType::Q5_K, R16}, {DType::Q6_K, R16}, {DType::Q2_K, R16}, {DType::Q3_K, R16},
+                            {DType::F16, R16}};
   // rows x n: L2-resident, and the tied lm_head of SmolLM2 (L3-resident, 3 MB of outputs at T = 16)
   const int shapes[][2] = {{576, 1536}, {1536, 576}, {49152, 576}};
   const int batch_rows[] = {2, 4, 8, 16, 32, 64};
@@ -79,12 +80,13 @@ void bench_batch() {
     for (int T : batch_rows) {
       for (auto& shape : shapes) {
         const int rows = shape[0], n = whole_blocks(f.type, shape[1]);
-        const size_t row_bytes = dtype_bytes(f.type, n), act_bytes = dtype_bytes(DType::Q8_0, n);
+        const DType act_type = dot_kernel(f.type, f.layout).act_type;
+        const size_t row_bytes = dtype_bytes(f.type, n), act_bytes = dtype_bytes(act_type, n);
         std::vector<uint8_t> w = random_weights(f, rows, n, rng), act(act_bytes * T);
         std::vector<float> x(n), out(size_t(T) * rows);
         for (int r = 0; r < T; ++r) {
           for (float& v : x) v = u(rng);
-          quantize_row(DType::Q8_0, x.data(), act.data() + r * act_bytes, n);
+          quantize_row(act_type, x.data(), act.data() + r * act_bytes, n);
         }
         double best = 1e30;
         for (int rep = 0; rep < 5; ++rep) {
@@ -313,9 +315,61 @@ void bench_read(Format f, int n, bool hot, int threads) {
   std::printf("\n  median share %.0f%%%s\n", 100 * shares[4], sinks[0] == 1 ? " " : "");
 }
 
+// The arithmetic ceiling: independent 512-bit f32 FMAs (GFMA/s, 16 a vector) and int8 VNNI dot
+// products (GMAC/s, 64 a vector), on 1 thread and on 2 at once.
+template <class Step>
+double peak_rate(int threads, double macs_per_step, Step step) {
+  constexpr long kSteps = 20000000;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  std::vector<float> sinks(static_cast<size_t>(threads));
+  for (int i = 0; i < threads; ++i) pool.emplace_back([&, i] { sinks[size_t(i)] = step(kSteps); });
+  for (std::thread& th : pool) th.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  volatile float keep = sinks[0];  // the sums are used: the loops stay
+  (void)keep;
+  return threads * kSteps * macs_per_step / s / 1e9;
+}
+
+__attribute__((target("avx512f"))) float fma_steps(long steps) {
+  __m512 acc[12];
+  for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_ps(float(j));
+  const __m512 b = _mm512_set1_ps(1.0f), c = _mm512_set1_ps(1e-7f);
+  for (long i = 0; i < steps; ++i)
+    for (__m512& a : acc) a = _mm512_fmadd_ps(a, b, c);
+  float s = 0;
+  for (__m512& a : acc) s += _mm512_reduce_add_ps(a);
+  return s;
+}
+
+__attribute__((target("avx512f,avx512vnni"))) float vnni_steps(long steps) {
+  __m512i acc[12];
+  for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_epi32(j);
+  const __m512i b = _mm512_set1_epi8(1), c = _mm512_set1_epi8(2);
+  for (long i = 0; i < steps; ++i)
+    for (__m512i& a : acc) a = _mm512_dpbusd_epi32(a, b, c);
+  int s = 0;
+  for (__m512i& a : acc) s += _mm512_reduce_add_epi32(a);
+  return float(s);
+}
+
+void bench_peak() {
+  if (!cpu_features().avx512f || !cpu_features().avx512_vnni) {
+    std::printf("peak: needs AVX-512 VNNI\n");
+    return;
+  }
+  for (int threads : {1, 2})
+    std::printf("%d thread%s: f32 FMA %.1f GFMA/s, int8 VNNI %.1f GMAC/s\n", threads, threads > 1 ? "s" : " ",
+                peak_rate(threads, 12 * 16, fma_steps), peak_rate(threads, 12 * 64, vnni_steps));
+}
+
 int main(int argc, char** argv) {
   std::printf("cpu: %s\n", cpu_features().str().c_str());
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "peak") {
+    bench_peak();
+    return 0;
+  }
   if (mode == "prefill") {
     bench_prefill();
     return 0;

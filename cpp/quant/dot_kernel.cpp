@@ -92,7 +92,10 @@ const DotKernel& dot_kernel(DType weight_type, WeightLayout layout) {
 DotBatchFn dot_batch_kernel(DType weight_type, WeightLayout layout) {
   static const bool avx512 = isa_supported(0);
   if (!avx512) return nullptr;
-  if (layout == WeightLayout::R16) return detail::avx512_r16_gemm(weight_type);
+  if (layout == WeightLayout::R16) {
+    if (DotBatchFn gemm = detail::avx512_r16_gemm(weight_type)) return gemm;
+    return detail::avx512_float_r16_dot_batch(weight_type);
+  }
   return has_dot_batch(weight_type) ? detail::avx512_dot_batch(weight_type) : nullptr;
 }
 

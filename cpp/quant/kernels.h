@@ -27,9 +27,11 @@ DotBatchFn avx512_gemm_kquant(DType weight_type);  // Q2_K .. Q6_K; avx512_gemm 
 DotRowsFn avx512_r16_dot_rows(DType weight_type);
 DotBatchFn avx512_r16_gemm(DType weight_type);
 // F16 / BF16 weights in the R16 layout: their row kernels (float_r16_avx512.cpp;
-// avx512_r16_dot_rows returns them). Their GEMM is avx512_float_gemm's; batched decode has no
-// kernel of its own.
+// avx512_r16_dot_rows returns them), and F16's batched row kernel (a verify step, a batch of
+// decodes), equal to its row kernel bit for bit (nullptr for BF16). Their GEMM is
+// avx512_float_gemm's.
 DotRowsFn avx512_float_r16_dot_rows(DType weight_type);
+DotBatchFn avx512_float_r16_dot_batch(DType weight_type);
 // The float-weight GEMMs (gemm_float_avx512.cpp), over the file layout (F32, F16, BF16) and the
 // R16 one (F16, BF16), nullptr for other types: BF16 weights take bf16 activations, F16 / F32
 // weights f32 ones. AVX-512 F/BW/VL + F16C + BF16 only.

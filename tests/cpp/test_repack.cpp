@@ -154,8 +154,8 @@ TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
 }
 
 // F16 / BF16: the R16 row kernel (its own float order) follows the exact dot within its
-// accumulation rounding and gives the same bits from any group start; the R16 GEMM gives the
-// file layout's GEMM results bit for bit.
+// accumulation rounding and gives the same bits from any group start, as does F16's batched
+// kernel at any T; the R16 GEMM gives the file layout's GEMM results bit for bit.
 TEST(Repack, FloatKernelsFollowTheReferenceAndTheFileLayoutsGemm) {
   const CpuFeatures& f = cpu_features();
   const bool bf16 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni && f.avx512_bf16;
@@ -169,7 +169,8 @@ TEST(Repack, FloatKernelsFollowTheReferenceAndTheFileLayoutsGemm) {
       const DotKernel& r16 = dot_kernel(t, WeightLayout::R16);
       const DType gemm_act = gemm_act_type(t);
       EXPECT_EQ(r16.act_type, DType::F32);
-      EXPECT_EQ(dot_batch_kernel(t, WeightLayout::R16), nullptr);  // batched decode: the row kernel per activation row
+      const DotBatchFn batch = dot_batch_kernel(t, WeightLayout::R16);
+      EXPECT_EQ(batch != nullptr, t == DType::F16);  // BF16's batched decode: the row kernel per activation row
       const int64_t rows = 48, T = 37;
       const size_t row_bytes = dtype_bytes(t, n), gemm_act_bytes = dtype_bytes(gemm_act, n);
       const std::vector<uint8_t> w = random_weights(t, rows, n, rng);
@@ -198,6 +199,20 @@ TEST(Repack, FloatKernelsFollowTheReferenceAndTheFileLayoutsGemm) {
         r16.dot_rows(n, packed.data() + 16 * row_bytes, row_bytes, 24, a, part.data());
         for (int64_t r = 0; r < 24; ++r) EXPECT_EQ(part[size_t(r)], got[size_t(16 + r)]) << "t " << i << " r " << r;
         EXPECT_EQ(part[24], -7.0f);
+      }
+      // The batched kernel: the row kernel's bits for every activation row, whatever T.
+      for (int64_t T1 = 2; batch && T1 <= T; T1 += T1 < 10 ? 1 : 9) {
+        for (int64_t r0 : {int64_t(0), int64_t(16)}) {
+          const int64_t count = rows - r0 - (r0 ? 8 : 0), ldo = rows + 2;
+          std::vector<float> got(size_t(T1 * ldo), -7.0f), want(static_cast<size_t>(count));
+          batch(n, packed.data() + r0 * row_bytes, row_bytes, count, acts.data(), n * sizeof(float), T1, got.data(), ldo);
+          for (int64_t i = 0; i < T1; ++i) {
+            r16.dot_rows(n, packed.data() + r0 * row_bytes, row_bytes, count, &acts[size_t(i * n)], want.data());
+            for (int64_t r = 0; r < count; ++r)
+              EXPECT_EQ(got[size_t(i * ldo + r)], want[size_t(r)]) << "T " << T1 << " r0 " << r0 << " t " << i << " r " << r;
+            EXPECT_EQ(got[size_t(i * ldo + count)], -7.0f);
+          }
+        }
       }
       for (int64_t T1 : {1, 5, 37}) {
         for (int64_t r0 : {int64_t(0), int64_t(16)}) {
