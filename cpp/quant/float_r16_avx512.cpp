@@ -105,7 +105,7 @@ FERRUM_AVX512 void dot_rows_float_r16(int64_t n, const void* w, size_t w_row_byt
 
 constexpr int kMaxActs = 8;            // activation rows at a time
 constexpr int64_t kSpanBlocks = 4;     // 4 KB of a group
-constexpr int64_t kPrefetchSpans = 2;  // how far ahead the weights are fetched
+constexpr int64_t kPrefetchSpans = 2;  // how far ahead the weights are fetched, into L2 (faster than into L1)
 
 // Rows at a time for TC activation rows: R x TC accumulators, TC activation vectors and a weight
 // vector within the 32 registers.
@@ -122,7 +122,7 @@ FERRUM_AVX512 void f16_span(int64_t b0, int64_t b1, const char* rows, const floa
     for (int t = 0; t < TC; ++t) c[r][t] = acc[r * kMaxActs + t];
   const char* p = rows + b0 * kR16Rows * kBlockBytes;
   for (int64_t b = b0; b < b1; ++b, p += kR16Rows * kBlockBytes) {
-    for (int l = 0; l < prefetch_per_block; ++l, prefetch += 64) _mm_prefetch(prefetch, _MM_HINT_T0);
+    for (int l = 0; l < prefetch_per_block; ++l, prefetch += 64) _mm_prefetch(prefetch, _MM_HINT_T1);
 #pragma GCC unroll 4
     for (int k = 0; k < F16Block::kVecs; ++k) {
       __m256 a[TC];
