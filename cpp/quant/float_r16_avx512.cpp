@@ -156,7 +156,7 @@ FERRUM_AVX512 void f16_group(int64_t blocks, const char* group, const float* con
     // span kPrefetchSpans ahead (the next group's where this one ends; groups are contiguous) is
     // fetched meanwhile, a share before each block.
     const char* ahead = group + (b1 + (kPrefetchSpans - 1) * kSpanBlocks) * kR16Rows * kBlockBytes;
-    const int per_block = int((kSpanBlocks * kR16Rows * R / kR16Rows + (b1 - b0) - 1) / (b1 - b0));
+    const int per_block = int((kSpanBlocks * R + (b1 - b0) - 1) / (b1 - b0));  // R lines a block, in a span's walk
     for (int i = 0; i < kR16Rows; i += R, ahead += kSpanBlocks * R * kBlockBytes)
       f16_span<R, TC>(b0, b1, group + i * kBlockBytes, acts, acc + i * kMaxActs, ahead, per_block);
   }
