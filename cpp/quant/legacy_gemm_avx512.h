@@ -176,12 +176,15 @@ FERRUM_AVX512 void gemm_block(int64_t nb, const Source& src, const LegacyActs& a
     __m512i sum[kActs][kVecs];
     for (int j = 0; j < kActs; ++j)
       for (int v = 0; v < kVecs; ++v) sum[j][v] = _mm512_set1_epi32(acts.offsets[size_t((t0 + j) * nb + b)]);
+    const int8_t* a[kActs];
+    for (int j = 0; j < kActs; ++j) a[j] = acts.rows[size_t(t0 + j)][b].qs;
+#pragma GCC unroll 8  // straight-line dpbusd: the rolled loop shuffles the accumulators between registers
     for (int g = 0; g < 8; ++g) {
       __m512i q[kVecs];
       for (int v = 0; v < kVecs; ++v) q[v] = src.q(b, g, v);
       for (int j = 0; j < kActs; ++j) {
         int32_t a4;
-        std::memcpy(&a4, acts.rows[size_t(t0 + j)][b].qs + 4 * g, 4);
+        std::memcpy(&a4, a[j] + 4 * g, 4);
         const __m512i a = _mm512_set1_epi32(a4);
         for (int v = 0; v < kVecs; ++v) sum[j][v] = _mm512_dpbusd_epi32(sum[j][v], q[v], a);
       }
