@@ -7,7 +7,7 @@ import pytest
 import ferrum
 import conftest
 from conftest import STORIES_FORMATS, assert_pool_empty
-from ferrum.speculative import SpeculativeConfig, ngram_proposal
+from ferrum.speculative import NgramIndex, SpeculativeConfig
 from ferrum.tools.gguf_weights import read_gguf_model
 from ferrum.tools.make_model import from_dequantized, make_model
 
@@ -182,13 +182,45 @@ def test_sampled_tokens_follow_the_target_distribution(drafts, name):
     assert chisquare(observed, wanted).pvalue > 1e-3
 
 
-def test_ngram_proposal_takes_what_followed_the_latest_longest_match():
-    tokens = np.array([5, 6, 7, 8, 9, 5, 6, 7, 1, 2, 5, 6, 7], dtype=np.int64)
-    assert ngram_proposal(tokens, 3, 3, 1) == [1, 2, 5]  # "5 6 7" last seen before "1 2 5"
-    assert ngram_proposal(tokens, 9, 3, 1)[:2] == [1, 2]
-    assert ngram_proposal(np.array([1, 2, 3, 4]), 3, 3, 1) == []
-    assert ngram_proposal(np.array([1, 2, 3, 1]), 2, 3, 1) == [2, 3]  # only a one-token match
-    assert ngram_proposal(np.array([1, 2, 3, 1]), 2, 3, 2) == []
+def lookup(tokens, k, lookup_max, lookup_min):
+    index = NgramIndex(lookup_min, lookup_max)
+    index.follow(list(tokens), [])
+    return index.propose(k)
+
+
+def test_prompt_lookup_takes_what_followed_the_latest_longest_match():
+    tokens = [5, 6, 7, 8, 9, 5, 6, 7, 1, 2, 5, 6, 7]
+    assert lookup(tokens, 3, 3, 1) == [1, 2, 5]  # "5 6 7" last seen before "1 2 5"
+    assert lookup(tokens, 9, 3, 1)[:2] == [1, 2]
+    assert lookup([1, 2, 3, 4], 3, 3, 1) == []
+    assert lookup([1, 2, 3, 1], 2, 3, 1) == [2, 3]  # only a one-token match
+    assert lookup([1, 2, 3, 1], 2, 3, 2) == []
+
+
+def longest_match_by_scan(tokens, k, lookup_max, lookup_min):
+    """The reference: every earlier end compared backwards with the suffix."""
+    n, best, start = len(tokens), 0, None
+    for end in range(n - 1):
+        length = 0
+        while length < min(lookup_max, n - 1) and end - length >= 0 and tokens[end - length] == tokens[n - 1 - length]:
+            length += 1
+        if length >= lookup_min and length >= best:  # the latest of the longest
+            best, start = length, end + 1
+    return [] if start is None else tokens[start:start + k]
+
+
+@pytest.mark.parametrize("lookup_min,lookup_max", [(1, 1), (1, 3), (2, 4), (3, 5)])
+def test_prompt_lookup_follows_a_growing_sequence_as_a_full_scan_does(lookup_min, lookup_max):
+    rng = np.random.default_rng(lookup_min * 10 + lookup_max)
+    for trial in range(20):
+        prompt = rng.integers(0, 4, int(rng.integers(1, 30))).tolist()  # few symbols: many matches
+        output = []
+        index = NgramIndex(lookup_min, lookup_max)
+        for _ in range(25):
+            k = int(rng.integers(1, 7))
+            index.follow(prompt, output)
+            assert index.propose(k) == longest_match_by_scan(prompt + output, k, lookup_max, lookup_min)
+            output += rng.integers(0, 4, int(rng.integers(1, 4))).tolist()  # a step accepts 1-3 tokens
 
 
 @pytest.mark.parametrize("config", [

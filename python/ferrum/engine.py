@@ -20,7 +20,7 @@ import numpy as np
 from . import _core
 from .outputs import CompletionDelta, RequestDelta, RequestOutput
 from .sampling import Sampler, SamplingParams, SamplingState
-from .speculative import DraftModel, Speculation, SpeculativeConfig, ngram_proposal
+from .speculative import DraftModel, NgramIndex, Speculation, SpeculativeConfig
 from .structured import GrammarConstraint
 from .stop import RequestProgress
 from .tokenizer import IncrementalDecoder, Tokenizer
@@ -314,8 +314,10 @@ class Engine:
                 wants.append((c, k))
         if spec.method == "ngram":
             for c, k in wants:
-                history = np.asarray(c.prompt_ids + c.progress.token_ids, dtype=np.int64)
-                c.spec.draft = ngram_proposal(history, k, spec.prompt_lookup_max, spec.prompt_lookup_min)
+                if c.spec.lookup is None:
+                    c.spec.lookup = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
+                c.spec.lookup.follow(c.prompt_ids, c.progress.token_ids)
+                c.spec.draft = c.spec.lookup.propose(k)
         elif wants:
             proposals = self.draft_model.propose(
                 [(c.seq, c.prompt_ids + c.progress.token_ids, k) for c, k in wants], self._sample_draft)

@@ -71,6 +71,7 @@ class Speculation:
     k: int                                    # proposals to ask for next
     draft: List[int] = field(default_factory=list)  # proposed after the last token, being verified
     q: Optional[np.ndarray] = None            # the draft model's distributions of `draft` (None: point masses)
+    lookup: Optional["NgramIndex"] = None     # prompt lookup's index of the completion's tokens
 
     def adapt(self, verified: int, accepted: int, most: int) -> None:
         """One more after a run of acceptances, one past the accepted run after a rejection."""
@@ -79,29 +80,39 @@ class Speculation:
         self.k = min(most, self.k + 1) if accepted == verified else max(1, accepted + 1)
 
 
-def ngram_proposal(tokens: np.ndarray, k: int, lookup_max: int, lookup_min: int) -> List[int]:
-    """Prompt lookup: the `k` tokens that followed the latest earlier occurrence of the longest
-    suffix of `tokens` (of lookup_max down to lookup_min tokens); [] when none occurs."""
-    n_tokens = len(tokens)
-    # Earlier occurrences end at the positions holding the last token; each is extended backwards
-    # while it still matches, up to lookup_max (one comparison per length over the candidates).
-    ends = np.flatnonzero(tokens[:n_tokens - 1] == tokens[n_tokens - 1])
-    if ends.size == 0 or lookup_min > n_tokens - 1:
+class NgramIndex:
+    """Prompt lookup over a growing sequence (the prompt, then the output so far): proposes the
+    k tokens that followed the latest earlier occurrence of the longest suffix of lookup_max
+    down to lookup_min tokens. Every n-gram's latest end is kept as tokens arrive, so a proposal
+    costs the same at any context length."""
+
+    def __init__(self, lookup_min: int, lookup_max: int):
+        self.lookup_min, self.lookup_max = lookup_min, lookup_max
+        self.tokens: List[int] = []
+        self._latest: Dict[tuple, int] = {}  # n-gram -> where its latest occurrence ends
+        self._indexed = 0  # the n-grams ending before this position are in _latest
+
+    def follow(self, prompt: List[int], output: List[int]) -> None:
+        """Takes in what is new of prompt + output (which only ever grow)."""
+        if not self.tokens:
+            self.tokens.extend(prompt)
+        self.tokens.extend(output[len(self.tokens) - len(prompt):])
+
+    def propose(self, k: int) -> List[int]:
+        """Up to k tokens; [] when no suffix of lookup_min tokens or more occurred before."""
+        tokens, n = self.tokens, len(self.tokens)
+        # The n-grams ending before the last token (an occurrence of the suffix is earlier than
+        # it), in order of their ends, so each keeps its latest.
+        for length in range(self.lookup_min, self.lookup_max + 1):
+            first = max(self._indexed, length - 1)
+            grams = zip(*(tokens[first + 1 - length + i:n - length + i] for i in range(length)))
+            self._latest.update(zip(grams, range(first, n - 1)))
+        self._indexed = max(self._indexed, n - 1)
+        for length in range(min(self.lookup_max, n - 1), self.lookup_min - 1, -1):
+            end = self._latest.get(tuple(tokens[n - length:]))
+            if end is not None:
+                return tokens[end + 1:end + 1 + k]
         return []
-    length = np.ones(ends.size, dtype=np.int64)
-    alive = np.ones(ends.size, dtype=bool)
-    for j in range(1, min(lookup_max, n_tokens - 1)):
-        back = ends - j
-        alive &= back >= 0
-        alive[alive] = tokens[back[alive]] == tokens[n_tokens - 1 - j]
-        length += alive
-        if not alive.any():
-            break
-    best = int(length.max())
-    if best < lookup_min:
-        return []
-    start = int(ends[np.flatnonzero(length == best)[-1]]) + 1
-    return tokens[start:start + k].tolist()
 
 
 class DraftModel:
