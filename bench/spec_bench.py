@@ -1,6 +1,6 @@
 """Speculative decoding: single-stream decode tokens/s with and without it, side by side.
 
-usage: python bench/spec_bench.py [--what lookup|draft|all] [-n 128] [-t 2] [-r 3] [-k 5] [--ignore-eos]
+usage: python bench/spec_bench.py [--what lookup|draft|steps|all] [-n 128] [-t 2] [-r 3] [-k 5] [--ignore-eos]
                                   [--out FILE.json]
 
 - lookup: prompt lookup (ngram) on SmolLM2-135M-Instruct Q4_1, on prompts with repeated spans
@@ -10,6 +10,8 @@ usage: python bench/spec_bench.py [--what lookup|draft|all] [-n 128] [-t 2] [-r 
 - draft: the model's F16 requantization as the target, the Q4_1 file as its draft, on chat
   prompts; reports the effective bandwidth (target bytes a token x tokens/s) against a plain
   read of memory, i.e. how far past the decode roof it gets.
+- steps (not in all): what a step verifying k proposals costs against a decode step, for the
+  Q4_1 model and the F16 target, the steps interleaved in one process.
 
 Every prompt is greedy, chat-templated, up to `-n` tokens, ending at the model's end of turn as a
 user's request does (`--ignore-eos`: always `-n`, running on past the answer); decode tokens/s
@@ -103,9 +105,34 @@ def summary(name, rows):
     return line
 
 
+def verify_step_costs(model, threads, rows=(1, 2, 4, 6, 8), reps=16):
+    """Engine steps of one sequence (200 tokens of context) computing 1 + k tokens (its last
+    token and k proposals), interleaved; the median of each, and its cost in decode steps."""
+    from ferrum import _core
+    runner = _core.ModelRunner(model, device="cpu", num_threads=threads, max_model_len=2048, kv_cache_tokens=4096)
+    engine = _core.Engine(runner, max_num_seqs=4, max_num_batched_tokens=512)
+    seq = engine.add_sequence(list(range(100, 300)))
+    engine.step()
+    times = {r: [] for r in rows}
+    for _ in range(reps):
+        for r in rows:
+            # a token and r - 1 proposals after the prompt (the previous round's rejected), then
+            # one accepted token, so each round starts from the same context
+            engine.commit([seq], [500], [False], [0], [list(range(501, 500 + r))])
+            start = time.perf_counter()
+            out = engine.step()
+            times[r].append(time.perf_counter() - start)
+            assert len(out["seqs"]) == r
+            engine.commit([seq], [1], [False], [0], [])
+            engine.step()
+    decode = statistics.median(times[rows[0]])
+    return {r: {"ms": 1e3 * statistics.median(t), "decode_steps": statistics.median(t) / decode} for r, t in times.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--what", choices=["lookup", "draft", "all"], default="all")
+    ap.add_argument("--what", choices=["lookup", "draft", "steps", "all"], default="all",
+                    help="steps: the cost of a step verifying k proposals, in decode steps (Q4_1 and F16)")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("-r", type=int, default=3)
@@ -145,6 +172,12 @@ def main():
         print(f"decode roof of the F16 target: {roof / target_gb:.1f} tok/s ({roof:.1f} GB/s over {target_gb:.3f} GB); "
               f"speculative: {line['spec_tok_s'] / (roof / target_gb):.2f}x the roof")
         result["draft"] = {"rows": rows, "summary": line}
+    if a.what == "steps":
+        for name, model in (("Q4_1", q4_1), ("F16", f16_target(q4_1))):
+            costs = verify_step_costs(model, a.t)
+            result[f"steps_{name}"] = costs
+            print(f"{name}: rows in the step " + ", ".join(f"{r}: {c['ms']:.2f} ms = {c['decode_steps']:.2f}"
+                                                        for r, c in costs.items()) + " decode steps")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -132,7 +132,7 @@ void bench_stream() {
     for (auto& sh : layer) add(sh[0], sh[1]);
   add(49152, 576);
   std::printf("decode steps through SmolLM2-135M's Q4_1 (R16) weights, one thread (GMAC/s)\n   T   streamed   layer 0 repeated\n");
-  for (int T : {1, 4, 16, 32}) {
+  for (int T : {1, 2, 4, 6, 8, 16, 32}) {  // 2-8: steps verifying proposals
     std::vector<uint8_t> act(dtype_bytes(DType::Q8_0, 1536) * T);
     std::vector<float> x(1536), out(size_t(T) * 49152);
     for (int r = 0; r < T; ++r) {
