@@ -1,7 +1,8 @@
 """ferrum's OpenAI-compatible server vs llama.cpp's (llama-cpp-python's llama_cpp.server), side by
 side: time to first token, inter-token latency and aggregate throughput at 1, 8 and 32 concurrent
 streaming clients (the `openai` client), the same prompts and lengths for both; the single-client
-throughput next to LLM.generate's in-process; and what structured output's token masks cost.
+throughput next to LLM.generate's in-process (through the openai client and through a bare SSE
+reader); and what structured output's token masks cost.
 
 usage: python bench/serve_bench.py [MODEL.gguf] [-c 1,8,32] [-r 2] [-p 128] [-n 128] [-t 2]
                                    [--pairs 8] [--no-peer] [--no-structured] [--out FILE.json]
@@ -169,18 +170,37 @@ def _quantile(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+async def bare_request(http, url, prompt, n):
+    """Streams one completion reading only the SSE lines (no JSON, no response objects): what
+    the server sends, less the openai client's own work per chunk on the same cores."""
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    chunks = 0
+    async with http.stream("POST", f"{url}/v1/completions", json=body) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            chunks += line.startswith("data: {")
+    if not chunks:
+        raise RuntimeError("a request streamed nothing")
+
+
 def one_client_pairs(llm, url, prompts, n, pairs):
     """The server's single-stream tokens/s against LLM.generate's in this process, run in turns
     (one request each, prompt and generation as one client sees them, a new prompt each turn)
-    so both meet the same memory phases; the median of the per-turn ratios."""
+    so both meet the same memory phases; the median of the per-turn ratios. Each turn streams
+    once through the openai client and once through a bare SSE reader (the openai client's
+    parsing costs CPU on the same two cores the engine computes on)."""
     import ferrum
+    import httpx2
     import openai
     params = ferrum.SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
     llm.generate([prompts[0]], ferrum.SamplingParams(max_tokens=4, temperature=0))
 
     async def turns():
-        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0) as client:
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=3600, max_retries=0) as client, \
+                httpx2.AsyncClient(timeout=3600) as http:
             await one_request(client, prompts[0], 4, {"ignore_eos": True})
+            await bare_request(http, url, prompts[0], 4)
             rates = []
             for i in range(pairs):
                 prompt = prompts[1 + i]
@@ -189,12 +209,17 @@ def one_client_pairs(llm, url, prompts, n, pairs):
                 generate = n / (time.perf_counter() - start)
                 start = time.perf_counter()
                 await one_request(client, prompt, n, {"ignore_eos": True})
-                rates.append((generate, n / (time.perf_counter() - start)))
+                server = n / (time.perf_counter() - start)
+                start = time.perf_counter()
+                await bare_request(http, url, prompt, n)
+                rates.append((generate, server, n / (time.perf_counter() - start)))
             return rates
     rates = asyncio.run(turns())
-    return {"pairs": pairs, "llm_generate_tok_s": statistics.median(g for g, _ in rates),
-            "server_tok_s": statistics.median(s for _, s in rates),
-            "ratio": statistics.median(s / g for g, s in rates)}
+    return {"pairs": pairs, "llm_generate_tok_s": statistics.median(g for g, _, _ in rates),
+            "server_tok_s": statistics.median(s for _, s, _ in rates),
+            "ratio": statistics.median(s / g for g, s, _ in rates),
+            "bare_reader_tok_s": statistics.median(b for _, _, b in rates),
+            "bare_reader_ratio": statistics.median(b / g for g, _, b in rates)}
 
 
 async def structured_cost(url, clients):
@@ -274,7 +299,8 @@ def main():
             if name == "ferrum" and a.pairs:
                 one_client = one_client_pairs(llm, server.url, prompts, a.max_tokens, a.pairs)
                 print(f"ferrum       1 client in turns with LLM.generate: {one_client['server_tok_s']:.1f} vs "
-                      f"{one_client['llm_generate_tok_s']:.1f} tok/s, ratio {one_client['ratio']:.2f}", flush=True)
+                      f"{one_client['llm_generate_tok_s']:.1f} tok/s, ratio {one_client['ratio']:.2f} "
+                      f"(bare SSE reader {one_client['bare_reader_ratio']:.2f})", flush=True)
             if name == "ferrum" and not a.no_structured:
                 structured = asyncio.run(structured_cost(server.url, 8))
         finally:
@@ -293,7 +319,9 @@ def main():
     if one_client:
         print(f"1 client, in turns with LLM.generate ({one_client['pairs']} each): the server gives "
               f"{one_client['server_tok_s']:.1f} tok/s, {100 * one_client['ratio']:.0f}% of LLM.generate's "
-              f"{one_client['llm_generate_tok_s']:.1f} (median of the per-turn ratios)")
+              f"{one_client['llm_generate_tok_s']:.1f} (median of the per-turn ratios); read by a bare SSE reader "
+              f"instead of the openai client, {one_client['bare_reader_tok_s']:.1f} tok/s, "
+              f"{100 * one_client['bare_reader_ratio']:.0f}%")
     if structured:
         print(f"structured output (JSON schema, {structured['clients']} clients): {structured['parsed']}/"
               f"{structured['clients']} replies parse; mask {structured['mask_ms_per_step']:.3f} ms per step "

@@ -1,6 +1,6 @@
 """Speculative decoding: single-stream decode tokens/s with and without it, side by side.
 
-usage: python bench/spec_bench.py [--what lookup|draft|steps|all] [-n 128] [-t 2] [-r 3] [-k 5] [--ignore-eos]
+usage: python bench/spec_bench.py [--what lookup|draft|steps|ceiling|all] [-n 128] [-t 2] [-r 3] [-k 5] [--ignore-eos]
                                   [--out FILE.json]
 
 - lookup: prompt lookup (ngram) on SmolLM2-135M-Instruct Q4_1, on prompts with repeated spans
@@ -12,6 +12,8 @@ usage: python bench/spec_bench.py [--what lookup|draft|steps|all] [-n 128] [-t 2
   read of memory, i.e. how far past the decode roof it gets.
 - steps (not in all): what a step verifying k proposals costs against a decode step, for the
   Q4_1 model and the F16 target, the steps interleaved in one process.
+- ceiling (not in all): prompt lookup's best case on these prompts at those step costs: the
+  proposer replayed over each greedy answer, a step costing what its rows cost and nothing more.
 
 Every prompt is greedy, chat-templated, up to `-n` tokens, ending at the model's end of turn as a
 user's request does (`--ignore-eos`: always `-n`, running on past the answer); decode tokens/s
@@ -129,10 +131,40 @@ def verify_step_costs(model, threads, rows=(1, 2, 4, 6, 8), reps=16):
     return {r: {"ms": 1e3 * statistics.median(t), "decode_steps": statistics.median(t) / decode} for r, t in times.items()}
 
 
+def lookup_ceiling(llm, chat, prompts, n, costs, k):
+    """What prompt lookup can reach on these prompts' answers when a step costs only what its
+    rows cost: each answer generated once, the proposer (the engine's own NgramIndex and k
+    adaptation) replayed over it, a step of r rows costing costs[r] decode steps and nothing
+    else (no sampling, no host work). Per prompt: tokens per step and the speedup."""
+    import ferrum
+    from ferrum.speculative import NgramIndex, Speculation
+    rows = []
+    for text in prompts:
+        ids = chat.encode(chat.apply_chat_template([{"role": "user", "content": text}]))
+        answer = llm.generate(prompt_token_ids=[ids], sampling_params=ferrum.SamplingParams(
+            max_tokens=n, temperature=0))[0].outputs[0].token_ids
+        index, spec = NgramIndex(NGRAM["prompt_lookup_min"], NGRAM["prompt_lookup_max"]), Speculation(k)
+        done, steps, cost = 1, 0, 0.0  # the first token comes from the prompt's step
+        while done < len(answer):
+            index.follow(ids, answer[:done])
+            draft = index.propose(min(spec.k, len(answer) - done))
+            accepted = 0
+            while accepted < len(draft) and draft[accepted] == answer[done + accepted]:
+                accepted += 1
+            spec.adapt(len(draft), accepted, k)
+            done += accepted + 1
+            steps += 1
+            cost += costs[1 + len(draft)]["decode_steps"]
+        rows.append({"prompt": text[:60], "tokens_per_step": (len(answer) - 1) / steps,
+                     "speedup": (len(answer) - 1) / cost})
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--what", choices=["lookup", "draft", "steps", "all"], default="all",
-                    help="steps: the cost of a step verifying k proposals, in decode steps (Q4_1 and F16)")
+    ap.add_argument("--what", choices=["lookup", "draft", "steps", "ceiling", "all"], default="all",
+                    help="steps: the cost of a step verifying k proposals, in decode steps (Q4_1 and F16); "
+                         "ceiling: prompt lookup replayed over the answers at those step costs alone")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("-r", type=int, default=3)
@@ -178,6 +210,18 @@ def main():
             result[f"steps_{name}"] = costs
             print(f"{name}: rows in the step " + ", ".join(f"{r}: {c['ms']:.2f} ms = {c['decode_steps']:.2f}"
                                                         for r, c in costs.items()) + " decode steps")
+    if a.what == "ceiling":
+        costs = verify_step_costs(q4_1, a.t, rows=tuple(range(1, a.k + 2)))
+        llm = ferrum.LLM(q4_1, num_threads=a.t)
+        result["step_costs"] = costs
+        print("Q4_1 step of 1.." + str(a.k + 1) + " rows: " + ", ".join(f"{c['decode_steps']:.2f}" for c in costs.values())
+              + " decode steps")
+        for name in ("repeated", "novel"):
+            rows = lookup_ceiling(llm, llm.tokenizer, prompts[name], a.n, costs, a.k)
+            geo = statistics.geometric_mean(r["speedup"] for r in rows)
+            result[f"ceiling_{name}"] = {"rows": rows, "speedup_geomean": geo}
+            print(f"lookup {name}: at most {geo:.2f}x (per prompt " + ", ".join(f"{r['speedup']:.2f}x" for r in rows)
+                  + "; tokens per step " + ", ".join(f"{r['tokens_per_step']:.2f}" for r in rows) + ")")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
