@@ -4,6 +4,7 @@
 // horizontal sums). Same float order as the GGUF GEMMs, hence the same results bit for bit.
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <type_traits>
 #include <vector>
 
@@ -97,6 +98,36 @@ FERRUM_AVX512 void unpack_tile(const R16Source<F>& src, int64_t nb, PackedTile& 
     }
 }
 
+// Activation rows 0 .. kActs - 1 against the weights' 16-row groups one after another (kVecs =
+// 1), all of them in one pass over a group: one stream from DRAM, which the hardware prefetchers
+// follow at close to a plain read's pace. The GEMM's 32-row tiles read two groups' blocks in
+// turn, two streams 16 rows apart, which hold one thread well below that (their prefetches make
+// up for it only where the arithmetic is the bound); the per-lane operations are the same, so
+// are the bits.
+template <class F, int kActs>
+FERRUM_AVX512 void gemm_by_group(int64_t nb, const void* w, size_t w_row_bytes, int64_t rows, const LegacyActs& acts,
+                                 float* out, int64_t ldo) {
+  const char* group = static_cast<const char*>(w);
+  for (int64_t r0 = 0; r0 < rows; r0 += kR16Rows, group += kR16Rows * w_row_bytes)
+    gemm_block<F::kMin, kActs, R16Source<F, 1>, 1>(nb, R16Source<F, 1>{{group}}, acts, 0, out + r0, ldo,
+                                                   std::min<int64_t>(kR16Rows, rows - r0), kNoPrefetch);
+}
+
+// Up to this many activation rows (a step verifying one or two proposals, a small batch) the
+// GEMM walks the groups one at a time, where the weight stream binds it; from 4 rows on the
+// arithmetic does, and the two-group tiles, each activation broadcast serving two weight
+// registers, are as fast or faster (engine steps interleaved in one process).
+constexpr int64_t kByGroupMaxActs = 3;
+
+using ByGroupFn = void (*)(int64_t, const void*, size_t, int64_t, const LegacyActs&, float*, int64_t);
+
+template <class F>
+ByGroupFn gemm_by_group_kernel(int64_t T) {
+  static constexpr ByGroupFn kernels[] = {gemm_by_group<F, 1>, gemm_by_group<F, 2>, gemm_by_group<F, 3>};
+  static_assert(std::size(kernels) == kByGroupMaxActs);
+  return kernels[T - 1];
+}
+
 // The GEMM (and batched decode from 2 rows).
 template <class F>
 FERRUM_AVX512 void gemm_r16(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
@@ -105,6 +136,10 @@ FERRUM_AVX512 void gemm_r16(int64_t n, const void* w, size_t w_row_bytes, int64_
   thread_local LegacyActs acts;
   thread_local PackedTile tile;
   prepare_legacy_acts<F::kOffset, F::kMin>(nb, act, act_row_bytes, T, acts);
+  if (T > 0 && T <= kByGroupMaxActs) {
+    gemm_by_group_kernel<F>(T)(nb, w, w_row_bytes, rows, acts, out, ldo);
+    return;
+  }
   const auto in_place = [&](int64_t r0, int64_t tile_rows) {
     R16Source<F> src;
     tile_groups(w, w_row_bytes, r0, tile_rows, src.group);
@@ -119,23 +154,15 @@ FERRUM_AVX512 void gemm_r16(int64_t n, const void* w, size_t w_row_bytes, int64_
     });
 }
 
-// One activation row: its 16-row groups one after another (kVecs = 1), with the GEMM's operations
-// per lane, so the GEMM's bits. The GEMM's 32-row tiles read two groups' blocks in turn, two
-// streams 16 rows apart, which hold one thread well below a plain read of the same bytes from
-// DRAM; one group at a time is one stream, which the hardware prefetchers follow at close to a
-// plain read's pace (quant_dot_bench read; software prefetches two groups ahead slow it).
+// One activation row: the groups one after another, as the GEMM takes a few rows (software
+// prefetches two groups ahead slow it: quant_dot_bench read).
 template <class F>
 FERRUM_AVX512 void dot_rows_r16(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                                 float* out) {
   const int64_t nb = n / kQK;
   thread_local LegacyActs acts;
   prepare_legacy_acts<F::kOffset, F::kMin>(nb, act, 0, 1, acts);
-  const char* group = static_cast<const char*>(w);
-  for (int64_t r0 = 0; r0 < rows; r0 += kR16Rows, group += kR16Rows * w_row_bytes) {
-    const R16Source<F, 1> src{{group}};
-    gemm_block<F::kMin, 1, R16Source<F, 1>, 1>(nb, src, acts, 0, out + r0, 0, std::min<int64_t>(kR16Rows, rows - r0),
-                                               kNoPrefetch);
-  }
+  gemm_by_group<F, 1>(nb, w, w_row_bytes, rows, acts, out, 0);
 }
 
 // The k-quant block kernels' shared steps, per super-block of a tile (two 16-row vectors v) and
