@@ -47,6 +47,22 @@ def test_stories260k_prompt_continuation(fmt, device):
     assert out.prompt_token_ids == ref["ids_with_bos"]
 
 
+@pytest.mark.parametrize("batch", [3, 5, 8])
+def test_smollm2_batched_decode_equals_each_alone(smollm2, batch):
+    """A decode step of several sequences takes the batched kernels (on every ISA from the rows
+    where they pay), which must give each sequence the bits of its decode alone: tokens and the
+    chosen tokens' logprobs equal exactly."""
+    params = ferrum.SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
+    texts = [f"Item {i}: the {word} was" for i, word in enumerate(
+        ["river", "castle", "engine", "forest", "letter", "garden", "window", "market"][:batch])]
+
+    def decoded(outs):
+        return [(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob) for o in outs]
+
+    together = decoded(smollm2.generate(texts, params))
+    assert together == [decoded(smollm2.generate([t], params))[0] for t in texts]
+
+
 def test_smollm2_logits_match_transformers_on_the_same_gguf(smollm2_path, smollm2, smollm2_hf):
     import torch
     model = smollm2_hf

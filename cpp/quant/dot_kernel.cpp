@@ -99,6 +99,17 @@ DotBatchFn dot_batch_kernel(DType weight_type, WeightLayout layout) {
   return has_dot_batch(weight_type) ? detail::avx512_dot_batch(weight_type) : nullptr;
 }
 
+DotBatchFn decode_batch_kernel(DType weight_type, WeightLayout layout, int64_t T) {
+  static const bool avx512 = isa_supported(0), avx2 = isa_supported(1);
+  if (T < 2) return nullptr;
+  if (avx512) return dot_batch_kernel(weight_type, layout);
+  // Below AVX-512: the AVX2 GEMM (the row kernel's bits) unpacks each weight block once for all
+  // rows; over the row kernel's passes on L1-resident tiles that pays from 4 rows, for Q8_0,
+  // whose row kernel unpacks nothing, from 8 (interleaved runs, docs/performance.md).
+  if (!avx2 || T < (weight_type == DType::Q8_0 ? 8 : 4)) return nullptr;
+  return gemm_kernel(weight_type, layout);
+}
+
 bool has_dot_batch(DType weight_type) {
   switch (weight_type) {
     case DType::Q4_0:

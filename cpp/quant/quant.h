@@ -57,6 +57,10 @@ std::vector<const char*> dot_kernel_isas(DType weight_type, WeightLayout layout 
 using DotBatchFn = void (*)(int64_t n, const void* w, size_t w_row_bytes, int64_t rows,
                             const void* act, size_t act_row_bytes, int64_t T, float* out, int64_t ldo);
 DotBatchFn dot_batch_kernel(DType weight_type, WeightLayout layout = WeightLayout::Plain);
+// The kernel for a batch of T decode rows (the CPU backend's choice), or nullptr: the row kernel
+// once per row. With AVX-512 VNNI dot_batch_kernel's, from 2 rows; with AVX2 the GEMM of the
+// row kernel's ISA (its bits) from the few rows where it is the faster; results as dot_rows'.
+DotBatchFn decode_batch_kernel(DType weight_type, WeightLayout layout, int64_t T);
 // Whether weights of type t (file layout) have a batched kernel on CPUs with AVX-512 VNNI: the
 // legacy formats Q4_0 .. Q8_0. A caller that sizes its paths by this, rather than by whether
 // dot_batch_kernel returns one here, takes the same paths on every CPU (without the kernel,

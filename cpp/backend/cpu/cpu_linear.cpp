@@ -201,7 +201,7 @@ struct DotSplit {
 
 DotSplit split_dot(CpuStream& cs, const Matmul& m, const LinearPath& p, const Activations& a, int threads) {
   DotSplit d;
-  d.batch = p.gemm ? p.gemm : m.T > 1 ? quant::dot_batch_kernel(m.w.dtype, m.layout) : nullptr;
+  d.batch = p.gemm ? p.gemm : quant::decode_batch_kernel(m.w.dtype, m.layout, m.T);
   d.tile_rows = m.T == 1 ? m.N : std::max<int64_t>(1, int64_t(kDotTileBytes / m.w_row_bytes) / m.unit) * m.unit;
   d.reverse = cs.reverse_threads(host_ptr<char>(m.w), m.w.nbytes());
   d.units = (m.N + m.unit - 1) / m.unit;  // R16 row counts are whole groups
