@@ -36,6 +36,11 @@ PEER_VENV = os.path.join(os.environ.get("FERRUM_PEER_DIR", os.path.expanduser("~
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
+def chat_ids(chat, text):
+    """A user message's prompt ids under the tokenizer's chat template."""
+    return chat.encode(chat.apply_chat_template([{"role": "user", "content": text}]))
+
+
 def decode_rate(llm, prompt_ids, n, ignore_eos=False):
     """Decode tokens/s of one greedy request of up to n tokens (from its first token to its last),
     its tokens and the steps that decoded them."""
@@ -59,7 +64,7 @@ def side_by_side(plain, spec, prompts, n, reps, chat=None, ignore_eos=False):
     chat = chat or plain.tokenizer
     rows = []
     for text in prompts:
-        ids = chat.encode(chat.apply_chat_template([{"role": "user", "content": text}]))
+        ids = chat_ids(chat, text)
         rates = {"plain": [], "spec": []}
         outs, steps = {}, {}
         before = spec.stats()
@@ -140,7 +145,7 @@ def lookup_ceiling(llm, chat, prompts, n, costs, k):
     from ferrum.speculative import NgramIndex, Speculation
     rows = []
     for text in prompts:
-        ids = chat.encode(chat.apply_chat_template([{"role": "user", "content": text}]))
+        ids = chat_ids(chat, text)
         answer = llm.generate(prompt_token_ids=[ids], sampling_params=ferrum.SamplingParams(
             max_tokens=n, temperature=0))[0].outputs[0].token_ids
         index, spec = NgramIndex(NGRAM["prompt_lookup_min"], NGRAM["prompt_lookup_max"]), Speculation(k)

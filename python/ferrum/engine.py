@@ -104,6 +104,7 @@ class Engine:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.runner = runner
         self.tokenizer = tokenizer
+        self._kv_blocks = runner.stats()["kv_blocks_total"]  # the pool is sized once
         self.core = _core.Engine(runner, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens)
         self.sampler = Sampler(decode_token=lambda t: tokenizer.decode([t], skip_special_tokens=False))
@@ -127,10 +128,9 @@ class Engine:
         biased = max(params.logit_bias or (), default=-1)
         if biased >= vocab:
             raise ValueError(f"logit_bias token id {biased} is out of range [0, {vocab})")
-        blocks = self.runner.stats()["kv_blocks_total"]
-        if params.best_of > blocks:  # also keeps an absurd n from building that many completions
-            raise ValueError(f"{params.best_of} completions (n / best_of) is more than the KV cache's {blocks} "
-                             "blocks: each completion needs one of its own")
+        if params.best_of > self._kv_blocks:  # also keeps an absurd n from building that many completions
+            raise ValueError(f"{params.best_of} completions (n / best_of) is more than the KV cache's "
+                             f"{self._kv_blocks} blocks: each completion needs one of its own")
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -145,8 +145,7 @@ class Engine:
                 state = SamplingState(params, prompt_ids, index=i, output_token_ids=progress.token_ids)
                 if params.structured_outputs is not None:
                     state.constraint = GrammarConstraint(params.structured_outputs, self.tokenizer, vocab)
-                spec = (Speculation(self.speculative.num_speculative_tokens)
-                        if self.speculative and params.speculative_decoding else None)
+                spec = self._new_speculation() if self.speculative and params.speculative_decoding else None
                 req.completions.append(_Completion(
                     request_id, i, seq, state, progress,
                     IncrementalDecoder(self.tokenizer, params.skip_special_tokens), prompt_ids, spec))
@@ -300,6 +299,11 @@ class Engine:
         q = c.spec.q
         return None if q is None or j >= len(q) else q[j]
 
+    def _new_speculation(self) -> Speculation:
+        spec = self.speculative
+        lookup = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max) if spec.method == "ngram" else None
+        return Speculation(spec.num_speculative_tokens, lookup=lookup)
+
     def _propose(self, completions: List[_Completion]) -> None:
         """Each completion's proposals for the next step (its tokens so far just decided)."""
         spec = self.speculative
@@ -314,8 +318,6 @@ class Engine:
                 wants.append((c, k))
         if spec.method == "ngram":
             for c, k in wants:
-                if c.spec.lookup is None:
-                    c.spec.lookup = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
                 c.spec.lookup.follow(c.prompt_ids, c.progress.token_ids)
                 c.spec.draft = c.spec.lookup.propose(k)
         elif wants:

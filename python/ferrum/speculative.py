@@ -71,7 +71,7 @@ class Speculation:
     k: int                                    # proposals to ask for next
     draft: List[int] = field(default_factory=list)  # proposed after the last token, being verified
     q: Optional[np.ndarray] = None            # the draft model's distributions of `draft` (None: point masses)
-    lookup: Optional["NgramIndex"] = None     # prompt lookup's index of the completion's tokens
+    lookup: Optional["NgramIndex"] = None     # prompt lookup's index of the completion's tokens (method "ngram")
 
     def adapt(self, verified: int, accepted: int, most: int) -> None:
         """One more after a run of acceptances, one past the accepted run after a rejection."""
