@@ -452,3 +452,75 @@ def test_integers_beyond_64_bits_in_sampling_params(llm):
         with pytest.raises(ValueError, match="logit_bias token id"):
             llm.generate(["Once"], ferrum.SamplingParams(logit_bias=bias))
     assert not llm.has_unfinished() and llm.stats()["kv_blocks_used"] == 0
+
+
+# ---- tokenizer files beside safetensors: refused by a named rule, never read otherwise ----
+
+TOKENIZERS = os.path.join(os.path.dirname(STORIES), "tokenizers")
+
+
+def _damaged_sentencepiece(tmp_path, edit) -> str:
+    """llama2's tokenizer.model with the piece "m" (a protobuf string field: tag, length 1,
+    the byte, then its score's tag) edited at the byte level."""
+    data = open(os.path.join(TOKENIZERS, "llama2", "tokenizer.model"), "rb").read()
+    at = data.find(b"\x0a\x01m\x15")
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(edit(bytearray(data), at))
+    return str(path)
+
+
+def test_sentencepiece_piece_not_utf8_is_refused(tmp_path):
+    from ferrum.tokenizer import Tokenizer
+
+    def flip(b, at):
+        b[at + 2] = 0xFF
+        return bytes(b)
+    with pytest.raises(ValueError, match=r"tokenizer.model: piece 29885 is not valid UTF-8"):
+        Tokenizer.from_file(_damaged_sentencepiece(tmp_path, flip))
+
+
+def test_sentencepiece_score_not_finite_is_refused(tmp_path):
+    from ferrum.tokenizer import Tokenizer
+
+    def inf(b, at):
+        b[at + 4:at + 8] = struct.pack("<f", float("inf"))
+        return bytes(b)
+    with pytest.raises(ValueError, match=r"tokenizer.model: piece 29885 has the score inf, not a finite number"):
+        Tokenizer.from_file(_damaged_sentencepiece(tmp_path, inf))
+
+
+def _smollm2_dir(tmp_path):
+    d = tmp_path / "tok"
+    shutil.copytree(os.path.join(TOKENIZERS, "smollm2-135m-instruct"), d)
+    return d
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda t: t.replace(b'"Hello":', b'"Hel\xfflo":', 1), r"tokenizer.json: not valid UTF-8 \(byte \d+\)"),
+    (lambda t: t.replace(b'"Hello":', b'"hello":', 1), "tokenizer.json: the key 'hello' appears twice in one object"),
+    (lambda t: t.replace(b'"Hello": 19556', b'"Hello": 19557', 1), "tokenizer.json: the vocabulary gives id 19557 to two tokens"),
+])
+def test_damaged_tokenizer_json_is_refused(tmp_path, damage, match):
+    from ferrum.tokenizer import Tokenizer
+    d = _smollm2_dir(tmp_path)
+    text = (d / "tokenizer.json").read_bytes()
+    assert b'"Hello": 19556' in text and b'"hello":' in text
+    (d / "tokenizer.json").write_bytes(damage(text))
+    with pytest.raises(ValueError, match=match):
+        Tokenizer.from_dir(d)
+
+
+@pytest.mark.parametrize("name,content,match", [
+    ("tokenizer_config.json", {"bos_token": "<|nonexistent|>"}, "bos_token '<|nonexistent|>' is not in the vocabulary"),
+    ("tokenizer_config.json", {"eos_token": {"content": "<|nope|>"}}, "eos_token '<|nope|>' is not in the vocabulary"),
+    ("tokenizer_config.json", {"add_bos_token": True}, "add_bos_token is true, but there is no bos_token"),
+    ("generation_config.json", {"eos_token_id": 49152}, "generation_config.json: eos_token_id is 49152, not a token id of the 49152-token"),
+    ("generation_config.json", {"eos_token_id": [2, -1]}, "eos_token_id is -1, not a token id"),
+    ("config.json", {"eos_token_id": 10**9}, "config.json: eos_token_id is 1000000000, not a token id"),
+])
+def test_special_tokens_outside_the_vocabulary_are_refused(tmp_path, name, content, match):
+    from ferrum.tokenizer import Tokenizer
+    d = _smollm2_dir(tmp_path)
+    (d / name).write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=match):
+        Tokenizer.from_dir(d)
