@@ -53,6 +53,14 @@ def test_embedding_rows_give_the_ids_logits_bit_for_bit(model, llm):
         assert np.array_equal(llm.score(embeds(table, ids)), llm.score(ids))
 
 
+def test_embedding_rows_on_opencl(model):
+    path, table = model
+    llm = open_llm(path, device="opencl")
+    assert np.array_equal(llm.score(embeds(table, PROMPTS[2])), llm.score(PROMPTS[2]))
+    mixed = [embeds(table, PROMPTS[0]), {"prompt_token_ids": PROMPTS[1]}]
+    assert greedy(llm, mixed) == greedy(llm, [{"prompt_token_ids": ids} for ids in PROMPTS[:2]])
+
+
 def test_greedy_continues_from_sampled_ids(model, llm):
     _, table = model
     by_ids = greedy(llm, [{"prompt_token_ids": ids} for ids in PROMPTS])
