@@ -155,3 +155,14 @@ def test_bad_prompt_embeds_are_value_errors(model, llm):
         ferrum.LLM(path, tokenizer=TOK, num_threads=1, enable_prompt_embeds=1)
     assert greedy(llm, [{"prompt_embeds": good}]) == greedy(llm, [{"prompt_token_ids": PROMPTS[0]}])  # still serves
     assert llm.stats()["running"] == 0 and llm.stats()["waiting"] == 0
+
+
+def test_prompt_lookup_speculation_follows_the_generated_ids(model, llm):
+    path, table = model
+    spec = open_llm(path, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                              "prompt_lookup_max": 2, "prompt_lookup_min": 1})
+    params = ferrum.SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    prompts = [embeds(table, ids) for ids in PROMPTS]
+    assert ([o.outputs[0].token_ids for o in spec.generate(prompts, params)]
+            == [o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+    assert spec.stats()["spec_proposed_tokens"] > 0
