@@ -45,7 +45,8 @@ async def _complete(serving: Serving, body: ChatCompletionRequest, prompt_ids, p
         if body.logprobs:
             logprobs = {"content": serving.chat_logprobs(c.token_ids, c.logprobs, body.top_logprobs or 0)}
         choices.append({"index": c.index, "message": {"role": "assistant", "content": c.text},
-                        "logprobs": logprobs, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                        "logprobs": logprobs, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                        "length_limit": c.length_limit})
     completion_tokens = sum(len(c.token_ids) for c in output.outputs)
     return {**header, "object": "chat.completion", "choices": choices,
             "usage": usage(len(prompt_ids), completion_tokens)}
@@ -61,6 +62,7 @@ async def _stream(serving: Serving, body: ChatCompletionRequest, prompt_ids, par
         if body.logprobs:
             logprobs = {"content": serving.chat_logprobs(d.token_ids, d.logprobs or [], body.top_logprobs or 0)}
         return {"index": d.index, "delta": {"content": d.text} if d.text else {}, "logprobs": logprobs,
-                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}
+                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason,
+                "length_limit": d.length_limit}
     async for chunk in stream_chunks(event, [serving.generate(prompt_ids, params)], choice, len(prompt_ids)):
         yield chunk
