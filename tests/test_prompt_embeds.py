@@ -121,7 +121,7 @@ def test_embed_returns_every_positions_hidden_state(model, llm):
     ids = PROMPTS[1]
     by_ids, by_rows = llm.embed([{"prompt_token_ids": ids}, embeds(table, ids)], pooling="all", normalize=False)
     states = np.array(by_rows.outputs.embedding, dtype=np.float32)
-    assert states.shape == (len(ids), table.shape[1])
+    assert states.shape == (len(ids), table.shape[1]) and by_rows.outputs.hidden_size == table.shape[1]
     assert np.array_equal(states, np.array(by_ids.outputs.embedding, dtype=np.float32))
     last = llm.embed(embeds(table, ids), pooling="last")[0].outputs.embedding
     unit = llm.embed(embeds(table, ids), pooling="all")[0].outputs.embedding
