@@ -12,8 +12,10 @@ extras=""
 apt_packages="build-essential libopenblas-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
   libgtest-dev nlohmann-json3-dev unzip clang libclang-rt-14-dev libopenmpi-dev openmpi-bin"
 # clang + libFuzzer: scripts/fuzz.sh; OpenMPI: tensor parallelism (docs/distributed.md)
-# The wheel check (make test-wheel) runs the wheel on an emulated CPU without AVX-512.
-[ -n "$extras" ] && apt_packages="$apt_packages qemu-user"
+# The wheel check (make test-wheel) runs the wheel on an emulated CPU without AVX-512; the gpu
+# kernel family's offline checks run it under Oclgrind and build its NVIDIA path with clang-14 and
+# libclc (kernels/README.md, "Checking the gpu family without a GPU").
+[ -n "$extras" ] && apt_packages="$apt_packages qemu-user oclgrind libclc-14"
 missing=""
 for p in $apt_packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
