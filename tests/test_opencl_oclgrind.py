@@ -9,7 +9,7 @@ same kernels and sizes, and the models' greedy tokens equal the CPU backend's.
 pocl runs a work-group's work-items one after another between barriers, so it cannot show a
 missing barrier or a race on local memory; Oclgrind runs them as a GPU may and reports both.
 Oclgrind's uninitialized-value check aborts on LLVM's `freeze` instruction in this toolchain
-(docs/opencl.md), so it is not used."""
+(kernels/README.md, "Checking the gpu family without a GPU"), so it is not used."""
 import os
 import re
 import subprocess
