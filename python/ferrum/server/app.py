@@ -19,16 +19,21 @@ log = logging.getLogger("ferrum.server")
 
 
 def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = None,
-              max_waiting_requests: int = 256, shutdown_grace_seconds: float = 10.0) -> FastAPI:
+              max_waiting_requests: int = 256, shutdown_grace_seconds: float = 10.0,
+              tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None) -> FastAPI:
     """The server's app over a running engine. api_key: required (``Authorization: Bearer KEY``)
     on /v1 routes when given. max_waiting_requests: more waiting than this and new requests get
     503. shutdown_grace_seconds: once uvicorn is told to stop, streams still open this long
-    later are cut."""
+    later are cut. tool_call_parser: the format tool calls are parsed in (``hermes``,
+    ``llama3_json``, ``mistral``, ``pythonic``; default: the chat template's).
+    reasoning_parser: ``qwen3`` / ``deepseek_r1`` (``<think>`` blocks) or ``none``; default:
+    ``<think>`` when the template has it."""
     if not isinstance(max_waiting_requests, int) or max_waiting_requests < 1:
         raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
     app = FastAPI(title="ferrum", summary="OpenAI-compatible completions and chat over ferrum's engine",
                   version="0.1.0")
-    app.state.serving = Serving(engine, model_name, max_waiting_requests, ServerMetrics(model_name))
+    app.state.serving = Serving(engine, model_name, max_waiting_requests, ServerMetrics(model_name),
+                                tool_call_parser, reasoning_parser)
     app.state.shutdown_grace_seconds = shutdown_grace_seconds
 
     def check_api_key(request: Request) -> None:

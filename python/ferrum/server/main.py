@@ -32,6 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests waiting to run before new ones get 503 (default: 256)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds requests in flight may take to finish on SIGTERM before they are aborted (default: 10)")
+    p.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral", "pythonic"],
+                   help="the format the model writes tool calls in (default: told from its chat template)")
+    p.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1", "none"],
+                   help="split <think> reasoning out of replies (default: when the chat template has <think>)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -54,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     engine = AsyncLLM(llm)
     try:
         app = build_app(engine, name, api_key=args.api_key, max_waiting_requests=args.max_waiting_requests,
+                        tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                         shutdown_grace_seconds=args.shutdown_timeout + 5)
         # Streams are cut only if aborting them has not ended them by then.
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

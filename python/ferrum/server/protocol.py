@@ -5,6 +5,7 @@ Unknown fields are ignored, as vLLM and OpenAI do; values out of range are a 400
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -169,7 +170,25 @@ class ChatMessage(BaseModel):
             if any(part.type != "text" or part.text is None for part in self.content):
                 raise ValueError("only text content parts are supported")
             message["content"] = "".join(part.text for part in self.content)
+        if self.role == "assistant" and isinstance(message.get("tool_calls"), list):
+            message.setdefault("content", "")
+            message["tool_calls"] = [_call_for_template(c) for c in message["tool_calls"]]
         return message
+
+
+def _call_for_template(call: Any) -> Any:
+    """An assistant's tool call as templates read it: the arguments as an object (OpenAI sends
+    JSON text; Llama's and Qwen's templates write ``arguments | tojson``), and the function's
+    fields also at the top (Qwen's reads ``tool_call.function`` or the call itself)."""
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        raise ValueError(f"an assistant tool call must be {{'id', 'type', 'function': {{'name', 'arguments'}}}}, got {call!r}")
+    function = dict(call["function"])
+    if isinstance(function.get("arguments"), str):
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except ValueError:
+            raise ValueError(f"tool call arguments must be JSON, got {function['arguments']!r}") from None
+    return {**call, "function": function}
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -180,6 +199,7 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: Optional[List[Dict[str, Any]]] = None
     tool_choice: Union[str, Dict[str, Any], None] = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[Dict[str, Any]] = None
 
@@ -201,6 +221,8 @@ class TokenizeRequest(OpenAIModel):
     messages: Optional[List[ChatMessage]] = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    tools: Optional[List[Dict[str, Any]]] = None
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
 
     @model_validator(mode="after")
     def _one_input(self):

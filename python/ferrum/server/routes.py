@@ -46,8 +46,9 @@ async def tokenize(body: TokenizeRequest, request: Request):
     add_special_tokens = body.add_special_tokens
     if body.messages is not None:
         try:
+            kwargs = {**(body.chat_template_kwargs or {}), **({"tools": body.tools} if body.tools else {})}
             text = s.tokenizer.apply_chat_template([m.for_template() for m in body.messages],
-                                                   add_generation_prompt=body.add_generation_prompt)
+                                                   add_generation_prompt=body.add_generation_prompt, **kwargs)
         except (ValueError, TypeError, jinja2.TemplateError) as e:
             raise APIError(400, str(e)) from None
         add_special_tokens = False  # the template writes any BOS itself
