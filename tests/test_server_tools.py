@@ -289,3 +289,30 @@ def test_openai_agents_sdk_completes_a_two_step_tool_exchange(server):
         result = Runner.run_sync(agent, "What is the weather in Paris?")
     assert cities == ["Paris"]
     assert result.final_output == answer
+
+
+def test_reasoning_goes_to_reasoning_content_streamed_as_its_own_deltas(server, client):
+    _, engine = server
+    end = [min(engine.tokenizer.eos_token_ids)]
+    think = "<think>\nThe user wants Paris.\n</think>\n\n"
+    cases = [(think + "Paris is sunny.", None, ("The user wants Paris.", "Paris is sunny.", None)),
+             (think + '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', TOOLS,
+              ("The user wants Paris.", None, [("get_weather", '{"city": "Paris"}')]))]
+    for text, tools, (reasoning, content, calls) in cases:
+        with scripted(engine, tokens(engine, text) + end):
+            kw = dict(model=MODEL, messages=ask("Weather in Paris?"), max_tokens=60,
+                      **({"tools": tools} if tools else {}))
+            whole = client.chat.completions.create(**kw)
+            m = whole.choices[0].message
+            assert m.model_extra["reasoning_content"] == m.model_extra["reasoning"] == reasoning
+            assert m.content == content
+            assert calls is None or [(t.function.name, t.function.arguments) for t in m.tool_calls] == calls
+            same_reply(whole, streamed(client, **kw))
+            deltas = [c.delta for chunk in client.chat.completions.create(stream=True, **kw) for c in chunk.choices]
+            assert all(not (d.content and (d.model_extra or {}).get("reasoning_content")) for d in deltas)
+            assert sum(bool((d.model_extra or {}).get("reasoning_content")) for d in deltas) >= 1
+    # enable_thinking: false: the template closes the block in the prompt; nothing is reasoning.
+    with scripted(engine, tokens(engine, "Plain answer.") + end):
+        m = client.chat.completions.create(model=MODEL, messages=ask("Hi"), max_tokens=20,
+                                           extra_body=NO_THINKING).choices[0].message
+    assert m.content == "Plain answer." and m.model_extra["reasoning_content"] is None

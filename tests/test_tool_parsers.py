@@ -138,3 +138,70 @@ def test_formats_and_reasoning_detected_from_templates():
     assert detect_format("<|start_header_id|>ipython<|end_header_id|> <|python_tag|>").name == "llama3_json"
     assert detect_format("[func_name1(params_name1=params_value1)]").name == "pythonic"
     assert detect_format("{{ messages }}") is None and detect_reasoning("{{ messages }}") is None
+
+
+SCHEMAS = {
+    "get_weather": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+                    "required": ["city"]},
+    "add": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                             "b": {"type": "boolean"}}, "required": ["a"]},
+}
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in SCHEMAS.items()]
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_each_formats_grammar_writes_calls_its_parser_reads(fmt):
+    """Random walks through the grammar (any allowed token, uniformly) end in text the format's
+    parser reads back as calls of the tools, with arguments that match their schemas."""
+    import jsonschema
+    import llguidance
+    import numpy as np
+    from ferrum.server.chat_tools import plan_tools
+    from ferrum.structured import llguidance_tokenizer
+    from ferrum.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(f"{MODELS}/tokenizers/qwen3-0.6b")
+    lt = llguidance_tokenizer(tok)
+    tool = FORMATS[fmt]
+    grammar = plan_tools(TOOLS, "required", True, tool, tok, None, "closed").constraint.llguidance_grammar()
+    rng = np.random.default_rng(0)
+    mask = np.zeros((lt.vocab_size + 31) // 32, dtype=np.int32)
+    for walk in range(12):
+        matcher = llguidance.LLMatcher(lt, grammar, log_level=0)
+        ids = []
+        while not matcher.is_stopped():
+            matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+            allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[:lt.vocab_size])
+            token = int(rng.choice(allowed))
+            if token in tok.eos_token_ids:
+                break
+            assert matcher.consume_token(token), matcher.get_error()
+            ids.append(token)
+            assert len(ids) < 400, tok.decode(ids, skip_special_tokens=False)
+        text = tok.decode(ids, skip_special_tokens=False)
+        content, calls = tool.parse(text, list(SCHEMAS))
+        assert calls and content.strip() == "", text
+        for c in calls:
+            jsonschema.validate(json.loads(c.arguments), SCHEMAS[c.name])
+
+
+def test_a_forced_call_may_follow_the_reasoning():
+    import llguidance
+    from ferrum.server.chat_tools import plan_tools
+    from ferrum.structured import llguidance_tokenizer
+    from ferrum.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(f"{MODELS}/tokenizers/qwen3-0.6b")
+    think = REASONING_FORMATS["qwen3"]
+    call_text = '<tool_call>\n{"name": "add", "arguments": {"a": 3}}\n</tool_call>'
+
+    def accepts(state, text):
+        grammar = plan_tools(TOOLS, "required", False, FORMATS["hermes"], tok, think, state).constraint
+        m = llguidance.LLMatcher(llguidance_tokenizer(tok), grammar.llguidance_grammar(), log_level=0)
+        return m.consume_tokens(tok.encode(text, add_special_tokens=False)) and m.is_accepting()
+    assert accepts("open", "<think>\nLet me add: 3 </ok\n</think>\n\n" + call_text)
+    assert accepts("open", call_text) and accepts("closed", call_text)
+    assert not accepts("closed", "<think>\nhm\n</think>\n\n" + call_text)
+    assert accepts("inside", "Let me add.\n</think>\n\n" + call_text)
+    assert not accepts("inside", call_text)

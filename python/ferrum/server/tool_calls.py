@@ -231,16 +231,23 @@ class Pythonic(ToolFormat):
         for i, tool in enumerate(tools):
             params = _parameters(tool)
             props = params.get("properties") or {}
-            required = set(params.get("required") or ())
-            parts, first = [], True
-            for key, schema in props.items():  # in the schema's order: required ones always
-                value = f"%json {json.dumps({**schema, 'x-guidance': _COMPACT})}"
-                sep = "" if first else '", " '
-                arg = f'({sep}"{key}=" arg_{i}_{len(parts)})'
-                rules.append(f"arg_{i}_{len(parts)}: {value}")
-                parts.append(arg if key in required else arg + "?")
-                first = first and key in required
-            args = " ".join(parts) if parts else '""'
+            required = [k for k in props if k in set(params.get("required") or ())]
+            optional = [k for k in props if k not in required]
+            for key in props:
+                schema = {**props[key], "x-guidance": _COMPACT}
+                rules.append(f"arg_{i}_{key}: {json.dumps(key + '=')} %json {json.dumps(schema)}")
+
+            def arg(key):
+                return f"arg_{i}_{key}"
+
+            def rest(keys):  # each of these, in order, or not
+                return " ".join(f'(", " {arg(k)})?' for k in keys)
+            if required:  # the required arguments, then any of the others
+                args = ' ", " '.join(arg(k) for k in required) + " " + rest(optional)
+            elif optional:  # any of them in order, or none
+                args = "(" + " | ".join(f"{arg(k)} {rest(optional[j + 1:])}" for j, k in enumerate(optional)) + ")?"
+            else:
+                args = '""'
             rules.append(f'call_{i}: {json.dumps(_function(tool)["name"] + "(")} {args} ")"')
         more = ' (", " call)*' if parallel else ""
         return (f'start: "[" call{more} "]"\ncall: ' + " | ".join(f"call_{i}" for i in range(len(tools))) + "\n"
