@@ -39,14 +39,6 @@ QUESTIONS = ["What is the weather in Paris?", "Add 2 and 3.", "Is it raining in 
 
 
 @pytest.fixture(scope="module")
-def qwen3_tiny(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen3-tiny")
-    from ferrum.tools.make_model import main as make_model
-    make_model(["--arch", "qwen3", "--preset", "tiny", "--tokenizer", QWEN3_TOKENIZER, "--out", str(out)])
-    return str(out)
-
-
-@pytest.fixture(scope="module")
 def server(qwen3_tiny):
     llm = ferrum.LLM(qwen3_tiny, num_threads=2, max_model_len=512)
     with running_server(llm, MODEL) as (url, engine):

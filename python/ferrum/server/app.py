@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from ..async_llm import AsyncLLM
-from . import chat, completions, routes
+from . import chat, completions, embeddings, routes
 from .errors import APIError, error_response
 from .metrics import ServerMetrics
 from .serving import Serving
@@ -42,7 +42,7 @@ def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = Non
             raise APIError(401, "Invalid or missing API key: send `Authorization: Bearer <key>`.")
 
     guarded = [Depends(check_api_key)] if api_key else []
-    for router in (completions.router, chat.router, routes.v1):
+    for router in (completions.router, chat.router, embeddings.router, routes.v1):
         app.include_router(router, dependencies=guarded)
     app.include_router(routes.public)
 

@@ -234,3 +234,20 @@ class TokenizeRequest(OpenAIModel):
 class DetokenizeRequest(OpenAIModel):
     model: Optional[str] = None
     tokens: List[int]
+
+
+class EmbeddingRequest(OpenAIModel):
+    """OpenAI's /v1/embeddings: ``input`` as a text, texts, token ids or lists of token ids."""
+    model: Optional[str] = None
+    input: Union[str, List[str], TokenIds, List[TokenIds]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = Field(None, ge=1)
+    user: Optional[str] = None
+
+    def inputs(self) -> List[Union[str, TokenIds]]:
+        p = self.input
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        if not p:
+            raise ValueError("input is empty")
+        return list(p)
