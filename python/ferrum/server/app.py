@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from ..async_llm import AsyncLLM
-from . import chat, completions, embeddings, routes
+from . import chat, completions, embeddings, responses, routes
 from .errors import APIError, error_response
 from .metrics import ServerMetrics
 from .serving import Serving
@@ -20,14 +20,16 @@ log = logging.getLogger("ferrum.server")
 
 def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = None,
               max_waiting_requests: int = 256, shutdown_grace_seconds: float = 10.0,
-              tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None) -> FastAPI:
+              tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None,
+              max_stored_responses: int = 1000) -> FastAPI:
     """The server's app over a running engine. api_key: required (``Authorization: Bearer KEY``)
     on /v1 routes when given. max_waiting_requests: more waiting than this and new requests get
     503. shutdown_grace_seconds: once uvicorn is told to stop, streams still open this long
     later are cut. tool_call_parser: the format tool calls are parsed in (``hermes``,
     ``llama3_json``, ``mistral``, ``pythonic``; default: the chat template's).
     reasoning_parser: ``qwen3`` / ``deepseek_r1`` (``<think>`` blocks) or ``none``; default:
-    ``<think>`` when the template has it."""
+    ``<think>`` when the template has it. max_stored_responses: /v1/responses keeps this many
+    (the newest) in memory for ``previous_response_id``."""
     if not isinstance(max_waiting_requests, int) or max_waiting_requests < 1:
         raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
     app = FastAPI(title="ferrum", summary="OpenAI-compatible completions and chat over ferrum's engine",
@@ -35,6 +37,7 @@ def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = Non
     app.state.serving = Serving(engine, model_name, max_waiting_requests, ServerMetrics(model_name),
                                 tool_call_parser, reasoning_parser)
     app.state.shutdown_grace_seconds = shutdown_grace_seconds
+    app.state.responses = responses.ResponseStore(max_stored_responses)
 
     def check_api_key(request: Request) -> None:
         given = request.headers.get("authorization", "")
@@ -42,7 +45,7 @@ def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = Non
             raise APIError(401, "Invalid or missing API key: send `Authorization: Bearer <key>`.")
 
     guarded = [Depends(check_api_key)] if api_key else []
-    for router in (completions.router, chat.router, embeddings.router, routes.v1):
+    for router in (completions.router, chat.router, embeddings.router, responses.router, routes.v1):
         app.include_router(router, dependencies=guarded)
     app.include_router(routes.public)
 

@@ -4,11 +4,13 @@ split out of the reply, logprobs, streaming."""
 from __future__ import annotations
 
 import dataclasses
+from typing import List, Tuple
 
 import jinja2
 from fastapi import APIRouter, Request
 
 from .chat_tools import plan_tools, splitter, tool_calls_json
+from ..sampling import SamplingParams
 from .errors import APIError
 from .protocol import ChatCompletionRequest
 from .reply import Message, ReplySplitter
@@ -22,6 +24,16 @@ router = APIRouter()
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     serving: Serving = request.app.state.serving
     serving.check_model(body.model)
+    prompt_ids, params, split = prepare(serving, body)
+    serving.check_room()
+    return await reply(request, "chatcmpl", serving.model_name, body.stream,
+                       lambda header: _stream(serving, body, split, prompt_ids, params, header),
+                       lambda header: _complete(serving, body, split, prompt_ids, params, header))
+
+
+def prepare(serving: Serving, body: ChatCompletionRequest) -> Tuple[List[int], SamplingParams, ReplySplitter]:
+    """The request's prompt ids, sampling params (with the tools' grammar) and how its replies
+    split; a 400 for what cannot be honoured."""
     try:
         messages = [m.for_template() for m in body.messages]
         kwargs = dict(body.chat_template_kwargs or {})
@@ -44,13 +56,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request):
             params = dataclasses.replace(params, structured_outputs=plan.constraint, skip_special_tokens=False)
     except (ValueError, TypeError, jinja2.TemplateError) as e:
         raise APIError(400, f"{e}") from None
-    split = splitter(plan, reasoning, state == "inside")
     prompt_ids = serving.prompt_ids(prompt)
     serving.check_length(prompt_ids, body.completion_limit)
-    serving.check_room()
-    return await reply(request, "chatcmpl", serving.model_name, body.stream,
-                       lambda header: _stream(serving, body, split, prompt_ids, params, header),
-                       lambda header: _complete(serving, body, split, prompt_ids, params, header))
+    return prompt_ids, params, splitter(plan, reasoning, state == "inside")
 
 
 def _message(m: Message, split: ReplySplitter) -> dict:

@@ -251,3 +251,36 @@ class EmbeddingRequest(OpenAIModel):
         if not p:
             raise ValueError("input is empty")
         return list(p)
+
+
+class ResponsesRequest(BaseModel):
+    """OpenAI's /v1/responses. Unlike the older routes, a field ferrum does not know is a 400
+    (as OpenAI answers an unknown parameter)."""
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    input: Union[str, List[Dict[str, Any]]]
+    instructions: Optional[str] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Union[str, Dict[str, Any], None] = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0, le=2)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    stream: bool = False
+    previous_response_id: Optional[str] = None
+    store: bool = True
+    metadata: Optional[Dict[str, str]] = None
+    text: Optional[Dict[str, Any]] = None
+    reasoning: Optional[Dict[str, Any]] = None
+    truncation: Literal["disabled"] = "disabled"
+    user: Optional[str] = None
+    seed: Optional[int] = Field(None, **SEED_RANGE)  # vLLM's extension
+    prompt_cache_key: Optional[str] = None  # a hint; prefix caching reuses prompts by itself
+    service_tier: Optional[Literal["auto", "default"]] = None
+    include: Optional[List[str]] = None
+
+    @model_validator(mode="after")
+    def _nothing_to_include(self):
+        if self.include:
+            raise ValueError(f"include: ferrum adds nothing to a response's output, got {self.include}")
+        return self
