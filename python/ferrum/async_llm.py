@@ -137,6 +137,12 @@ class AsyncLLM:
         return st
 
     # ---- lifetime ----
+    @property
+    def ready(self) -> bool:
+        """Whether the engine takes requests: its thread runs and no shutdown was asked."""
+        with self._cv:
+            return not (self._stopping or self._closed) and self._thread.is_alive()
+
     def shutdown(self, timeout: Optional[float] = None) -> None:
         """Stops taking requests, aborts those in flight (their generators end with "abort")
         and stops the engine thread. Idempotent."""

@@ -1,7 +1,10 @@
 """Request bodies of the OpenAI-compatible API (OpenAI's fields, plus vLLM's extensions), and
 their translation into ``SamplingParams``.
 
-Unknown fields are ignored, as vLLM and OpenAI do; values out of range are a 400.
+A field ferrum does not know is a 400 naming it (as OpenAI answers an unknown parameter), so
+that nothing a client asks for is silently dropped; values out of range are a 400 too. vLLM's
+older ``guided_*`` fields and llama.cpp's ``grammar`` / ``json_schema`` are honoured as
+``structured_outputs``.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ SEED_RANGE = dict(ge=-(2 ** 63), le=2 ** 64 - 1)
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(OpenAIModel):
@@ -87,7 +90,42 @@ class SamplingRequest(OpenAIModel):
     stream_options: Optional[StreamOptions] = None
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None
+    best_of: Optional[int] = Field(None, ge=1, le=MAX_N)
+    # vLLM's older names for structured_outputs, and llama.cpp's
+    guided_json: Union[str, Dict[str, Any], None] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[List[str]] = None
+    guided_grammar: Optional[str] = None
+    grammar: Optional[str] = None  # llama.cpp: GBNF
+    json_schema: Optional[Dict[str, Any]] = None  # llama.cpp
+    # Labels and hints that ask nothing of the output.
     user: Optional[str] = None
+    metadata: Optional[Dict[str, str]] = None
+    safety_identifier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None  # prefix caching reuses prompts by itself
+    service_tier: Optional[Literal["auto", "default"]] = None
+    store: Optional[Literal[False]] = None  # ferrum keeps no chat completions
+
+    @model_validator(mode="after")
+    def _best_of_whole(self):
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise ValueError("best_of > n cannot stream: the best completions are known only at the end")
+        return self
+
+    def _structured(self) -> Optional[StructuredOutputsParams]:
+        """The one constraint the request gives, under any of its names; ValueError for two."""
+        given = {}
+        if self.response_format is not None and self.response_format.structured() is not None:
+            given["response_format"] = self.response_format.structured()
+        if self.structured_outputs is not None:
+            given["structured_outputs"] = self.structured_outputs.params()
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                          ("guided_grammar", "grammar"), ("grammar", "grammar"), ("json_schema", "json")):
+            if getattr(self, name) is not None:
+                given[name] = StructuredOutputsParams(**{key: getattr(self, name)})
+        if len(given) > 1:
+            raise ValueError(f"give one constraint, not {' and '.join(given)}")
+        return next(iter(given.values()), None)
 
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int], vocab_size: int) -> SamplingParams:
         """ValueError for a value SamplingParams or the vocabulary rejects."""
@@ -102,13 +140,9 @@ class SamplingRequest(OpenAIModel):
                 if not 0 <= token < vocab_size:
                     raise ValueError(f"logit_bias token id {token} is out of range [0, {vocab_size})")
                 bias[token] = min(max(value, -100.0), 100.0)  # OpenAI's range
-        structured = self.response_format.structured() if self.response_format else None
-        if self.structured_outputs is not None:
-            if structured is not None:
-                raise ValueError("give response_format or structured_outputs, not both")
-            structured = self.structured_outputs.params()
+        structured = self._structured()
         return SamplingParams(
-            n=self.n, max_tokens=max_tokens,
+            n=self.n, best_of=self.best_of, max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0,
             min_p=self.min_p or 0.0, presence_penalty=self.presence_penalty or 0.0,
