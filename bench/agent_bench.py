@@ -75,19 +75,33 @@ def tool_cost(url, client, pairs):
     """Per generated token: seconds of a required call, of the same-length unconstrained
     completion, and of an auto request that makes no call."""
     import requests
-    rows = []
+    rows, expected_tokens = [], {}
     for i in range(pairs):
-        messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+        q = (i // 2) % len(QUESTIONS)  # each question twice: the required call first, then second
+        messages = [{"role": "user", "content": QUESTIONS[q]}]
         ids = requests.post(f"{url}/tokenize", json={"messages": messages, "tools": TOOLS}, timeout=60).json()["tokens"]
+
+        def required():
+            return timed(lambda: client.chat.completions.create(
+                model=NAME, messages=messages, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                temperature=0, max_tokens=200))
+
+        def free(k):
+            return timed(lambda: client.completions.create(model=NAME, prompt=ids, max_tokens=k, temperature=0,
+                                                           extra_body={"ignore_eos": True}))[0]
         prefill, _ = timed(lambda: client.completions.create(model=NAME, prompt=ids, max_tokens=1, temperature=0))
-        t_tool, reply = timed(lambda: client.chat.completions.create(
-            model=NAME, messages=messages, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0,
-            max_tokens=200))
+        if i % 2:  # the order alternates, so a load that drifts during a pair weighs on both alike
+            t_free = free(expected_tokens[q])
+            t_tool, reply = required()
+        else:
+            t_tool, reply = required()
         k = reply.usage.completion_tokens
         assert reply.choices[0].finish_reason == "tool_calls" and k < 200, reply
         assert reply.usage.prompt_tokens == len(ids)
-        t_free, _ = timed(lambda: client.completions.create(model=NAME, prompt=ids, max_tokens=k, temperature=0,
-                                                            extra_body={"ignore_eos": True}))
+        if i % 2 == 0:
+            expected_tokens[q] = k
+            t_free = free(k)
+        assert k == expected_tokens[q]  # greedy: the same call each time
         t_auto, auto = timed(lambda: client.chat.completions.create(
             model=NAME, messages=messages, tools=TOOLS, temperature=0, max_tokens=k,
             extra_body={"ignore_eos": True, "logit_bias": _no_call_bias(client, url)}))

@@ -1,7 +1,7 @@
 """/v1/responses through the `openai` client: text and message-list input, instructions, tools
 and function-call outputs, previous_response_id (kept for a bounded number), streamed events
-assembling to the non-streamed response, OpenAI's Agents SDK on its default (Responses) model,
-and the 400s. A real server on 127.0.0.1, a generated tiny Qwen3-shape model with the real
+assembling to the non-streamed response, and the 400s (OpenAI's Agents SDK on its default, Responses
+model: test_server_tools.py). A real server on 127.0.0.1, a generated tiny Qwen3-shape model with the real
 Qwen3 template; the model's part scripted where a test needs a given reply."""
 import json
 
@@ -132,30 +132,6 @@ def test_only_the_last_responses_are_kept(server, client):
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(unstored.id)
     wait_until(lambda: pool_is_empty(server[1]), what="the KV pool to empty")
-
-
-def test_openai_agents_sdk_on_the_responses_api(server):
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
-    url, engine = server
-    set_tracing_disabled(True)
-    cities = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The weather in a city."""
-        cities.append(city)
-        return f"Sunny, 21 C in {city}"
-
-    def script(prompt):
-        done = "<tool_response>\nSunny, 21 C in Paris\n</tool_response>" in prompt
-        return tokens(engine, "It is sunny in Paris." if done else CALL) + end(engine)
-    model = OpenAIResponsesModel(model=MODEL, openai_client=openai.AsyncOpenAI(
-        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120))
-    agent = Agent(name="weather", instructions="Answer with the tools.", tools=[get_weather], model=model,
-                  model_settings=ModelSettings(max_tokens=80))
-    with scripted(engine, script):
-        result = Runner.run_sync(agent, "What is the weather in Paris?")
-    assert cities == ["Paris"] and result.final_output == "It is sunny in Paris."
 
 
 @pytest.mark.parametrize("body,status,words", [

@@ -248,11 +248,14 @@ def test_bad_tool_requests_get_400(server, extra, words):
     assert words in r.json()["error"]["message"]
 
 
-def test_openai_agents_sdk_completes_a_two_step_tool_exchange(server):
-    """OpenAI's Agents SDK as users run it: the agent asks the model, runs the tool the model
-    calls, sends the result back, and gets the answer. The model's part is scripted: a call
-    first, an answer once the prompt holds a tool response."""
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_openai_agents_sdk_completes_a_two_step_tool_exchange(server, api):
+    """OpenAI's Agents SDK as users run it, on its chat completions model and on its default
+    (the Responses API): the agent asks the model, runs the tool the model calls, sends the
+    result back, and gets the answer. The model's part is scripted: a call first, an answer once
+    the prompt holds the tool's response."""
+    from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner,
+                        function_tool, set_tracing_disabled)
     url, engine = server
     set_tracing_disabled(True)
     cities = []
@@ -273,10 +276,13 @@ def test_openai_agents_sdk_completes_a_two_step_tool_exchange(server):
             return tokens(engine, answer) + end
         return tokens(engine, call) + end
 
-    model = OpenAIChatCompletionsModel(model=MODEL, openai_client=openai.AsyncOpenAI(
-        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120))
+    kind = OpenAIChatCompletionsModel if api == "chat" else OpenAIResponsesModel
+    model = kind(model=MODEL, openai_client=openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused",
+                                                               max_retries=0, timeout=120))
+    settings = ModelSettings(max_tokens=80, extra_body=NO_THINKING) if api == "chat" else \
+        ModelSettings(max_tokens=80, reasoning={"effort": "none"})
     agent = Agent(name="weather", instructions="Answer with the tools.", tools=[get_weather], model=model,
-                  model_settings=ModelSettings(max_tokens=80, extra_body=NO_THINKING))
+                  model_settings=settings)
     with scripted(engine, script):
         result = Runner.run_sync(agent, "What is the weather in Paris?")
     assert cities == ["Paris"]

@@ -160,6 +160,15 @@ class SamplingRequest(OpenAIModel):
 TokenIds = List[int]
 
 
+def _inputs(p, what: str) -> List[Union[str, TokenIds]]:
+    """A text, texts, token ids or lists of token ids as a list of texts or token id lists."""
+    if isinstance(p, str) or (p and isinstance(p[0], int)):
+        return [p]
+    if not p:
+        raise ValueError(f"{what} is empty")
+    return list(p)
+
+
 class CompletionRequest(SamplingRequest):
     prompt: Union[str, List[str], TokenIds, List[TokenIds]]
     max_tokens: Optional[int] = Field(16, ge=0)
@@ -178,12 +187,7 @@ class CompletionRequest(SamplingRequest):
         return self
 
     def prompts(self) -> List[Union[str, TokenIds]]:
-        p = self.prompt
-        if isinstance(p, str) or (p and isinstance(p[0], int)):
-            return [p]
-        if not p:
-            raise ValueError("the prompt is empty")
-        return list(p)
+        return _inputs(self.prompt, "the prompt")
 
 
 class ContentPart(OpenAIModel):
@@ -279,12 +283,7 @@ class EmbeddingRequest(OpenAIModel):
     user: Optional[str] = None
 
     def inputs(self) -> List[Union[str, TokenIds]]:
-        p = self.input
-        if isinstance(p, str) or (p and isinstance(p[0], int)):
-            return [p]
-        if not p:
-            raise ValueError("input is empty")
-        return list(p)
+        return _inputs(self.input, "input")
 
 
 class ResponsesRequest(BaseModel):
