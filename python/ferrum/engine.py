@@ -90,6 +90,7 @@ class _Request:
             if c.progress.logprobs is not None:
                 d.logprobs = (d.logprobs or []) + c.progress.logprobs[-1:]
         d.finish_reason, d.stop_reason = c.progress.finish_reason, c.progress.stop_reason
+        d.length_limit = c.progress.length_limit
 
 
 class Engine:
@@ -105,6 +106,8 @@ class Engine:
         self.runner = runner
         self.tokenizer = tokenizer
         self._kv_blocks = runner.stats()["kv_blocks_total"]  # the pool is sized once
+        self._kv_tokens = self._kv_blocks * runner.block_size
+        self._max_model_len = runner.max_model_len
         self.core = _core.Engine(runner, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens)
         self.sampler = Sampler(decode_token=lambda t: tokenizer.decode([t], skip_special_tokens=False))
@@ -128,6 +131,7 @@ class Engine:
         biased = max(params.logit_bias or (), default=-1)
         if biased >= vocab:
             raise ValueError(f"logit_bias token id {biased} is out of range [0, {vocab})")
+        self.check_fits(len(prompt_ids), params.max_tokens)
         if params.best_of > self._kv_blocks:  # also keeps an absurd n from building that many completions
             raise ValueError(f"{params.best_of} completions (n / best_of) is more than the KV cache's "
                              f"{self._kv_blocks} blocks: each completion needs one of its own")
@@ -159,6 +163,23 @@ class Engine:
             self._consumers[req.completions[0].seq] = self._prompt_logprobs_consumer(req, params.prompt_logprobs)
         self._requests[request_id] = req
         return request_id
+
+    def check_fits(self, prompt_tokens: int, max_tokens: Optional[int]) -> None:
+        """ValueError when max_tokens can never be generated after this prompt, alone in the
+        engine: the sequence would outgrow max_model_len, or the KV cache (which holds the prompt
+        and every generated token but the last). A prompt that fits no token at all is left to
+        the engine's own refusal."""
+        if max_tokens is None:
+            return
+        by_length = self._max_model_len - prompt_tokens
+        by_cache = self._kv_tokens - prompt_tokens + 1
+        most = min(by_length, by_cache)
+        if most < 1 or max_tokens <= most:
+            return
+        limit = (f"max_model_len is {self._max_model_len}" if by_length <= by_cache
+                 else f"the KV cache holds {self._kv_tokens} tokens")
+        raise ValueError(f"max_tokens={max_tokens} cannot fit after a prompt of {prompt_tokens} tokens: {limit}, "
+                         f"so at most {most} tokens can be generated")
 
     def _prompt_logprobs_consumer(self, req: _Request, top: int) -> RowConsumer:
         def consume(positions: np.ndarray, logits: np.ndarray) -> None:
@@ -209,7 +230,7 @@ class Engine:
         out = self.core.step()
         touched: Dict[str, _Request] = {}
         for seq in out["ended"]:  # the KV pool is full and this one alone holds it
-            self._end(seq, "length", touched)
+            self._end(seq, "kv_cache", touched)
         self._hand_out_rows(out)
         # (a row whose request another thread aborted meanwhile is dropped)
         rows = [int(i) for i in out["sample_rows"] if int(out["seqs"][i]) in self._by_seq]
@@ -250,7 +271,7 @@ class Engine:
             drafts = [c.spec.draft if c.spec is not None else [] for c, _, _ in entries]
             ended = self.core.commit(committed, tokens, finished, accepted, drafts)
         for seq in ended:  # reached max_model_len
-            self._end(seq, "length", touched)
+            self._end(seq, "max_model_len", touched)
 
     def _sample_and_emit(self, logits: np.ndarray, entries, touched: Dict[str, _Request]) -> List[tuple]:
         """Decides each entry's tokens row by row (its sample row, then one per verified proposal
@@ -366,13 +387,14 @@ class Engine:
             self._consumers.pop(seq, None)
             self._scores.discard(seq)
 
-    def _end(self, seq: int, reason: str, touched: Dict[str, _Request]) -> None:
+    def _end(self, seq: int, length_limit: str, touched: Dict[str, _Request]) -> None:
+        """The engine ended a sequence at a limit other than max_tokens."""
         if seq in self._scores:  # a score fits the pool whole by admission: never ended
             raise RuntimeError(f"the engine ended score sequence {seq}")
         c = self._by_seq.pop(seq)
         self._release(c)
         req = self._requests[c.request_id]
-        req.note(c, c.progress.finish(reason))
+        req.note(c, c.progress.finish("length", length_limit))
         touched[req.request_id] = req
 
     def _delta(self, req: _Request) -> RequestDelta:

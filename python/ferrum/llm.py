@@ -263,8 +263,14 @@ class LLM:
         continue_final_message: the reply continues the last message (e.g. a started assistant
         turn) instead of opening a new one; needs add_generation_prompt=False, as in vLLM.
         tools: tool (function) definitions, JSON schema dicts, for templates that render them."""
-        single = bool(messages) and isinstance(messages[0], dict)
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("chat() needs a conversation (a list of messages) or a list of conversations, "
+                             f"got {messages!r}")
+        single = isinstance(messages[0], dict)
         convs = [messages] if single else list(messages)
+        for i, c in enumerate(convs):
+            if not isinstance(c, (list, tuple)) or not c:
+                raise ValueError(f"conversation {i} has no messages")
         kwargs = dict(chat_template_kwargs or {}, add_generation_prompt=add_generation_prompt,
                       continue_final_message=continue_final_message, tools=tools)
         prompts = [self.tokenizer.apply_chat_template(c, **kwargs) for c in convs]
@@ -360,8 +366,12 @@ class LLM:
             if not isinstance(prompts, (list, tuple)):
                 raise TypeError(f"prompts must be a prompt or a list of prompts ({PROMPT_TYPES}), "
                                 f"got {type(prompts).__name__}")
+            if not prompts:
+                raise ValueError("no prompts given (an empty list)")
             return [self._prompt(p) for p in prompts]
         ids = list(prompt_token_ids)
+        if not ids:
+            raise ValueError("no prompts given (an empty prompt_token_ids)")
         if ids and isinstance(ids[0], (int, np.integer)):
             ids = [ids]
         return [(None, token_ids_of(toks)) for toks in ids]

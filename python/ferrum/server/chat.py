@@ -86,7 +86,8 @@ async def _complete(serving: Serving, body: ChatCompletionRequest, split: ReplyS
             logprobs = {"content": serving.chat_logprobs(c.token_ids, c.logprobs, body.top_logprobs or 0)}
         m = split.whole(c.text)
         choices.append({"index": c.index, "message": _message(m, split), "logprobs": logprobs,
-                        "finish_reason": _finish_reason(m, c.finish_reason), "stop_reason": c.stop_reason})
+                        "finish_reason": _finish_reason(m, c.finish_reason), "stop_reason": c.stop_reason,
+                        "length_limit": c.length_limit})
     completion_tokens = sum(len(c.token_ids) for c in output.outputs)
     return {**header, "object": "chat.completion", "choices": choices,
             "usage": usage(len(prompt_ids), completion_tokens)}
@@ -124,6 +125,7 @@ async def _stream(serving: Serving, body: ChatCompletionRequest, split: ReplySpl
                 last = j == len(parts) - 1
                 yield event([{"index": d.index, "delta": part, "logprobs": logprobs if j == 0 else None,
                               "finish_reason": reason if last else None,
-                              "stop_reason": d.stop_reason if last else None}])
+                              "stop_reason": d.stop_reason if last else None,
+                              "length_limit": d.length_limit if last else None}])
     if event.include_usage:
         yield event([], usage(len(prompt_ids), completion_tokens))

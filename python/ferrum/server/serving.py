@@ -72,7 +72,7 @@ class Serving:
         return ids
 
     def check_length(self, prompt_ids: List[int], max_tokens: Optional[int]) -> None:
-        """400 unless the prompt and the completion fit the context, as vLLM answers."""
+        """400 unless the prompt and the completion fit the context (as vLLM answers) and the KV cache."""
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", "prompt")
         total = len(prompt_ids) + (max_tokens or 0)
@@ -80,6 +80,10 @@ class Serving:
             raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
                                 f"you requested {total} tokens ({len(prompt_ids)} in the prompt, "
                                 f"{max_tokens or 0} for the completion). Please reduce the length.", "prompt")
+        try:  # before a streamed reply starts, so that it is a 400 too
+            self.engine.llm.engine.check_fits(len(prompt_ids), max_tokens)
+        except ValueError as e:
+            raise APIError(400, str(e), "max_tokens") from None
 
     # ---- running requests ----
     async def generate(self, prompt_ids: List[int], params: SamplingParams) -> AsyncIterator[RequestDelta]:
