@@ -146,7 +146,7 @@ def test_schemathesis_finds_no_server_error_in_the_agent_routes(qwen3_tiny, tmp_
         run = subprocess.run(
             [str(Path(sys.executable).with_name("schemathesis")), "run", f"{url}/openapi.json",
              "--include-path-regex", "^/v1/(chat/completions|embeddings|responses)",
-             "--checks", "not_a_server_error", "--max-examples", "25", "--max-time", "60", "--workers", "1",
+             "--checks", "not_a_server_error", "--max-examples", "25", "--max-time", "45", "--workers", "1",
              "--seed", "44", "--generation-database", "none", "--request-timeout", "60", "--no-color",
              "--report-dir", str(tmp_path)],
             capture_output=True, text=True, timeout=300, cwd=tmp_path)
