@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 import numpy as np
 
 from . import _core
 from .outputs import CompletionDelta, RequestDelta, RequestOutput
+from .prompt_embeds import PromptEmbeds
 from .sampling import Sampler, SamplingParams, SamplingState
 from .speculative import DraftModel, NgramIndex, Speculation, SpeculativeConfig
 from .structured import GrammarConstraint
@@ -121,12 +122,21 @@ class Engine:
         self._ids = itertools.count()
 
     # ---- requests ----
-    def add_request(self, prompt_ids: List[int], params: SamplingParams, prompt: Optional[str] = None,
-                    request_id: Optional[str] = None) -> str:
-        """Queues a request (its ``params.best_of`` completions); ValueError when it could never run."""
+    def add_request(self, prompt_ids: Union[List[int], PromptEmbeds], params: SamplingParams,
+                    prompt: Optional[str] = None, request_id: Optional[str] = None) -> str:
+        """Queues a request (its ``params.best_of`` completions); ValueError when it could never
+        run. A prompt of embeddings has no prompt ids: penalties and prompt lookup see the
+        generated tokens only."""
         if not isinstance(params, SamplingParams):
             raise TypeError("sampling params must be a ferrum.SamplingParams")
-        prompt_ids = token_ids_of(prompt_ids)
+        embeds = prompt_ids if isinstance(prompt_ids, PromptEmbeds) else None
+        if embeds is not None:
+            if params.prompt_logprobs is not None:
+                raise ValueError("prompt_logprobs needs a prompt of token ids, not prompt_embeds")
+            if self.draft_model is not None and params.speculative_decoding:
+                raise ValueError("a draft model cannot read prompt_embeds: turn speculative decoding off for "
+                                 "this request (SamplingParams(speculative_decoding=False))")
+        prompt_ids = [] if embeds is not None else token_ids_of(prompt_ids)
         vocab = self.runner.config["vocab_size"]
         biased = max(params.logit_bias or (), default=-1)
         if biased >= vocab:
@@ -144,7 +154,10 @@ class Engine:
         try:
             for i in range(params.best_of):
                 # The first completion returns its prompt's rows: each predicts the next prompt token.
-                seq = self.core.add_sequence(prompt_ids, 0 if i == 0 and req.prompt_logprobs is not None else -1)
+                if embeds is not None:
+                    seq = self.core.add_prompt_embeds(embeds.rows, "generate")
+                else:
+                    seq = self.core.add_sequence(prompt_ids, 0 if i == 0 and req.prompt_logprobs is not None else -1)
                 progress = RequestProgress(params, self.tokenizer.eos_token_ids, index=i)
                 state = SamplingState(params, prompt_ids, index=i, output_token_ids=progress.token_ids)
                 if params.structured_outputs is not None:
@@ -202,12 +215,16 @@ class Engine:
                 req.note(c, c.progress.finish("abort"))
         return self._delta(req)
 
-    def add_score(self, token_ids: List[int], rows_from: int, consume: RowConsumer, embed: bool = False) -> int:
+    def add_score(self, token_ids: Union[List[int], PromptEmbeds], rows_from: int, consume: RowConsumer,
+                  embed: bool = False) -> int:
         """Queues a score of `token_ids`: the logits at positions ``rows_from ..`` (each
         predicting the next token), or with `embed` the final hidden states there, go to
         ``consume`` as steps compute them, with f32 activations. Returns its sequence;
         ``score_finished(seq)`` tells when it is done. ValueError when it could never run."""
-        seq = self.core.add_score(token_ids, rows_from, embed)
+        if isinstance(token_ids, PromptEmbeds):
+            seq = self.core.add_prompt_embeds(token_ids.rows, "embed" if embed else "score", rows_from)
+        else:
+            seq = self.core.add_score(token_ids, rows_from, embed)
         self._consumers[seq] = consume
         self._scores.add(seq)
         return seq

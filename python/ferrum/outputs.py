@@ -68,13 +68,15 @@ class RequestOutput:
 @dataclass
 class EmbeddingOutput:
     """One prompt's embedding (vLLM's ``EmbeddingOutput``): its final hidden state pooled over
-    the prompt (``LLM.embed``'s ``pooling``), L2-normalised unless asked otherwise."""
+    the prompt (``LLM.embed``'s ``pooling``), L2-normalised unless asked otherwise; with
+    pooling="all", one such row per prompt position."""
 
-    embedding: List[float]
+    embedding: Union[List[float], List[List[float]]]
 
     @property
     def hidden_size(self) -> int:
-        return len(self.embedding)
+        first = self.embedding[0] if self.embedding else None
+        return len(first) if isinstance(first, list) else len(self.embedding)
 
 
 @dataclass
