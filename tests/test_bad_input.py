@@ -41,10 +41,14 @@ def test_kv_pool_too_small_for_a_prompt():
     small = ferrum.LLM(STORIES_FORMATS["gguf"], num_threads=1, max_model_len=512, kv_cache_tokens=32)
     with pytest.raises(ValueError, match="never fit"):
         small.generate(prompt_token_ids=[[1] * 100])
-    # a generation that outgrows the pool on its own ends with "length", no crash
+    # max_tokens that can never fit beside the prompt is refused up front, saying what fits
+    with pytest.raises(ValueError, match="at most 30 tokens can be generated"):
+        small.generate(prompt_token_ids=[[1, 5, 6]], sampling_params=ferrum.SamplingParams(max_tokens=100))
+    # a generation without max_tokens that outgrows the pool ends with "length" at the cache's limit
     out = small.generate(prompt_token_ids=[[1, 5, 6]],
-                         sampling_params=ferrum.SamplingParams(max_tokens=100, temperature=0, ignore_eos=True))
-    assert out[0].outputs[0].finish_reason == "length" and len(out[0].outputs[0].token_ids) < 100
+                         sampling_params=ferrum.SamplingParams(max_tokens=None, temperature=0, ignore_eos=True))
+    c = out[0].outputs[0]
+    assert (c.finish_reason, c.length_limit, len(c.token_ids)) == ("length", "kv_cache", 30)
     assert small.stats()["kv_blocks_used"] == 0
 
 
