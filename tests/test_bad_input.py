@@ -446,12 +446,16 @@ def test_token_ids_are_integers_of_the_vocabulary(llm, ids, error):
 
 
 def test_integers_beyond_64_bits_in_sampling_params(llm):
-    """Huge but valid values mean 'no limit'; a logit_bias id beyond the vocabulary is a ValueError."""
+    """Huge but valid values mean 'no limit', but for max_tokens, which can never fit the context
+    (a ValueError saying what fits, as vLLM answers); a logit_bias id beyond the vocabulary is a
+    ValueError."""
     huge = 2**90
-    for kw in [dict(top_k=huge, temperature=1.0, seed=huge), dict(max_tokens=huge), dict(stop_token_ids=[huge]),
+    for kw in [dict(top_k=huge, temperature=1.0, seed=huge), dict(stop_token_ids=[huge]),
                dict(logprobs=huge), dict(prompt_logprobs=huge)]:
         out = llm.generate(["Once"], ferrum.SamplingParams(**{"max_tokens": 3, **kw}))[0]
         assert out.outputs[0].token_ids, kw
+    with pytest.raises(ValueError, match=f"max_tokens={huge} cannot fit after a prompt of"):
+        llm.generate(["Once"], ferrum.SamplingParams(max_tokens=huge))
     for bias in [{huge: 1.0}, {512: 1.0}]:
         with pytest.raises(ValueError, match="logit_bias token id"):
             llm.generate(["Once"], ferrum.SamplingParams(logit_bias=bias))
