@@ -41,10 +41,14 @@ def test_kv_pool_too_small_for_a_prompt():
     small = ferrum.LLM(STORIES_FORMATS["gguf"], num_threads=1, max_model_len=512, kv_cache_tokens=32)
     with pytest.raises(ValueError, match="never fit"):
         small.generate(prompt_token_ids=[[1] * 100])
-    # a generation that outgrows the pool on its own ends with "length", no crash
+    # max_tokens that can never fit beside the prompt is refused up front, saying what fits
+    with pytest.raises(ValueError, match="at most 30 tokens can be generated"):
+        small.generate(prompt_token_ids=[[1, 5, 6]], sampling_params=ferrum.SamplingParams(max_tokens=100))
+    # a generation without max_tokens that outgrows the pool ends with "length" at the cache's limit
     out = small.generate(prompt_token_ids=[[1, 5, 6]],
-                         sampling_params=ferrum.SamplingParams(max_tokens=100, temperature=0, ignore_eos=True))
-    assert out[0].outputs[0].finish_reason == "length" and len(out[0].outputs[0].token_ids) < 100
+                         sampling_params=ferrum.SamplingParams(max_tokens=None, temperature=0, ignore_eos=True))
+    c = out[0].outputs[0]
+    assert (c.finish_reason, c.length_limit, len(c.token_ids)) == ("length", "kv_cache", 30)
     assert small.stats()["kv_blocks_used"] == 0
 
 
@@ -442,12 +446,16 @@ def test_token_ids_are_integers_of_the_vocabulary(llm, ids, error):
 
 
 def test_integers_beyond_64_bits_in_sampling_params(llm):
-    """Huge but valid values mean 'no limit'; a logit_bias id beyond the vocabulary is a ValueError."""
+    """Huge but valid values mean 'no limit', but for max_tokens, which can never fit the context
+    (a ValueError saying what fits, as vLLM answers); a logit_bias id beyond the vocabulary is a
+    ValueError."""
     huge = 2**90
-    for kw in [dict(top_k=huge, temperature=1.0, seed=huge), dict(max_tokens=huge), dict(stop_token_ids=[huge]),
+    for kw in [dict(top_k=huge, temperature=1.0, seed=huge), dict(stop_token_ids=[huge]),
                dict(logprobs=huge), dict(prompt_logprobs=huge)]:
         out = llm.generate(["Once"], ferrum.SamplingParams(**{"max_tokens": 3, **kw}))[0]
         assert out.outputs[0].token_ids, kw
+    with pytest.raises(ValueError, match=f"max_tokens={huge} cannot fit after a prompt of"):
+        llm.generate(["Once"], ferrum.SamplingParams(max_tokens=huge))
     for bias in [{huge: 1.0}, {512: 1.0}]:
         with pytest.raises(ValueError, match="logit_bias token id"):
             llm.generate(["Once"], ferrum.SamplingParams(logit_bias=bias))

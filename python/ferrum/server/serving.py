@@ -19,13 +19,16 @@ from ..outputs import CompletionDelta, Logprob, RequestDelta, StepLogprobs
 from ..sampling import SamplingParams
 from .errors import APIError
 from .metrics import ServerMetrics
+from .reply import REASONING_FORMATS, detect_reasoning
+from .tool_calls import FORMATS, detect_format
 from .streaming import Chunks, sse_response
 
 
 class Serving:
     """The engine behind the routes, with the server's settings."""
 
-    def __init__(self, engine: AsyncLLM, model_name: str, max_waiting_requests: int, metrics: ServerMetrics):
+    def __init__(self, engine: AsyncLLM, model_name: str, max_waiting_requests: int, metrics: ServerMetrics,
+                 tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
@@ -34,6 +37,17 @@ class Serving:
         self.max_model_len = engine.llm.runner.max_model_len
         self.vocab_size = engine.llm.runner.config["vocab_size"]
         self.created = int(time.time())
+        template = self.tokenizer.chat_template
+        # Tool calls: the named format, else the template's, else Hermes' (the most common).
+        if tool_call_parser is not None and tool_call_parser not in FORMATS:
+            raise ValueError(f"tool_call_parser must be one of {sorted(FORMATS)}, got {tool_call_parser!r}")
+        self.tool_format = FORMATS[tool_call_parser] if tool_call_parser else (detect_format(template) or FORMATS["hermes"])
+        # Reasoning: the named parser, "none", else the template's markers (or none).
+        names = sorted(REASONING_FORMATS) + ["none"]
+        if reasoning_parser is not None and reasoning_parser not in names:
+            raise ValueError(f"reasoning_parser must be one of {names}, got {reasoning_parser!r}")
+        self.reasoning_format = (detect_reasoning(template) if reasoning_parser is None
+                                 else REASONING_FORMATS.get(reasoning_parser))
 
     # ---- checks ----
     def check_model(self, name: Optional[str]) -> None:
