@@ -14,16 +14,18 @@ from . import chat, completions, routes
 from .errors import APIError, error_response
 from .metrics import ServerMetrics
 from .serving import Serving
+from .web_ui import router as page_router
 
 log = logging.getLogger("ferrum.server")
 
 
 def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = None,
-              max_waiting_requests: int = 256, shutdown_grace_seconds: float = 10.0) -> FastAPI:
+              max_waiting_requests: int = 256, shutdown_grace_seconds: float = 10.0,
+              web_ui: bool = True) -> FastAPI:
     """The server's app over a running engine. api_key: required (``Authorization: Bearer KEY``)
     on /v1 routes when given. max_waiting_requests: more waiting than this and new requests get
     503. shutdown_grace_seconds: once uvicorn is told to stop, streams still open this long
-    later are cut."""
+    later are cut. web_ui: the chat page at / (open, like /health: it asks for the key itself)."""
     if not isinstance(max_waiting_requests, int) or max_waiting_requests < 1:
         raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
     app = FastAPI(title="ferrum", summary="OpenAI-compatible completions and chat over ferrum's engine",
@@ -40,6 +42,8 @@ def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = Non
     for router in (completions.router, chat.router, routes.v1):
         app.include_router(router, dependencies=guarded)
     app.include_router(routes.public)
+    if web_ui:
+        app.include_router(page_router)
 
     @app.exception_handler(APIError)
     async def api_error(_, e: APIError):

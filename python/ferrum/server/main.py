@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests waiting to run before new ones get 503 (default: 256)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds requests in flight may take to finish on SIGTERM before they are aborted (default: 10)")
+    p.add_argument("--no-web-ui", action="store_true", help="do not serve the chat page at /")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     engine = AsyncLLM(llm)
     try:
         app = build_app(engine, name, api_key=args.api_key, max_waiting_requests=args.max_waiting_requests,
-                        shutdown_grace_seconds=args.shutdown_timeout + 5)
+                        shutdown_grace_seconds=args.shutdown_timeout + 5, web_ui=not args.no_web_ui)
         # Streams are cut only if aborting them has not ended them by then.
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=args.shutdown_timeout + 10)
