@@ -100,7 +100,7 @@ const renderMarkdown = (() => {
       }
       const li = el("li", node);
       blocks(body, li);
-      if (li.childNodes.length === 1 && li.firstChild.tagName === "P") li.replaceChildren(...li.firstChild.childNodes);
+      if (li.firstChild && li.firstChild.tagName === "P") li.firstChild.replaceWith(...li.firstChild.childNodes);  // a tight item
       while (i < lines.length && lines[i].trim() === "") i++;
     }
     return i;
