@@ -12,8 +12,8 @@ extras=""
 apt_packages="build-essential libopenblas-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
   libgtest-dev nlohmann-json3-dev unzip clang libclang-rt-14-dev libopenmpi-dev openmpi-bin"
 # clang + libFuzzer: scripts/fuzz.sh; OpenMPI: tensor parallelism (docs/distributed.md)
-# The wheel check (make test-wheel) runs the wheel on an emulated CPU without AVX-512;
-# The chat page's browser tests (tests/test_web_ui.py) drive Debian's headless Chromium.
+# The wheel check (make test-wheel) runs the wheel on an emulated CPU without AVX-512; the chat page's
+# browser tests (tests/test_web_ui.py) drive Debian's headless Chromium.
 [ -n "$extras" ] && apt_packages="$apt_packages qemu-user chromium chromium-driver"
 missing=""
 for p in $apt_packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done

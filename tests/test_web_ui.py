@@ -56,16 +56,22 @@ def server(smollm2_path):
     stop(proc)
 
 
-@pytest.fixture
-def browser():
+def chrome(size=(1000, 800)):
+    """Debian's headless Chromium through Debian's chromedriver, named so that Selenium Manager
+    never looks for (or downloads) one; the page's console kept."""
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1000,800"):
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={size[0]},{size[1]}"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # Debian's chromedriver, named: Selenium Manager never looks for (or downloads) one.
     driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
     driver.set_script_timeout(30)
+    return driver
+
+
+@pytest.fixture
+def browser():
+    driver = chrome()
     yield driver
     driver.quit()
 
