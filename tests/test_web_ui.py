@@ -56,22 +56,24 @@ def server(smollm2_path):
     stop(proc)
 
 
-def chrome(size=(1000, 800)):
+def chrome(size=(1000, 800), downloads=None):
     """Debian's headless Chromium through Debian's chromedriver, named so that Selenium Manager
-    never looks for (or downloads) one; the page's console kept."""
+    never looks for (or downloads) one; the page's console kept, downloads saved in `downloads`."""
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={size[0]},{size[1]}"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    if downloads:
+        options.add_experimental_option("prefs", {"download.default_directory": str(downloads)})
     driver = webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
     driver.set_script_timeout(30)
     return driver
 
 
 @pytest.fixture
-def browser():
-    driver = chrome()
+def browser(tmp_path):
+    driver = chrome(downloads=tmp_path)
     yield driver
     driver.quit()
 
@@ -124,7 +126,7 @@ def chat_api(url, messages_, **params):
     return r.json()["choices"][0]["message"]["content"]
 
 
-def test_conversation_stop_regenerate_reload(server, browser):
+def test_conversation_stop_regenerate_reload_edit_export(server, browser, tmp_path):
     url = server
     browser.get(url)
     wait_until(lambda: browser.find_element(By.ID, "model-name").text == MODEL, 20, "the model's name")
@@ -167,6 +169,28 @@ def test_conversation_stop_regenerate_reload(server, browser):
     browser.refresh()
     wait_until(lambda: len(messages(browser)) == 4, 20, "the conversation after reload")
     assert messages(browser)[-1].find_element(By.CSS_SELECTOR, ".content").text == partial
+
+    # Edit the first message and send it again: what followed is replaced by the new reply.
+    set_settings(browser, **{"max-tokens": "24", "extra-json": ""})
+    messages(browser)[0].find_element(By.CSS_SELECTOR, "button.edit").click()
+    box = browser.find_element(By.CSS_SELECTOR, ".edit-box")
+    box.clear()
+    box.send_keys("What is the capital of Italy?")
+    messages(browser)[0].find_element(By.CSS_SELECTOR, "button.send").click()
+    reply = settle(browser)
+    assert len(messages(browser)) == 2
+    edited = chat_api(url, [{"role": "system", "content": "You are terse."},
+                            {"role": "user", "content": "What is the capital of Italy?"}],
+                      temperature=0, top_p=0.95, max_tokens=24)
+    assert reply.find_element(By.CSS_SELECTOR, ".content").text.strip() == edited.strip()
+
+    # Export: the conversation as JSON.
+    browser.find_element(By.ID, "export").click()
+    wait_until(lambda: list(tmp_path.glob("ferrum-chat-*.json")), 10, "the exported file")
+    exported = json.loads(next(tmp_path.glob("ferrum-chat-*.json")).read_text())
+    assert [(m["role"], m["content"]) for m in exported["messages"]] == [
+        ("user", "What is the capital of Italy?"), ("assistant", edited)]
+    assert exported["messages"][1]["stats"]["tokens"] > 0
     assert console_errors(browser) == []
 
 
