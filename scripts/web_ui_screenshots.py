@@ -10,7 +10,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from selenium.webdriver.common.by import By  # noqa: E402
 
 from ferrum.models import default_model_path  # noqa: E402
-from test_web_ui import chrome, say, serve, set_settings, settle, stop  # noqa: E402
+from server_harness import serve, stop  # noqa: E402
+from test_web_ui import chrome, say, set_settings, settle  # noqa: E402
 
 
 def main() -> None:

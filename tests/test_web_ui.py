@@ -3,12 +3,7 @@ Debian's chromedriver) against `ferrum serve` on 127.0.0.1 with SmolLM2: a strea
 (the server aborts the request), regenerate, reload, a reply with HTML in it shown as text, the
 API key flow, --no-web-ui; and no console errors from the page."""
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import requests
@@ -16,37 +11,10 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from server_harness import wait_until
+from server_harness import serve, stop, wait_until
 
 MODEL = "smollm2"
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2"> and **bold**'
-
-
-def serve(model_path, *args):
-    """`ferrum serve` in a subprocess; returns (process, base URL) once it listens."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ferrum", "serve", model_path, "--port", "0", "--threads", "2",
-         "--max-model-len", "512", "--served-model-name", MODEL, "--shutdown-timeout", "1", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    log, deadline = [], time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        assert line or proc.poll() is None, "".join(log)
-        log.append(line)
-        found = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
-        if found:
-            return proc, found.group(1)
-    proc.kill()
-    raise AssertionError("".join(log))
-
-
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")
