@@ -1,6 +1,8 @@
 """atheris target: GGUF tokenizer metadata, mutated a few fields at a time from real
-vocabularies, must give a Tokenizer that encodes and decodes, or a ValueError; any other
-exception (KeyError, IndexError, TypeError, ...) is a finding.
+vocabularies, must give a Tokenizer that encodes and decodes and holds what the metadata says
+(each token's text, special-token ids inside the vocabulary), or a ValueError; any other
+exception (KeyError, IndexError, TypeError, ...) or a tokenizer other than the metadata says is
+a finding.
 
 usage: python fuzz/fuzz_tokenizer_metadata.py [libFuzzer flags] [CORPUS_DIR ...]
        (scripts/fuzz.sh runs it; a kept finding is replayed by passing its file)
@@ -31,8 +33,9 @@ def gpt2_vocabulary() -> dict:
 
 
 BASES = [_core.ModelFile(str(STORIES)).pop_tokenizer_metadata(), gpt2_vocabulary()]
-KEYS = sorted({k for b in BASES for k in b} | {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
-                                              "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.eot_token_id"})
+SPECIAL_IDS = {f"tokenizer.ggml.{name}_token_id" for name in ("bos", "eos", "unknown", "padding", "eot", "eom")}
+KEYS = sorted({k for b in BASES for k in b} | SPECIAL_IDS | {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
+                                                             "tokenizer.ggml.add_space_prefix"})
 
 
 def random_scalar(fdp: atheris.FuzzedDataProvider):
@@ -48,7 +51,7 @@ def random_scalar(fdp: atheris.FuzzedDataProvider):
     if kind == 4:
         return None
     if kind == 5:
-        return fdp.ConsumeIntInRange(-2, 600)
+        return fdp.PickValueInList([-1, 2**32 - 1, 2**31, fdp.ConsumeIntInRange(-2, 600)])
     return [fdp.ConsumeIntInRange(0, 600)]
 
 
@@ -84,6 +87,12 @@ def test_one_input(data: bytes) -> None:
         tok = Tokenizer.from_gguf_metadata(meta)
     except ValueError:
         return
+    tokens = meta["tokenizer.ggml.tokens"]
+    assert tok.vocab_size == len(tokens) and all(tok.id_to_token(i) == t for i, t in enumerate(tokens))
+    for key in SPECIAL_IDS & meta.keys():
+        stored = meta[key]
+        assert stored in (-1, 2**32 - 1) or 0 <= stored < len(tokens), f"{key} = {stored} was accepted"
+    assert tok.bos_token_id is None or 0 <= tok.bos_token_id < len(tokens)
     ids = tok.encode(fdp.ConsumeUnicodeNoSurrogates(32))
     tok.decode(ids)
 

@@ -2,7 +2,7 @@
 // -DKV_F32 / -DKV_F16 / -DKV_I8 (the pool's element type) and -DMAX_HEAD_DIM. Offsets are in
 // elements. Semantics follow the CPU backend (cpp/backend/cpu/cpu_kernels.cpp).
 
-inline void kv_store(global KV_T* pool, global float* scales, long row, int hd, const float* v) {
+static inline void kv_store(global KV_T* pool, global float* scales, long row, int hd, const float* v) {
 #if defined(KV_F32)
   for (int i = 0; i < hd; ++i) pool[row * hd + i] = v[i];
 #elif defined(KV_F16)
@@ -18,7 +18,7 @@ inline void kv_store(global KV_T* pool, global float* scales, long row, int hd, 
 #endif
 }
 
-inline void rms_norm_head(float* v, const global float* w, float eps, int hd) {
+static inline void rms_norm_head(float* v, const global float* w, float eps, int hd) {
   float ss = 0.0f;
   for (int i = 0; i < hd; ++i) ss = fma(v[i], v[i], ss);
   const float inv = 1.0f / sqrt(ss / (float)hd + eps);
@@ -26,7 +26,7 @@ inline void rms_norm_head(float* v, const global float* w, float eps, int hd) {
 }
 
 // Rotates one head in place: pairs (i, i + rot_half) or (2i, 2i + 1).
-inline void rope_head(float* v, const global float* c, const global float* s, int rot_half,
+static inline void rope_head(float* v, const global float* c, const global float* s, int rot_half,
                       int interleaved) {
   const int stride = interleaved ? 1 : rot_half, step = interleaved ? 2 : 1;
   for (int i = 0; i < rot_half; ++i) {

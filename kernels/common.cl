@@ -7,17 +7,19 @@
 
 // For helpers called in several places of a hot loop, which LLVM otherwise leaves as calls
 // (passing accumulators through memory).
-#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+// Helpers are `static inline`: a plain C99 `inline` function that a compiler chooses not to
+// inline is an unresolved external (NVIDIA's ptxas refuses the program).
 
-inline float bf16_to_f32(ushort u) { return as_float(((uint)u) << 16); }
+static inline float bf16_to_f32(ushort u) { return as_float(((uint)u) << 16); }
 
-inline float sum8(float8 a) {
+static inline float sum8(float8 a) {
   float4 b = a.lo + a.hi;
   float2 c = b.lo + b.hi;
   return c.x + c.y;
 }
 
-inline float sum16(float16 v) { return sum8(v.lo + v.hi); }
+static inline float sum16(float16 v) { return sum8(v.lo + v.hi); }
 
 // The i-quants' non-linear 4-bit levels (cpp/quant/formats.h: kIq4Values), looked up with
 // shuffle(IQ4_LEVELS, nibbles).

@@ -1,6 +1,6 @@
 // Row and element kernels: norms, SwiGLU, row gather, MoE routing. Offsets are in elements.
 
-inline float rms_inv(const global float* x, int d, float eps) {
+static inline float rms_inv(const global float* x, int d, float eps) {
   float16 acc = (float16)(0.0f);
   int i = 0;
   for (; i + 16 <= d; i += 16) {

@@ -19,7 +19,7 @@
 
 // Quantizes heads [h0, h0 + nh) of token t's output row, after the work-group wrote them (a barrier
 // every work-item reaches, whatever nh).
-inline void quantize_heads(global float* out, int t, int h0, int nh, int H, int hd, global char* xq, int lid) {
+static inline void quantize_heads(global float* out, int t, int h0, int nh, int H, int hd, global char* xq, int lid) {
   barrier(CLK_GLOBAL_MEM_FENCE);
   const int per_head = hd / 32, chunks = H * per_head;
   global char* row = (global char*)xq_row(xq, t, H * hd);
@@ -91,7 +91,7 @@ void qkv_rope_cache(const global float* qkv, long qkv_off, const global float* q
 
 // Positions [j0, j1) visible to a token at pos in split `split` of `splits` (all of them when
 // splits == 1).
-inline int2 split_range(int pos, int window, int split, int splits) {
+static inline int2 split_range(int pos, int window, int split, int splits) {
   const int first = window > 0 ? max(0, pos - window + 1) : 0;
   if (splits == 1) return (int2)(first, pos + 1);
   return (int2)(max(first, split * ATTN_SPLIT), min(pos + 1, (split + 1) * ATTN_SPLIT));

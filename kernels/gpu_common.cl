@@ -16,12 +16,12 @@
 #define GEMV_WG (LANES * GEMV_GROUPS)
 
 #ifdef NV_ASM
-inline float shfl_xor(float v, int mask) {
+static inline float shfl_xor(float v, int mask) {
   float r;
   asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(mask));
   return r;
 }
-inline int dp4a(int a, int b, int c) {
+static inline int dp4a(int a, int b, int c) {
   int r;
   asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
   return r;
@@ -30,7 +30,7 @@ inline int dp4a(int a, int b, int c) {
 
 // The sum over the 16 bytes of a and b (each 4 per word, signed) of a[i] * b[i]: exact
 // (|a|, |b| <= 128).
-inline int idot16(uint4 a, uint4 b) {
+static inline int idot16(uint4 a, uint4 b) {
 #ifdef NV_ASM
   return dp4a(a.w, b.w, dp4a(a.z, b.z, dp4a(a.y, b.y, dp4a(a.x, b.x, 0))));
 #else
@@ -42,7 +42,7 @@ inline int idot16(uint4 a, uint4 b) {
 }
 
 // The sum of the 16 signed bytes of a.
-inline int isum16(uint4 a) {
+static inline int isum16(uint4 a) {
 #ifdef NV_ASM
   const int ones = 0x01010101;
   return dp4a(a.w, ones, dp4a(a.z, ones, dp4a(a.y, ones, dp4a(a.x, ones, 0))));
@@ -53,7 +53,7 @@ inline int isum16(uint4 a) {
 #endif
 }
 
-inline float fdot16(float16 a, float16 b) {
+static inline float fdot16(float16 a, float16 b) {
   return (dot(a.s0123, b.s0123) + dot(a.s4567, b.s4567)) + (dot(a.s89ab, b.s89ab) + dot(a.scdef, b.scdef));
 }
 
@@ -61,7 +61,7 @@ inline float fdot16(float16 a, float16 b) {
 // consecutive local ids) holds the group's totals in v. Lanes l and l + s are added for s =
 // LANES / 2 .. 1 in both forms (same association, same bits). Every work-item of the work-group
 // must call it (barriers); scratch: n * local size floats.
-inline void lane_sums(float* v, const int n, local float* scratch) {
+static inline void lane_sums(float* v, const int n, local float* scratch) {
 #ifdef NV_ASM
   if (LANES <= 32) {
     for (int e = 0; e < n; ++e)
@@ -82,7 +82,7 @@ inline void lane_sums(float* v, const int n, local float* scratch) {
 
 // The sum (or max) of v over the whole work-group, returned to every work-item: a tree over
 // local memory (scratch: local size floats, a power of two). Every work-item must call it.
-inline float group_sum(float v, local float* scratch) {
+static inline float group_sum(float v, local float* scratch) {
   const int lid = (int)get_local_id(0), wg = (int)get_local_size(0);
   scratch[lid] = v;
   for (int s = wg / 2; s > 0; s >>= 1) {
@@ -95,7 +95,7 @@ inline float group_sum(float v, local float* scratch) {
   return r;
 }
 
-inline float group_max(float v, local float* scratch) {
+static inline float group_max(float v, local float* scratch) {
   const int lid = (int)get_local_id(0), wg = (int)get_local_size(0);
   scratch[lid] = v;
   for (int s = wg / 2; s > 0; s >>= 1) {

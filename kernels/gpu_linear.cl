@@ -33,7 +33,7 @@
 #endif
 
 // Writes lane 0's totals v[r * TM + m] (rows n0 + r, tokens t0 + m) of each lane group.
-inline void gemv_store(const int TM, const float* v, int lane, int n0, int N, int t0, int T,
+static inline void gemv_store(const int TM, const float* v, int lane, int n0, int N, int t0, int T,
                        const global float* bias, int has_bias, global float* out, int ldo) {
   if (lane != 0) return;
 #pragma unroll
@@ -50,7 +50,7 @@ inline void gemv_store(const int TM, const float* v, int lane, int n0, int N, in
 // a chunk at a time into XC by load_x, weight chunks decoded once per row into WC by load_w, and
 // dot(wc, xc, acc) the chunk's contribution.
 #define GEMV_PARTIAL(NAME, X, XC, load_x, WC, load_w, dot)                                      \
-  inline void NAME(const int TM, const global X* x, int T, int K, int t0, const global uchar* w, \
+  static inline void NAME(const int TM, const global X* x, int T, int K, int t0, const global uchar* w, \
                    long w_row_bytes, int N, int n0, int lane, float* acc) {                      \
     const int chunks = K / CHUNK, nb = W_BLOCKS(K);                                              \
     UNUSED_BY_FLOATS(nb);                                                                        \
@@ -69,7 +69,7 @@ typedef struct {
   float16 lo, hi;
   float sum_lo, sum_hi;
 } x_f32;
-inline x_f32 load_x_f32(const global float* x, int t, int K, int c) {
+static inline x_f32 load_x_f32(const global float* x, int t, int K, int c) {
   x_f32 r;
   r.lo = vload16(0, x + (long)t * K + CHUNK * c);
   r.hi = vload16(1, x + (long)t * K + CHUNK * c);
@@ -86,7 +86,7 @@ typedef struct {
   float16 lo, hi;
   float2 d, m;
 } w_f32;
-inline w_f32 load_w_f32(const global uchar* row, int nb, int c) {
+static inline w_f32 load_w_f32(const global uchar* row, int nb, int c) {
   w_f32 r;
 #ifdef W_FLOAT
   chunk_f(row, c, &r.lo, &r.hi);
@@ -98,7 +98,7 @@ inline w_f32 load_w_f32(const global uchar* row, int nb, int c) {
 #endif
   return r;
 }
-inline float dot_f32(w_f32 w, x_f32 x, float acc) {
+static inline float dot_f32(w_f32 w, x_f32 x, float acc) {
 #ifdef W_FLOAT
   return acc + (fdot16(w.lo, x.lo) + fdot16(w.hi, x.hi));
 #else
@@ -111,7 +111,7 @@ inline float dot_f32(w_f32 w, x_f32 x, float acc) {
 }
 GEMV_PARTIAL(gemv_f32_chunks, float, x_f32, load_x_f32, w_f32, load_w_f32, dot_f32)
 
-inline void gemv_f32_partial(const int TM, const global float* x, int T, int K, int t0,
+static inline void gemv_f32_partial(const int TM, const global float* x, int T, int K, int t0,
                              const global uchar* w, long w_row_bytes, int N, int n0, int lane, float* acc) {
   gemv_f32_chunks(TM, x, T, K, t0, w, w_row_bytes, N, n0, lane, acc);
 #ifdef W_FLOAT  // rows of any length: the last K % 32 elements one per lane
@@ -134,7 +134,7 @@ typedef struct {
   float d;
   int sum_lo, sum_hi;
 } x_q8;
-inline x_q8 load_x_q8(const global char* xq, int t, int K, int c) {
+static inline x_q8 load_x_q8(const global char* xq, int t, int K, int c) {
   const global char* row = xq_row(xq, t, K);
   x_q8 r;
   r.lo = *(const global uint4*)(row + CHUNK * c);  // xq rows are 16-byte aligned
@@ -150,12 +150,12 @@ typedef struct {
   uint4 lo, hi;
   float2 d, m;
 } w_q8;
-inline w_q8 load_w_q8(const global uchar* row, int nb, int c) {
+static inline w_q8 load_w_q8(const global uchar* row, int nb, int c) {
   w_q8 r;
   chunk_q(row, nb, c, &r.lo, &r.hi, &r.d, &r.m);
   return r;
 }
-inline float dot_q8(w_q8 w, x_q8 x, float acc) {
+static inline float dot_q8(w_q8 w, x_q8 x, float acc) {
   int lo = idot16(w.lo, x.lo), hi = idot16(w.hi, x.hi);
 #if W_Q_ZERO != 0
   lo += W_Q_ZERO * x.sum_lo;
@@ -214,7 +214,7 @@ kernel __attribute__((reqd_work_group_size(GEMV_WG, 1, 1))) void gemv_q8_tn(LINE
 // The tile of rows [n0, n0 + GEMM_TN) of w times the activation rows xrow[m] of x (-1: none),
 // written to out rows orow[m] at columns n0 + ... (+ bias); only the rows [0, N) of w exist (n0
 // may be negative: a tile straddling the first row of a buffer). xrow / orow: GEMM_TM entries.
-inline void gemm_tile(const global float* x, int K, const local int* xrow, const local int* orow,
+static inline void gemm_tile(const global float* x, int K, const local int* xrow, const local int* orow,
                       const global uchar* w, long w_row_bytes, int N, int n0, const global float* bias,
                       int has_bias, global float* out, int ldo, local float* xs, local float* ws) {
   const int lid = (int)get_local_id(0), im = lid % GEMM_MD, in = lid / GEMM_MD;

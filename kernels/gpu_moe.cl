@@ -9,7 +9,7 @@
 //                           GEMM_TM pairs): the GEMM tile over each tile's gathered x rows.
 
 // The rows of expert e in this buffer: [lo, hi) of its N.
-inline int2 expert_rows(int e, int N, long row0, long nrows) {
+static inline int2 expert_rows(int e, int N, long row0, long nrows) {
   const long first = (long)e * N;
   return (int2)((int)clamp(row0 - first, 0L, (long)N), (int)clamp(row0 + nrows - first, 0L, (long)N));
 }

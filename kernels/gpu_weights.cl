@@ -28,7 +28,7 @@
 #endif
 
 // 16 bytes at p, p aligned to W_QALIGN, as 4 little-endian words (4 quants each).
-inline uint4 load_q16(const global uchar* p) {
+static inline uint4 load_q16(const global uchar* p) {
 #if W_QALIGN >= 16
   return *(const global uint4*)p;
 #elif W_QALIGN >= 8
@@ -41,19 +41,19 @@ inline uint4 load_q16(const global uchar* p) {
 }
 
 // Header fields (at even offsets: every block starts at an even address).
-inline float f16_at(const global uchar* p) { return vload_half(0, (const global half*)p); }
-inline uint u16_at(const global uchar* p) { return *(const global ushort*)p; }
-inline uint u32_at(const global uchar* p) { return u16_at(p) | (u16_at(p + 2) << 16); }
+static inline float f16_at(const global uchar* p) { return vload_half(0, (const global half*)p); }
+static inline uint u16_at(const global uchar* p) { return *(const global ushort*)p; }
+static inline uint u32_at(const global uchar* p) { return u16_at(p) | (u16_at(p + 2) << 16); }
 
 // Bits 0..15 of bits as the fifth bit (16) of bytes 0..15: each word takes 4 bits, spread to its
 // bytes by one multiply (the four shifted copies do not overlap).
-inline uint4 fifth_bits(uint bits) {
+static inline uint4 fifth_bits(uint bits) {
   const uint4 nibbles = ((uint4)(bits, bits >> 4, bits >> 8, bits >> 12)) & 15u;
   return ((nibbles * 0x00204081u) & 0x01010101u) << 4;
 }
 
 // The IQ4 levels of 16 nibbles (one per byte).
-inline uint4 iq4_levels(uint4 nibbles) { return as_uint4(shuffle(IQ4_LEVELS, as_uchar16(nibbles))); }
+static inline uint4 iq4_levels(uint4 nibbles) { return as_uint4(shuffle(IQ4_LEVELS, as_uchar16(nibbles))); }
 
 #if defined(W_F32) || defined(W_F16) || defined(W_BF16)
 #define W_FLOAT 1
@@ -61,20 +61,20 @@ inline uint4 iq4_levels(uint4 nibbles) { return as_uint4(shuffle(IQ4_LEVELS, as_
 #endif
 
 #if defined(W_F32)
-inline float load_elem(const global uchar* row, int k) { return ((const global float*)row)[k]; }
-inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
+static inline float load_elem(const global uchar* row, int k) { return ((const global float*)row)[k]; }
+static inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
   *lo = vload16(2 * c, (const global float*)row);
   *hi = vload16(2 * c + 1, (const global float*)row);
 }
 #elif defined(W_F16)
-inline float load_elem(const global uchar* row, int k) { return vload_half(k, (const global half*)row); }
-inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
+static inline float load_elem(const global uchar* row, int k) { return vload_half(k, (const global half*)row); }
+static inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
   *lo = vload_half16(2 * c, (const global half*)row);
   *hi = vload_half16(2 * c + 1, (const global half*)row);
 }
 #elif defined(W_BF16)
-inline float load_elem(const global uchar* row, int k) { return bf16_to_f32(((const global ushort*)row)[k]); }
-inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
+static inline float load_elem(const global uchar* row, int k) { return bf16_to_f32(((const global ushort*)row)[k]); }
+static inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
   *lo = as_float16(convert_uint16(vload16(2 * c, (const global ushort*)row)) << 16);
   *hi = as_float16(convert_uint16(vload16(2 * c + 1, (const global ushort*)row)) << 16);
 }
@@ -160,18 +160,18 @@ inline void chunk_f(const global uchar* row, int c, float16* lo, float16* hi) {
 // Block b's quants and header, and a header field's offset from the GGUF block offset `off`.
 #ifdef W_FLAT
 #define W_H_BYTES (W_BLOCK_BYTES - W_Q_BYTES)
-inline const global uchar* block_quants(const global uchar* row, int nb, int b) { return row + (long)b * W_Q_BYTES; }
-inline const global uchar* block_header(const global uchar* row, int nb, int b) {
+static inline const global uchar* block_quants(const global uchar* row, int nb, int b) { return row + (long)b * W_Q_BYTES; }
+static inline const global uchar* block_header(const global uchar* row, int nb, int b) {
   return row + (long)nb * W_Q_BYTES + (long)b * W_H_BYTES;
 }
 #define HOFF(off) ((off) >= W_Q_OFF ? (off) - W_Q_BYTES : (off))
 #else
-inline const global uchar* block_quants(const global uchar* row, int nb, int b) { return row + (long)b * W_BLOCK_BYTES + W_Q_OFF; }
-inline const global uchar* block_header(const global uchar* row, int nb, int b) { return row + (long)b * W_BLOCK_BYTES; }
+static inline const global uchar* block_quants(const global uchar* row, int nb, int b) { return row + (long)b * W_BLOCK_BYTES + W_Q_OFF; }
+static inline const global uchar* block_header(const global uchar* row, int nb, int b) { return row + (long)b * W_BLOCK_BYTES; }
 #define HOFF(off) (off)
 #endif
 
-inline void chunk_q(const global uchar* row, int nb, int c, uint4* lo, uint4* hi, float2* d, float2* m) {
+static inline void chunk_q(const global uchar* row, int nb, int c, uint4* lo, uint4* hi, float2* d, float2* m) {
   const int b = c / W_CHUNKS;
 #if W_CHUNKS > 1
   const int j = c % W_CHUNKS;  // the chunk within a 256-element block
@@ -278,11 +278,11 @@ inline void chunk_q(const global uchar* row, int nb, int c, uint4* lo, uint4* hi
 }
 
 // A chunk's 16 quants of lo or hi as the integers they stand for (q + W_Q_ZERO), as floats.
-inline float16 quants_float(uint4 q) { return convert_float16(as_char16(q)) + (float)W_Q_ZERO; }
+static inline float16 quants_float(uint4 q) { return convert_float16(as_char16(q)) + (float)W_Q_ZERO; }
 #endif  // !W_FLOAT
 
 // Chunk c of a row as floats, bit for bit the reference dequantizer's values.
-inline void chunk_dequant(const global uchar* row, int nb, int c, float16* lo, float16* hi) {
+static inline void chunk_dequant(const global uchar* row, int nb, int c, float16* lo, float16* hi) {
 #ifdef W_FLOAT
   chunk_f(row, c, lo, hi);
 #else
@@ -299,7 +299,7 @@ inline void chunk_dequant(const global uchar* row, int nb, int c, float16* lo, f
 }
 
 // The same for a row of n elements (embedding.cl).
-inline void row_chunk(const global uchar* row, int n, int c, float16* lo, float16* hi) {
+static inline void row_chunk(const global uchar* row, int n, int c, float16* lo, float16* hi) {
 #ifdef W_FLOAT
   chunk_f(row, c, lo, hi);
 #else

@@ -13,11 +13,11 @@
 #endif
 
 // Pool row of (slot, kv_head).
-inline long pool_row(int slot, int kvh, int kv_heads, int bs) {
+static inline long pool_row(int slot, int kvh, int kv_heads, int bs) {
   return ((long)(slot / bs) * kv_heads + kvh) * bs + slot % bs;
 }
 
-inline float kv_load(const global KV_T* pool, const global float* scales, long row, int hd, int i) {
+static inline float kv_load(const global KV_T* pool, const global float* scales, long row, int hd, int i) {
 #if defined(KV_F32)
   return pool[row * hd + i];
 #elif defined(KV_F16)
@@ -28,7 +28,7 @@ inline float kv_load(const global KV_T* pool, const global float* scales, long r
 }
 
 // Elements 4 i4 .. 4 i4 + 3 of a pool row.
-inline float4 kv_load4(const global KV_T* pool, const global float* scales, long row, int hd, int i4) {
+static inline float4 kv_load4(const global KV_T* pool, const global float* scales, long row, int hd, int i4) {
 #if defined(KV_F32)
   return vload4(i4, pool + row * hd);
 #elif defined(KV_F16)
@@ -40,4 +40,4 @@ inline float4 kv_load4(const global KV_T* pool, const global float* scales, long
 
 
 // RoPE of one pair (a, b) by the angle with cosine c and sine s.
-inline float2 rope_rotate(float a, float b, float c, float s) { return (float2)(a * c - b * s, b * c + a * s); }
+static inline float2 rope_rotate(float a, float b, float c, float s) { return (float2)(a * c - b * s, b * c + a * s); }

@@ -20,7 +20,7 @@
 
 // s[m][i] = xr[m][0, K) . row wr[i] for a register tile of TM activation rows x TN weight rows
 // (stored blocks). Each sum is formed alike whatever the tile's shape and its other rows.
-inline void tile_sums(const int TM, const int TN, const global float* xr[MAX_TM],
+static inline void tile_sums(const int TM, const int TN, const global float* xr[MAX_TM],
                       const global uchar* wr[MAX_TN], int K, float s[MAX_TM][MAX_TN]) {
   float16 acc[MAX_TM][MAX_TN];
 #pragma unroll
@@ -63,7 +63,7 @@ inline void tile_sums(const int TM, const int TN, const global float* xr[MAX_TM]
     }
 }
 
-inline void linear_tile(const int TM, const int TN, const global float* x, int T, int K,
+static inline void linear_tile(const int TM, const int TN, const global float* x, int T, int K,
                         const global uchar* w, long w_row_bytes, int N,
                         const global float* bias, int has_bias, global float* out, int ldo) {
   const int tiles_t = (T + TM - 1) / TM;
@@ -123,7 +123,7 @@ ALWAYS_INLINE void block_dot(const global uchar* b, const global float* x, const
 
 // xs[c] = the sum of x[32c, 32c + 32) for c < K / 32, computed by the whole work-group (its
 // work-items share x). Only the W_XSUMS types read it; the others skip the barrier.
-inline void chunk_sums(const global float* x, int K, local float* xs) {
+static inline void chunk_sums(const global float* x, int K, local float* xs) {
 #ifdef W_XSUMS
   for (int c = (int)get_local_id(0); c < K / CHUNK; c += (int)get_local_size(0))
     xs[c] = sum16(vload16(0, x + CHUNK * c) + vload16(1, x + CHUNK * c));
@@ -214,7 +214,7 @@ float row_dot_q8(const global uchar* row, const global char* x, int K) {
 
 // out[t, n] = xq[t] . W[n, :] (+ bias[n]) for xq from quantize_q8_rows; one weight row and TM
 // tokens per work-item, tokens fastest, so a work-group's items share weight rows in cache.
-inline void linear_q8_rows(const int TM, const global char* xq, int T, int K, const global uchar* w,
+static inline void linear_q8_rows(const int TM, const global char* xq, int T, int K, const global uchar* w,
                            long w_row_bytes, int N, const global float* bias, int has_bias,
                            global float* out, int ldo) {
   const int groups = (T + TM - 1) / TM, gid = (int)get_global_id(0);

@@ -15,7 +15,7 @@
 
 // Work-item gid's pair *p and the weight row it dots (see moe_rows), or null where it has none:
 // padding rows, rows in another buffer, and ids outside [0, E) (their y zeroed if zero_invalid).
-inline const global uchar* moe_item_row(int N, const global int* ids, int E, const global uchar* w,
+static inline const global uchar* moe_item_row(int N, const global int* ids, int E, const global uchar* w,
                                         long w_row_bytes, long row0, long nrows, int zero_invalid,
                                         global float* y, int ldy, int* p, global float** o) {
   const int rows_padded = (N + (int)get_local_size(0) - 1) / (int)get_local_size(0) * (int)get_local_size(0);
@@ -71,7 +71,7 @@ kernel void moe_rows_q8(const global char* xq, long xq_off, int x_div, int K, co
 // an id outside [0, E) are in no tile (moe_combine skips them).
 #define TILE_RUN 16
 
-inline void moe_tile(const int TM, const int TN, const global float* x, int x_div, int K,
+static inline void moe_tile(const int TM, const int TN, const global float* x, int x_div, int K,
                      const global int* groups, int P, int max_tiles, int N, const global uchar* w,
                      long w_row_bytes, long row0, long nrows, global float* y, int ldy) {
   const int gid = (int)get_global_id(0), row_tiles = (N + TN - 1) / TN;

@@ -5,11 +5,11 @@
 //
 // Row t of xq: K int8 quants, then per chunk its scale d and the sum of its dequantized values, as
 // floats; rows start every xq_row_bytes(K) bytes (16-byte aligned, so GPUs load quants as vectors).
-inline long xq_row_bytes(int K) { return ((long)K + K / 4 + 15) / 16 * 16; }
-inline const global char* xq_row(const global char* xq, int t, int K) { return xq + (long)t * xq_row_bytes(K); }
+static inline long xq_row_bytes(int K) { return ((long)K + K / 4 + 15) / 16 * 16; }
+static inline const global char* xq_row(const global char* xq, int t, int K) { return xq + (long)t * xq_row_bytes(K); }
 
 // Chunk c of one row: p its 32 floats, row its xq row, chunks = K / 32.
-inline void quantize_chunk(const global float* p, global char* row, int c, int chunks) {
+static inline void quantize_chunk(const global float* p, global char* row, int c, int chunks) {
   const float16 a = vload16(0, p), b = vload16(1, p);
   const float16 m = fmax(fabs(a), fabs(b));
   const float8 m8 = fmax(m.lo, m.hi);

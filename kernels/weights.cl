@@ -21,7 +21,7 @@
 // 16 bytes from any address. vload16 on uchar is split into byte loads by some compilers
 // (pocl among them); an under-aligned vector type gives one unaligned vector load.
 typedef uchar16 __attribute__((aligned(1))) uchar16_unaligned;
-inline uchar16 load_bytes16(const global uchar* p) { return *(const global uchar16_unaligned*)p; }
+static inline uchar16 load_bytes16(const global uchar* p) { return *(const global uchar16_unaligned*)p; }
 
 // x86 CPUs under pocl (clang): a few instructions OpenCL C has no words for, through clang's
 // builtins (F16C conversions, AVX2 byte multiply-adds, AVX-512 mask expansion). Every other
@@ -36,19 +36,19 @@ inline uchar16 load_bytes16(const global uchar* p) { return *(const global uchar
 
 typedef uint __attribute__((aligned(1))) uint_unaligned;
 
-inline uint load_u32_bytes(const global uchar* p) {
+static inline uint load_u32_bytes(const global uchar* p) {
   return (uint)p[0] | ((uint)p[1] << 8) | ((uint)p[2] << 16) | ((uint)p[3] << 24);
 }
 
 // The f16 pair (d, m) at p.
-inline float2 load_f16x2(const global uchar* p) {
+static inline float2 load_f16x2(const global uchar* p) {
   const uint2 h = (uint2)(((const global ushort*)p)[0], ((const global ushort*)p)[1]);
   return as_float2(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 0x1p112f;
 }
 // A block's f16 scale. The float's exponent field is re-biased by one multiply, exact for every
 // finite half including subnormals (quantizers never write inf / NaN scales); pocl's scalar
 // vload_half is a branchy software routine that cost more than the whole block's math.
-inline float load_f16(const global uchar* p) {
+static inline float load_f16(const global uchar* p) {
   const uint h = *(const global ushort*)p;
   return as_float(((h & 0x8000u) << 16) | ((h & 0x7fffu) << 13)) * 0x1p112f;
 }
@@ -60,12 +60,12 @@ inline float load_f16(const global uchar* p) {
 // LLVM builds a block pair's scales by inserting them into whatever register is free, often an
 // accumulator, a false dependency that slows Q4_0 / Q5_0 badly.
 #ifdef X86_BUILTINS
-inline float4 f16x2_to_f32(uint h) { return __builtin_ia32_vcvtph2ps(as_short8((uint4)(h, 0u, 0u, 0u))); }
-inline float2 block_f16x2(const global uchar* p) { return f16x2_to_f32(*(const global uint_unaligned*)p).s01; }
-inline float block_f16(const global uchar* p) { return f16x2_to_f32(*(const global uint_unaligned*)p & 0xffffu).s0; }
+static inline float4 f16x2_to_f32(uint h) { return __builtin_ia32_vcvtph2ps(as_short8((uint4)(h, 0u, 0u, 0u))); }
+static inline float2 block_f16x2(const global uchar* p) { return f16x2_to_f32(*(const global uint_unaligned*)p).s01; }
+static inline float block_f16(const global uchar* p) { return f16x2_to_f32(*(const global uint_unaligned*)p & 0xffffu).s0; }
 #else
-inline float2 block_f16x2(const global uchar* p) { return load_f16x2(p); }
-inline float block_f16(const global uchar* p) { return load_f16(p); }
+static inline float2 block_f16x2(const global uchar* p) { return load_f16x2(p); }
+static inline float block_f16(const global uchar* p) { return load_f16(p); }
 #endif
 
 // block_dot(b, x, xs, acc, acc_m): acc[0] (+ acc[1]) += the products of block b's quants with
@@ -132,7 +132,7 @@ ALWAYS_INLINE int8 dot32_s(char16 lo, char16 hi, const global char* xq) {
 // The fifth bits of a Q5_0 / Q5_1 block: bit l of qh (element l) as 16 in byte l % 16 of lo
 // (l < 16) or hi. Byte swizzles and a bit test: cheap 16-byte ops, before widening to floats;
 // with AVX-512 one mask expansion (vpmovm2b) makes all 32 bytes.
-inline void high_bits32(uchar4 qh, uchar16* lo, uchar16* hi) {
+static inline void high_bits32(uchar4 qh, uchar16* lo, uchar16* hi) {
 #ifdef X86_AVX512
   const char32 bits = __builtin_ia32_cvtmask2b256(as_uint(qh)) & (char)16;
   *lo = as_uchar16(bits.lo);
@@ -154,7 +154,7 @@ ALWAYS_INLINE void q5_quants(const global uchar* qh, const global uchar* qs, uch
 }
 
 // Bit j of qh, for j = base .. base + 15, as 0 / 1 per lane.
-inline int16 bits16(uint qh, int base) {
+static inline int16 bits16(uint qh, int base) {
   const uint16 lane = (uint16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   return convert_int16(((uint16)(qh) >> (lane + (uint)base)) & 1u);
 }
@@ -165,7 +165,7 @@ inline int16 bits16(uint qh, int base) {
 typedef struct {
   float d[8], m[8];
 } k4_scales;
-inline k4_scales k4_block_scales(const global uchar* b) {
+static inline k4_scales k4_block_scales(const global uchar* b) {
   const uchar16 s = load_bytes16(b + 4);  // bytes 4..15 are the scales; 16..19 belong to qs
   const uchar4 lo = s.s0123, mid = s.s4567, hi = s.s89ab;
   const uchar8 sc = (uchar8)(lo & (uchar)63, (hi & (uchar)15) | ((lo >> (uchar)6) << (uchar)4));
@@ -181,9 +181,9 @@ inline k4_scales k4_block_scales(const global uchar* b) {
 #define W_BLOCK_BYTES 128
 #define W_FLOAT 1
 typedef int wscales;
-inline wscales block_scales(const global uchar* b) { return 0; }
-inline float load_elem(const global uchar* row, int k) { return ((const global float*)row)[k]; }
-inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+static inline wscales block_scales(const global uchar* b) { return 0; }
+static inline float load_elem(const global uchar* row, int k) { return ((const global float*)row)[k]; }
+static inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
   *lo = vload16(0, (const global float*)b);
   *hi = vload16(1, (const global float*)b);
 }
@@ -193,9 +193,9 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
 #define W_BLOCK_BYTES 64
 #define W_FLOAT 1
 typedef int wscales;
-inline wscales block_scales(const global uchar* b) { return 0; }
-inline float load_elem(const global uchar* row, int k) { return vload_half(k, (const global half*)row); }
-inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+static inline wscales block_scales(const global uchar* b) { return 0; }
+static inline float load_elem(const global uchar* row, int k) { return vload_half(k, (const global half*)row); }
+static inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
   *lo = vload_half16(0, (const global half*)b);
   *hi = vload_half16(1, (const global half*)b);
 }
@@ -205,9 +205,9 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
 #define W_BLOCK_BYTES 64
 #define W_FLOAT 1
 typedef int wscales;
-inline wscales block_scales(const global uchar* b) { return 0; }
-inline float load_elem(const global uchar* row, int k) { return bf16_to_f32(((const global ushort*)row)[k]); }
-inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+static inline wscales block_scales(const global uchar* b) { return 0; }
+static inline float load_elem(const global uchar* row, int k) { return bf16_to_f32(((const global ushort*)row)[k]); }
+static inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
   *lo = as_float16(convert_uint16(vload16(0, (const global ushort*)b)) << 16);
   *hi = as_float16(convert_uint16(vload16(1, (const global ushort*)b)) << 16);
 }
@@ -216,9 +216,9 @@ inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, fl
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 18
 typedef float wscales;
-inline wscales block_scales(const global uchar* b) { return load_f16(b); }
+static inline wscales block_scales(const global uchar* b) { return load_f16(b); }
 #ifdef W_IQ4_NL  // the nibbles index the IQ4 levels
-inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
+static inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
   const uchar16 q = load_bytes16(b + 2);
   *lo = d * convert_float16(shuffle(IQ4_LEVELS, q & (uchar)15));
   *hi = d * convert_float16(shuffle(IQ4_LEVELS, q >> (uchar)4));
@@ -230,7 +230,7 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
   acc[0] = fma(convert_float8(p), block_f16(b) * xd[0], acc[0]);
 }
 #else
-inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
+static inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
   const uchar16 q = load_bytes16(b + 2);
   *lo = convert_float16(convert_int16(q & (uchar)15) - 8) * d;
   *hi = convert_float16(convert_int16(q >> (uchar)4) - 8) * d;
@@ -253,8 +253,8 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 20
 typedef float2 wscales;
-inline wscales block_scales(const global uchar* b) { return load_f16x2(b); }
-inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, float16* hi) {
+static inline wscales block_scales(const global uchar* b) { return load_f16x2(b); }
+static inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, float16* hi) {
   const uchar16 q = load_bytes16(b + 4);
   *lo = convert_float16(q & (uchar)15) * dm.x + dm.y;
   *hi = convert_float16(q >> (uchar)4) * dm.x + dm.y;
@@ -279,8 +279,8 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 22
 typedef float wscales;
-inline wscales block_scales(const global uchar* b) { return load_f16(b); }
-inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
+static inline wscales block_scales(const global uchar* b) { return load_f16(b); }
+static inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
   const uint qh = load_u32_bytes(b + 2);
   const uchar16 q = load_bytes16(b + 6);
   *lo = convert_float16((convert_int16(q & (uchar)15) | (bits16(qh, 0) << 4)) - 16) * d;
@@ -305,8 +305,8 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 24
 typedef float2 wscales;
-inline wscales block_scales(const global uchar* b) { return load_f16x2(b); }
-inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, float16* hi) {
+static inline wscales block_scales(const global uchar* b) { return load_f16x2(b); }
+static inline void block_chunk(const global uchar* b, wscales dm, int j, float16* lo, float16* hi) {
   const uint qh = load_u32_bytes(b + 4);
   const uchar16 q = load_bytes16(b + 8);
   *lo = convert_float16(convert_int16(q & (uchar)15) | (bits16(qh, 0) << 4)) * dm.x + dm.y;
@@ -334,8 +334,8 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
 #define W_CHUNKS 1
 #define W_BLOCK_BYTES 34
 typedef float wscales;
-inline wscales block_scales(const global uchar* b) { return load_f16(b); }
-inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
+static inline wscales block_scales(const global uchar* b) { return load_f16(b); }
+static inline void block_chunk(const global uchar* b, wscales d, int j, float16* lo, float16* hi) {
   *lo = convert_float16(as_char16(load_bytes16(b + 2))) * d;
   *hi = convert_float16(as_char16(load_bytes16(b + 18))) * d;
 }
@@ -353,8 +353,8 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
 #define W_CHUNKS 8
 #define W_BLOCK_BYTES 144
 typedef k4_scales wscales;
-inline wscales block_scales(const global uchar* b) { return k4_block_scales(b); }
-inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+static inline wscales block_scales(const global uchar* b) { return k4_block_scales(b); }
+static inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
   // Chunks 2i and 2i + 1 are the low and high nibbles of qs[32i .. 32i + 31].
   const global uchar* q = b + 16 + 32 * (j >> 1);
   const uchar shift = (uchar)(4 * (j & 1));
@@ -391,8 +391,8 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
 #define W_CHUNKS 8
 #define W_BLOCK_BYTES 176
 typedef k4_scales wscales;
-inline wscales block_scales(const global uchar* b) { return k4_block_scales(b); }
-inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+static inline wscales block_scales(const global uchar* b) { return k4_block_scales(b); }
+static inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
   const global uchar* q = b + 48 + 32 * (j >> 1);
   const uchar shift = (uchar)(4 * (j & 1)), hb = (uchar)j;  // element l's fifth bit: bit j of qh[l]
   const uchar16 q0 = ((load_bytes16(q) >> shift) & (uchar)15) | (((load_bytes16(b + 16) >> hb) & (uchar)1) << (uchar)4);
@@ -442,7 +442,7 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
 typedef struct {
   float d[16];
 } wscales;
-inline wscales block_scales(const global uchar* b) {
+static inline wscales block_scales(const global uchar* b) {
   wscales s;
   vstore16(load_f16(b + 208) * convert_float16(as_char16(load_bytes16(b + 192))), 0, s.d);
   return s;
@@ -458,7 +458,7 @@ ALWAYS_INLINE void q6k_chunk(const global uchar* b, int j, char16* q0, char16* q
   *q0 = as_char16(((load_bytes16(ql) >> ls) & (uchar)15) | (((load_bytes16(qh) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
   *q1 = as_char16(((load_bytes16(ql + 16) >> ls) & (uchar)15) | (((load_bytes16(qh + 16) >> hs) & (uchar)3) << (uchar)4)) - (char)32;
 }
-inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+static inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
   char16 q0, q1;
   q6k_chunk(b, j, &q0, &q1);
   *lo = s.d[2 * j] * convert_float16(q0);
@@ -495,14 +495,14 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
 typedef struct {
   float d[16], m[16];
 } wscales;
-inline wscales block_scales(const global uchar* b) {
+static inline wscales block_scales(const global uchar* b) {
   const uchar16 sc = load_bytes16(b);
   wscales s;
   vstore16(load_f16(b + 80) * convert_float16(sc & (uchar)15), 0, s.d);
   vstore16(load_f16(b + 82) * convert_float16(sc >> (uchar)4), 0, s.m);
   return s;
 }
-inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+static inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
   // Each half (128 elements) is 32 bytes of qs holding four 2-bit planes; chunk j is plane j % 4
   // of half j / 4, and its two 16-element parts have their own scale / min (sub-blocks 2j, 2j+1).
   const global uchar* q = b + 16 + 32 * (j >> 2);
@@ -518,7 +518,7 @@ typedef struct {
   float d[16];
 } wscales;
 typedef uchar8 __attribute__((aligned(1))) uchar8_unaligned;
-inline wscales block_scales(const global uchar* b) {
+static inline wscales block_scales(const global uchar* b) {
   // Sub-block i's 6-bit scale: low 4 bits from the low (i < 8) or high nibble of byte i % 8,
   // top 2 bits from bits 2 (i / 4) of byte 8 + i % 4 (see q3k_scale in formats.h).
   const uchar8 low = *(const global uchar8_unaligned*)(b + 96);
@@ -530,7 +530,7 @@ inline wscales block_scales(const global uchar* b) {
   vstore16(load_f16(b + 108) * convert_float16(convert_int16(sc) - 32), 0, s.d);
   return s;
 }
-inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+static inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
   // As Q2_K's planes, plus a third bit per element: bit j of hmask[k] set means q, clear q - 4.
   const global uchar* q = b + 32 + 32 * (j >> 2);
   const uchar shift = (uchar)(2 * (j & 3)), hb = (uchar)j;
@@ -548,14 +548,14 @@ typedef struct {
 } wscales;
 // Sub-block j's 6-bit scale: low 4 bits in nibble j % 2 of scales_l[j / 2], top 2 in bits 2j of
 // scales_h (formats.h: iq4xs_scale).
-inline wscales block_scales(const global uchar* b) {
+static inline wscales block_scales(const global uchar* b) {
   const float d = load_f16(b);
   const int top = *(const global ushort*)(b + 2);
   wscales s;
   for (int j = 0; j < 8; ++j) s.d[j] = d * (float)((((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((top >> (2 * j)) & 3) << 4)) - 32);
   return s;
 }
-inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
+static inline void block_chunk(const global uchar* b, wscales s, int j, float16* lo, float16* hi) {
   const uchar16 q = load_bytes16(b + 8 + 16 * j);
   *lo = s.d[j] * convert_float16(shuffle(IQ4_LEVELS, q & (uchar)15));
   *hi = s.d[j] * convert_float16(shuffle(IQ4_LEVELS, q >> (uchar)4));
@@ -576,7 +576,7 @@ ALWAYS_INLINE void block_dot_q8(const global uchar* b, const global char* xq, co
 #endif
 
 // Chunk c of a row (of any length) as floats (embedding.cl).
-inline void row_chunk(const global uchar* row, int n, int c, float16* lo, float16* hi) {
+static inline void row_chunk(const global uchar* row, int n, int c, float16* lo, float16* hi) {
   const global uchar* blk = row + (long)(c / W_CHUNKS) * W_BLOCK_BYTES;
   block_chunk(blk, block_scales(blk), c % W_CHUNKS, lo, hi);
 }

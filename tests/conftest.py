@@ -47,6 +47,17 @@ def smollm2(smollm2_path):
 
 
 @pytest.fixture(scope="session")
+def qwen3_tiny(tmp_path_factory):
+    """A generated tiny Qwen3-shape model (random weights) with the real Qwen3-0.6B tokenizer and
+    chat template (`<tool_call>`, `<think>`)."""
+    from ferrum.tools.make_model import main as make_model
+    out = tmp_path_factory.mktemp("qwen3-tiny")
+    make_model(["--arch", "qwen3", "--preset", "tiny", "--tokenizer", os.path.join(MODELS, "tokenizers", "qwen3-0.6b"),
+                "--out", str(out)])
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def smollm2_hf(smollm2_path):
     """transformers' own model loaded from the same GGUF (dequantized to f32): loading it takes
     tens of seconds on 2 cores, so the suites that compare against it share one."""

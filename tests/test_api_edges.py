@@ -290,3 +290,50 @@ def test_download_errors_have_one_period(monkeypatch):
     with pytest.raises(RuntimeError) as e:
         models.resolve_model("org/name")
     assert "Connection refused. Pass a local path when offline." in str(e.value) and ".." not in str(e.value)
+
+
+# ---- requests that cannot fit, and what ended one ----------------------------------------------
+
+def test_a_request_that_can_never_fit_is_refused_saying_what_fits():
+    """The KV cache holds the prompt and every generated token but the last; the context holds
+    them all. At the limit the request runs to max_tokens; one token past it is refused at once."""
+    ids = ferrum.LLM(STORIES).tokenizer.encode("Once upon a time")
+    for kwargs, most, limit in (({"kv_cache_tokens": 32, "max_model_len": 64}, 32 - len(ids) + 1, "the KV cache holds 32 tokens"),
+                                ({"kv_cache_tokens": 256, "max_model_len": 40}, 40 - len(ids), "max_model_len is 40")):
+        llm = ferrum.LLM(STORIES, **kwargs)
+        out = llm.generate({"prompt_token_ids": ids}, ferrum.SamplingParams(max_tokens=most, ignore_eos=True))[0].outputs[0]
+        assert len(out.token_ids) == most and (out.finish_reason, out.length_limit) == ("length", "max_tokens")
+        with pytest.raises(ValueError, match=rf"max_tokens={most + 1} cannot fit after a prompt of {len(ids)} tokens: "
+                                             rf"{limit}, so at most {most} tokens can be generated"):
+            llm.generate({"prompt_token_ids": ids}, ferrum.SamplingParams(max_tokens=most + 1))
+        with pytest.raises(ValueError, match="cannot fit"):
+            llm.add_request(ids, ferrum.SamplingParams(max_tokens=10**6))
+        assert not llm.has_unfinished() and llm.stats()["kv_blocks_used"] == 0
+
+
+def test_a_reply_cut_short_says_which_limit_it_reached():
+    ids = ferrum.LLM(STORIES).tokenizer.encode("Once upon a time")
+    unbounded = ferrum.SamplingParams(max_tokens=None, ignore_eos=True)
+    for kwargs, limit, tokens in (({"kv_cache_tokens": 32}, "kv_cache", 32 - len(ids) + 1),
+                                  ({"max_model_len": 24}, "max_model_len", 24 - len(ids))):
+        llm = ferrum.LLM(STORIES, **kwargs)
+        out = llm.generate({"prompt_token_ids": ids}, unbounded)[0].outputs[0]
+        assert (out.finish_reason, out.length_limit, len(out.token_ids)) == ("length", limit, tokens)
+        rid = llm.add_request(ids, unbounded)
+        last = None
+        while llm.has_unfinished():
+            for d in llm.step():
+                last = d.outputs[-1] if d.outputs else last
+        assert (last.finish_reason, last.length_limit) == ("length", limit), rid
+    llm = ferrum.LLM(STORIES)
+    stopped = llm.generate("Once upon a time", ferrum.SamplingParams(max_tokens=64, stop=[" "]))[0].outputs[0]
+    assert stopped.finish_reason == "stop" and stopped.length_limit is None
+
+
+def test_empty_inputs_are_refused(llm):
+    for call in (lambda: llm.chat([]), lambda: llm.chat([[]]), lambda: llm.chat([[{"role": "user", "content": "hi"}], []]),
+                 lambda: llm.generate([]), lambda: llm.generate(prompt_token_ids=[]), lambda: llm.embed([]),
+                 lambda: llm.score([]), lambda: llm.generate({"prompt_token_ids": []})):
+        with pytest.raises(ValueError):
+            call()
+    assert llm.stats()["kv_blocks_used"] == 0

@@ -265,13 +265,28 @@ def _gpt2_metadata():
 @pytest.mark.parametrize("edit,match", [
     (lambda m: m.pop("tokenizer.ggml.model"), "unsupported tokenizer.ggml.model None"),
     (lambda m: m.update({"tokenizer.ggml.model": 3}), "'tokenizer.ggml.model' is not a string"),
-    (lambda m: m.update({"tokenizer.ggml.tokens": "abc"}), "'tokenizer.ggml.tokens' is not a list of strings"),
-    (lambda m: m.update({"tokenizer.ggml.tokens": [1, 2]}), "'tokenizer.ggml.tokens' is not a list of strings"),
+    (lambda m: m.update({"tokenizer.ggml.tokens": "abc"}), "'tokenizer.ggml.tokens' is not a list"),
+    (lambda m: m.update({"tokenizer.ggml.tokens": [1, 2]}), r"'tokenizer.ggml.tokens'\[0\] is 1, not a string"),
     (lambda m: m.update({"tokenizer.ggml.tokens": []}), "'tokenizer.ggml.tokens' is empty"),
     (lambda m: m["tokenizer.ggml.scores"].pop(), "'tokenizer.ggml.scores' has 511 entries for 512 tokens"),
     (lambda m: m["tokenizer.ggml.token_type"].append(1), "'tokenizer.ggml.token_type' has 513 entries"),
-    (lambda m: m.update({"tokenizer.ggml.scores": [float("nan")] * 512}), "'tokenizer.ggml.scores' is not a list of numbers"),
-    (lambda m: m.update({"tokenizer.ggml.token_type": ["1"] * 512}), "'tokenizer.ggml.token_type' is not a list of integers"),
+    (lambda m: m.update({"tokenizer.ggml.scores": [float("nan")] * 512}), r"'tokenizer.ggml.scores'\[0\] is nan, not a finite number"),
+    (lambda m: m["tokenizer.ggml.scores"].__setitem__(7, float("-inf")), r"'tokenizer.ggml.scores'\[7\] is -inf, not a finite number"),
+    (lambda m: m["tokenizer.ggml.token_type"].__setitem__(300, 7), r"'tokenizer.ggml.token_type'\[300\] is 7, not a token type"),
+    (lambda m: m["tokenizer.ggml.token_type"].__setitem__(300, 0), r"'tokenizer.ggml.token_type'\[300\] is 0"),
+    (lambda m: m["tokenizer.ggml.tokens"].__setitem__(300, m["tokenizer.ggml.tokens"][299]),
+     r"'tokenizer.ggml.tokens'\[300\] is .*, already token 299"),
+    (lambda m: m["tokenizer.ggml.tokens"].__setitem__(3, "<0xZZ>"), r"'tokenizer.ggml.tokens'\[3\] is '<0xZZ>', but 'tokenizer.ggml.token_type'\[3\] says a byte token"),
+    (lambda m: m.update({"tokenizer.ggml.bos_token_id": 512}), "'tokenizer.ggml.bos_token_id' is 512, outside the vocabulary of 512"),
+    (lambda m: m.update({"tokenizer.ggml.eos_token_id": -2}), "'tokenizer.ggml.eos_token_id' is -2, outside"),
+    (lambda m: m.update({"tokenizer.ggml.unknown_token_id": 2**31}), "'tokenizer.ggml.unknown_token_id' is 2147483648, outside"),
+    (lambda m: m.update({"tokenizer.ggml.padding_token_id": 600}), "'tokenizer.ggml.padding_token_id' is 600, outside"),
+    (lambda m: m.update({"tokenizer.ggml.eot_token_id": 10**12}), "'tokenizer.ggml.eot_token_id' is 1000000000000, outside"),
+    (lambda m: m.update({"tokenizer.ggml.bos_token_id": 2**32 - 1, "tokenizer.ggml.add_bos_token": True}),
+     "'tokenizer.ggml.add_bos_token' is true, but the vocabulary has no BOS token"),
+    (lambda m: m.update({"tokenizer.ggml.eos_token_id": -1, "tokenizer.ggml.add_eos_token": True}),
+     "'tokenizer.ggml.add_eos_token' is true, but the vocabulary has no EOS token"),
+    (lambda m: m.update({"tokenizer.ggml.token_type": ["1"] * 512}), r"'tokenizer.ggml.token_type'\[0\] is '1', not an integer"),
     (lambda m: m.update({"tokenizer.ggml.bos_token_id": "1"}), "'tokenizer.ggml.bos_token_id' is not an integer"),
     (lambda m: m.update({"tokenizer.ggml.eos_token_id": 2.0}), "'tokenizer.ggml.eos_token_id' is not an integer"),
     (lambda m: m.update({"tokenizer.ggml.add_bos_token": 1}), "'tokenizer.ggml.add_bos_token' is not a boolean"),
@@ -285,12 +300,32 @@ def test_mistyped_tokenizer_metadata(edit, match):
         Tokenizer.from_gguf_metadata(meta)
 
 
+def test_special_token_ids_as_llama_cpp_writes_them():
+    """A key that is absent takes the format's default; llama.cpp's "no such token" (-1, written
+    as int32 or uint32 0xFFFFFFFF, as stories260K's padding id is) is None."""
+    from ferrum.tokenizer import Tokenizer
+    meta = _stories_tokenizer_metadata()
+    assert meta["tokenizer.ggml.padding_token_id"] == 2**32 - 1
+    assert Tokenizer.from_gguf_metadata(meta).bos_token_id == 1
+    for none in (-1, 2**32 - 1):
+        tok = Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.bos_token_id": none})
+        assert tok.bos_token_id is None and not tok.add_bos and tok.encode("hi")[0] != 1
+    meta.pop("tokenizer.ggml.bos_token_id")
+    assert Tokenizer.from_gguf_metadata(meta).bos_token_id == 1  # SentencePiece's default
+    # Added tokens of a byte-level vocabulary are plain text: only the model's tokens are bytes.
+    tok = Tokenizer.from_gguf_metadata({**_gpt2_metadata(), "tokenizer.ggml.tokens": ["a", "b", "ab", "<|end of text|>"],
+                                        "tokenizer.ggml.token_type": [1, 1, 1, 3]})
+    assert tok.encode("ab<|end of text|>") == [2, 3]
+
+
 @pytest.mark.parametrize("edit,match", [
     (lambda m: m.pop("tokenizer.ggml.merges"), "needs tokenizer.ggml.merges"),
     (lambda m: m.update({"tokenizer.ggml.merges": ["ab"]}), "not two tokens joined by a space"),
     (lambda m: m.update({"tokenizer.ggml.merges": ["a c"]}), "'a c': it or its parts are not in the vocabulary"),
     (lambda m: m.update({"tokenizer.ggml.tokens": ["a", "b"]}), "'a b': it or its parts are not in the vocabulary"),
     (lambda m: m.update({"tokenizer.ggml.pre": "nonsense"}), "unsupported tokenizer.ggml.pre"),
+    (lambda m: m.update({"tokenizer.ggml.tokens": ["a", "b", "a b"], "tokenizer.ggml.merges": []}),
+     r"'tokenizer.ggml.tokens'\[2\] is 'a b', not in GPT-2's byte alphabet"),
 ])
 def test_mistyped_byte_level_metadata(edit, match):
     from ferrum.tokenizer import Tokenizer
@@ -417,3 +452,75 @@ def test_integers_beyond_64_bits_in_sampling_params(llm):
         with pytest.raises(ValueError, match="logit_bias token id"):
             llm.generate(["Once"], ferrum.SamplingParams(logit_bias=bias))
     assert not llm.has_unfinished() and llm.stats()["kv_blocks_used"] == 0
+
+
+# ---- tokenizer files beside safetensors: refused by a named rule, never read otherwise ----
+
+TOKENIZERS = os.path.join(os.path.dirname(STORIES), "tokenizers")
+
+
+def _damaged_sentencepiece(tmp_path, edit) -> str:
+    """llama2's tokenizer.model with the piece "m" (a protobuf string field: tag, length 1,
+    the byte, then its score's tag) edited at the byte level."""
+    data = open(os.path.join(TOKENIZERS, "llama2", "tokenizer.model"), "rb").read()
+    at = data.find(b"\x0a\x01m\x15")
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(edit(bytearray(data), at))
+    return str(path)
+
+
+def test_sentencepiece_piece_not_utf8_is_refused(tmp_path):
+    from ferrum.tokenizer import Tokenizer
+
+    def flip(b, at):
+        b[at + 2] = 0xFF
+        return bytes(b)
+    with pytest.raises(ValueError, match=r"tokenizer.model: piece 29885 is not valid UTF-8"):
+        Tokenizer.from_file(_damaged_sentencepiece(tmp_path, flip))
+
+
+def test_sentencepiece_score_not_finite_is_refused(tmp_path):
+    from ferrum.tokenizer import Tokenizer
+
+    def inf(b, at):
+        b[at + 4:at + 8] = struct.pack("<f", float("inf"))
+        return bytes(b)
+    with pytest.raises(ValueError, match=r"tokenizer.model: piece 29885 has the score inf, not a finite number"):
+        Tokenizer.from_file(_damaged_sentencepiece(tmp_path, inf))
+
+
+def _smollm2_dir(tmp_path):
+    d = tmp_path / "tok"
+    shutil.copytree(os.path.join(TOKENIZERS, "smollm2-135m-instruct"), d)
+    return d
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda t: t.replace(b'"Hello":', b'"Hel\xfflo":', 1), r"tokenizer.json: not valid UTF-8 \(byte \d+\)"),
+    (lambda t: t.replace(b'"Hello":', b'"hello":', 1), "tokenizer.json: the key 'hello' appears twice in one object"),
+    (lambda t: t.replace(b'"Hello": 19556', b'"Hello": 19557', 1), "tokenizer.json: the vocabulary gives id 19557 to two tokens"),
+])
+def test_damaged_tokenizer_json_is_refused(tmp_path, damage, match):
+    from ferrum.tokenizer import Tokenizer
+    d = _smollm2_dir(tmp_path)
+    text = (d / "tokenizer.json").read_bytes()
+    assert b'"Hello": 19556' in text and b'"hello":' in text
+    (d / "tokenizer.json").write_bytes(damage(text))
+    with pytest.raises(ValueError, match=match):
+        Tokenizer.from_dir(d)
+
+
+@pytest.mark.parametrize("name,content,match", [
+    ("tokenizer_config.json", {"bos_token": "<|nonexistent|>"}, "bos_token '<|nonexistent|>' is not in the vocabulary"),
+    ("tokenizer_config.json", {"eos_token": {"content": "<|nope|>"}}, "eos_token '<|nope|>' is not in the vocabulary"),
+    ("tokenizer_config.json", {"add_bos_token": True}, "add_bos_token is true, but there is no bos_token"),
+    ("generation_config.json", {"eos_token_id": 49152}, "generation_config.json: eos_token_id is 49152, not a token id of the 49152-token"),
+    ("generation_config.json", {"eos_token_id": [2, -1]}, "eos_token_id is -1, not a token id"),
+    ("config.json", {"eos_token_id": 10**9}, "config.json: eos_token_id is 1000000000, not a token id"),
+])
+def test_special_tokens_outside_the_vocabulary_are_refused(tmp_path, name, content, match):
+    from ferrum.tokenizer import Tokenizer
+    d = _smollm2_dir(tmp_path)
+    (d / name).write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=match):
+        Tokenizer.from_dir(d)

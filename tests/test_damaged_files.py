@@ -407,3 +407,143 @@ def test_damaged_llama2c_is_refused_or_unchanged(tmp_path):
     def check(damaged):
         check_invariant(write(tmp_path, "damaged.bin", damaged), reference)
     check()
+
+
+# ---- tokenizer metadata: refused, or read exactly as written ----
+
+CONTROL = 3
+
+
+def byte_level_vocab_gguf(path) -> bytes:
+    """A small GPT-2 style vocabulary (the 256 byte symbols, a few merges, two control tokens),
+    written by gguf-py alone (no tensors)."""
+    import gguf
+    from ferrum.tokenizer_backends import byte_level_alphabet
+    tokens = list(byte_level_alphabet()) + ["Ġt", "he", "Ġthe", "in", "<|endoftext|>", "<|im_start|>"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 2) + [CONTROL, CONTROL])
+    w.add_token_merges(["Ġ t", "h e", "Ġt he", "i n"])
+    w.add_bos_token_id(len(tokens) - 1)
+    w.add_eos_token_id(len(tokens) - 2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    return open(path, "rb").read()
+
+
+def tokenizer_of(path):
+    """The tokenizer ferrum reads from a GGUF (as LLM does), or the ValueError refusing it."""
+    from ferrum.tokenizer import Tokenizer
+    try:
+        meta = {k: v for k, v in _core.gguf_metadata(str(path)).items() if k.startswith("tokenizer.")}
+        return Tokenizer.from_gguf_metadata(meta)
+    except ValueError as e:
+        return e
+
+
+def test_a_token_that_is_not_utf8_is_refused_by_index(tmp_path):
+    """One flipped byte in the token "m" made the vocabulary tokenize "Once upon a time" in 8 ids."""
+    g = ge.Gguf.parse(stories_gguf())
+    item, tokens = g.get("tokenizer.ggml.tokens")
+    i = tokens.index(b"m")
+    tokens[i] = b"\xed"
+    path = write(tmp_path, "bad_token.gguf", g.serialize())
+    with pytest.raises(ValueError, match=rf"'tokenizer.ggml.tokens'\[{i}\] is not valid UTF-8 \(byte 0 of 1\)"):
+        import ferrum
+        ferrum.LLM(str(path))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.binary(min_size=1, max_size=6))
+def test_token_bytes_are_refused_exactly_when_they_are_not_utf8(tmp_path_factory, raw):
+    """CPython's UTF-8 decoder is the reference: a GGUF string it cannot decode is refused, one it
+    decodes is read as those characters."""
+    g = ge.Gguf.parse(stories_gguf())
+    _, tokens = g.get("tokenizer.ggml.tokens")
+    tokens[300] = raw
+    path = write(tmp_path_factory.mktemp("utf8"), "t.gguf", g.serialize())
+    try:
+        expected = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        with pytest.raises(ValueError, match=r"'tokenizer.ggml.tokens'\[300\] is not valid UTF-8"):
+            _core.gguf_metadata(str(path))
+        return
+    assert _core.gguf_metadata(str(path))["tokenizer.ggml.tokens"][300] == expected
+
+
+@st.composite
+def tokenizer_damage(draw, g: ge.Gguf):
+    """One tokenizer field of a parsed GGUF damaged in place: a byte of a token flipped, a token
+    type, a score or a special-token id overwritten."""
+    keys = [k for k, _, _ in g.kvs if k.startswith("tokenizer.ggml.") and (
+        k.endswith("_token_id") or k in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"))]
+    key = draw(st.sampled_from(sorted(keys)))
+    value = g.get(key)
+    if key.endswith("_token_id"):
+        n = len(g.get("tokenizer.ggml.tokens")[1])
+        g.set(key, U32, draw(st.sampled_from([0, 1, n - 1, n, n + 1, 2**31, 2**32 - 1]) | st.integers(0, 2**32 - 1)))
+        return key
+    item, items = value
+    i = draw(st.integers(0, len(items) - 1))
+    if key == "tokenizer.ggml.tokens":
+        b = bytearray(items[i] or b"?")
+        j = draw(st.integers(0, len(b) - 1))
+        b[j] ^= draw(st.integers(1, 255))
+        items[i] = bytes(b)
+    elif key == "tokenizer.ggml.scores":
+        items[i] = draw(st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -items[i], 1e30]))
+    else:
+        items[i] = draw(st.integers(-2**31, 2**31 - 1) | st.integers(0, 8))
+    return f"{key}[{i}]"
+
+
+def read_as_written(path, tok):
+    """gguf-py's own reading of the file (independent of ferrum's reader) agrees with what ferrum
+    built from it: every token text, the control tokens, the special-token ids."""
+    import gguf
+    r = gguf.GGUFReader(str(path))
+
+    def array(key):
+        f = r.fields.get(key)
+        return None if f is None else [f.parts[i] for i in f.data]
+
+    tokens = [bytes(p).decode("utf-8") for p in array("tokenizer.ggml.tokens")]
+    n = len(tokens)
+    assert tok.vocab_size == n and all(tok.id_to_token(i) == t for i, t in enumerate(tokens))
+    scores = array("tokenizer.ggml.scores")
+    assert scores is None or all(math.isfinite(float(s[0])) for s in scores)
+    types = [int(t[0]) for t in array("tokenizer.ggml.token_type")]
+    assert all(1 <= t <= 6 for t in types) and len(set(tokens)) == n
+    assert tok.special_token_ids == {i for i, t in enumerate(types) if t == CONTROL}
+    for key, got in (("bos", tok.bos_token_id), ("eos", tok.eos_token_id)):
+        f = r.fields.get(f"tokenizer.ggml.{key}_token_id")
+        if f is not None:
+            stored = int(f.parts[-1][0])
+            assert got == (None if stored == 2**32 - 1 else stored) and (got is None or got < n)
+
+
+@pytest.mark.parametrize("source", ["stories260K", "byte-level"])
+def test_damaged_tokenizer_metadata_is_refused_or_read_as_written(source, tmp_path):
+    """A GGUF has no checksum, so a damaged vocabulary that keeps every rule is another valid
+    vocabulary; what ferrum must never do is read one other than the file says (replacement
+    characters for bad bytes, a BOS quietly dropped for an id outside the vocabulary)."""
+    data = stories_gguf() if source == "stories260K" else byte_level_vocab_gguf(tmp_path / "vocab.gguf")
+
+    @settings(max_examples=60, deadline=None, derandomize=True,
+              database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(st.data())
+    def check(draw):
+        g = ge.Gguf.parse(data)
+        where = draw.draw(tokenizer_damage(g))
+        path = write(tmp_path, "damaged.gguf", g.serialize())
+        tok = tokenizer_of(path)
+        if isinstance(tok, ValueError):  # refused by a rule about what was damaged
+            key = where.split("[")[0]
+            assert key in str(tok) or (key == "tokenizer.ggml.tokens" and "tokenizer.ggml.merges" in str(tok)), (where, tok)
+        else:
+            read_as_written(path, tok)
+            tok.decode(tok.encode("Once upon a time, 42 <s> héllo"))
+    check()

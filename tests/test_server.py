@@ -302,3 +302,21 @@ def test_a_full_waiting_queue_answers_503_and_frees_up():
         r = requests.post(f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
         assert r.status_code == 200
         wait_until(lambda: pool_is_empty(engine), what="an empty pool")
+
+
+def test_a_request_bigger_than_the_kv_cache_is_a_400_and_a_cut_reply_says_why():
+    llm = ferrum.LLM(STORIES_FORMATS["gguf"], num_threads=2, max_model_len=256, kv_cache_tokens=32)
+    with running_server(llm, "stories") as (url, engine):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError, match="cannot fit after a prompt of .* the KV cache holds 32 tokens"):
+                r = client.completions.create(model="stories", prompt="Once upon a time", max_tokens=200, stream=stream)
+                list(r) if stream else r
+        # No max_tokens: the reply runs until the cache is full, and says so.
+        r = requests.post(f"{url}/v1/completions", json={"model": "stories", "prompt": "Once upon a time",
+                                                         "max_tokens": None, "ignore_eos": True}, timeout=60).json()
+        assert (r["choices"][0]["finish_reason"], r["choices"][0]["length_limit"]) == ("length", "kv_cache")
+        r = requests.post(f"{url}/v1/completions", json={"model": "stories", "prompt": "Once upon a time",
+                                                         "max_tokens": 3, "ignore_eos": True}, timeout=60).json()
+        assert (r["choices"][0]["finish_reason"], r["choices"][0]["length_limit"]) == ("length", "max_tokens")
+        wait_until(lambda: pool_is_empty(engine), what="the pool to empty")

@@ -200,6 +200,12 @@ def test_spawned_ranks_equal_one_process(spawned):
     assert len(spawned["memory"]) == RANKS and len({m["pid"] for m in spawned["memory"]}) == RANKS
 
 
+def test_prompt_embeds_under_tensor_parallelism(spawned):
+    """Rows of the embedding given as prompts, mixed with an id prompt in one batch: the logits
+    of the ids, bit for bit, with both ranks reading the rows from rank 0's plan."""
+    assert spawned["embeds_score_equal"] == [True, True, True]
+
+
 def test_each_rank_holds_half_the_weights(big_model, spawned):
     single = tp_ranks.make_llm(big_model, 1)
     whole = single.runner.rank_memory()[0]

@@ -9,6 +9,7 @@ its ranks), and the single-process references it compares them with.
                                                    ranks' pids, then how the failure ended it
 SPEC: {"ranks": N, "models": [{"name", "path", "tokenizer"}], ...} (see the test).
 """
+import glob
 import json
 import sys
 import time
@@ -108,10 +109,24 @@ def spawn(spec, out_path):
     out["memory"] = llm.runner.rank_memory()
     out["weight_bytes"] = llm.stats()["weight_bytes"]
     del llm
-    big = make_llm(spec["big_model"], ranks)
+    big = make_llm(spec["big_model"], ranks, enable_prompt_embeds=True)
     out["big_memory"] = big.runner.rank_memory()
+    # prompts given as the embedding's own rows: every rank reads them from rank 0's plan
+    table = embedding_table(spec["big_model"]["path"])
+    ids = spec["prompts"][:2]
+    by_ids = [big.score(p) for p in ids]
+    mixed = big.score([{"prompt_embeds": table[ids[0]]}, ids[1], {"prompt_embeds": table[ids[1]]}])
+    out["embeds_score_equal"] = [bool(np.array_equal(a, b)) for a, b in zip(mixed, by_ids + by_ids[1:])]
     with open(out_path, "w") as f:
         json.dump(out, f)
+
+
+def embedding_table(hf_dir):
+    from safetensors.numpy import load_file
+    weights = {}
+    for f in sorted(glob.glob(f"{hf_dir}/*.safetensors")):
+        weights.update(load_file(f))
+    return weights["model.embed_tokens.weight"]
 
 
 def generate(spec):

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "core/error.h"
 #include "engine/engine.h"
 
 namespace py = pybind11;
@@ -39,6 +40,20 @@ void bind_engine(py::module_& m) {
            "Queues a score of the tokens: logits rows at positions rows_from .. len - 1 (each predicting "
            "the next token), or with embed=True their final hidden states, come out of the steps that "
            "compute them, with f32 activations; it finishes by itself. Returns its id.")
+      .def("add_prompt_embeds",
+           [](Engine& e, py::array_t<float, py::array::c_style> rows, const std::string& kind, int64_t rows_from) {
+             if (rows.ndim() != 2 || rows.shape(1) != e.hidden_size())
+               throw ValueError("prompt embeddings must be a float32 [tokens, " + std::to_string(e.hidden_size()) +
+                                "] array");
+             std::vector<float> v(rows.data(), rows.data() + rows.size());
+             if (kind != "generate" && kind != "score" && kind != "embed")
+               throw ValueError("kind must be 'generate', 'score' or 'embed'");
+             const SeqKind k = kind == "generate" ? SeqKind::Generate : kind == "score" ? SeqKind::Score : SeqKind::Embed;
+             return e.add_prompt_embeds(std::move(v), k, rows_from);
+           }, py::arg("rows"), py::arg("kind") = "generate", py::arg("rows_from") = -1,
+           "Queues a prompt given as embeddings (float32 [tokens, hidden]) instead of token ids: a generation "
+           "(kind 'generate', continuing from its sampled ids), a score or an embedding (rows from rows_from). "
+           "Its cached blocks are shared only with the same rows. Returns its id.")
       .def("abort", &Engine::abort, py::arg("seq"))
       .def("step", [](Engine& e) {
              EngineStep s;

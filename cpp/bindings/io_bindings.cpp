@@ -21,7 +21,8 @@ py::object to_python(const GgufValue& v) {
     case GgufValue::Kind::Bool: return py::bool_(v.b);
     case GgufValue::Kind::String: {
       // A new reference: stolen, not borrowed (py::str(PyObject*) would keep every string alive).
-      PyObject* s = PyUnicode_DecodeUTF8(v.s.data(), py::ssize_t(v.s.size()), "replace");
+      // Strict: the reader has refused strings that are not UTF-8.
+      PyObject* s = PyUnicode_DecodeUTF8(v.s.data(), py::ssize_t(v.s.size()), "strict");
       if (!s) throw py::error_already_set();
       return py::reinterpret_steal<py::str>(s);
     }

@@ -67,6 +67,11 @@ void bind_opencl(py::module_& parent) {
     return d;
   }, "Totals over every OpenCL stream of the process: submit() calls, the launches they enqueued, "
      "how many went as one command buffer, and the host seconds spent in submit().");
+  m.def("programs_requested", [] {
+    py::list out;
+    for (const ocl::ProgramRequest& r : ocl::programs_requested()) out.append(py::make_tuple(r.sources, r.options));
+    return out;
+  }, "[(kernel source names, build options)] of every program this process's OpenCL backends asked for.");
   m.def("kernel_times", [cl_stream](Stream& s) {
     ocl::ClStream& c = cl_stream(s);
     py::gil_scoped_release nogil;

@@ -1,6 +1,8 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
+#include <memory>
 #include <string>
 
 #include "core/error.h"
@@ -53,6 +55,32 @@ int64_t Engine::add_score(const std::vector<int64_t>& tokens, int64_t rows_from,
   return id;
 }
 
+namespace {
+uint64_t fnv1a(const void* data, size_t bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ static_cast<const unsigned char*>(data)[i]) * 0x100000001b3ull;
+  return h;
+}
+}  // namespace
+
+int64_t Engine::add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t rows_from) {
+  const int64_t hidden = runner_.config().hidden;
+  if (rows.empty() || rows.size() % size_t(hidden) != 0)
+    throw ValueError("prompt embeddings must be a non-empty [tokens, " + std::to_string(hidden) + "] array");
+  for (float v : rows)
+    if (!std::isfinite(v)) throw ValueError("prompt embeddings must be finite (found " + std::to_string(v) + ")");
+  const int64_t n = int64_t(rows.size()) / hidden;
+  PromptEmbeds embeds;
+  embeds.content_hash = fnv1a(rows.data(), rows.size() * sizeof(float));
+  embeds.rows = std::make_shared<const std::vector<float>>(std::move(rows));
+  const std::vector<int32_t> placeholders(size_t(n), 0);
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t id = kind == SeqKind::Generate ? sched_.add(placeholders, rows_from, std::move(embeds))
+                                               : sched_.add_score(placeholders, rows_from, kind, std::move(embeds));
+  note_busy();
+  return id;
+}
+
 void Engine::abort(int64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
   sched_.finish(seq);
@@ -84,6 +112,10 @@ EngineStep Engine::step() {
         v.assign(s.tokens.begin() + c.start, s.tokens.end());
         v.insert(v.end(), s.draft.begin(), s.draft.begin() + c.drafted);
         f.tokens = v.data();
+      }
+      if (s.embeds) {
+        f.embeds = s.embeds->data();
+        f.embeds_len = s.prompt_len;
       }
       f.kind = c.kind;
       f.decode = c.decode;

@@ -54,6 +54,11 @@ class Engine {
   // rows_from .. end come out of the steps that compute them, with f32 activations. ValueError
   // when it could never run.
   int64_t add_score(const std::vector<int64_t>& tokens, int64_t rows_from, SeqKind kind = SeqKind::Score);
+  // Queues a prompt given as embeddings: f32 rows [tokens, hidden] (row-major) fed instead of
+  // token ids. A generation (kind Generate; rows_from as add_sequence's) continues from its
+  // sampled ids; a score or embedding returns rows from rows_from. ValueError for a width other
+  // than the hidden size, no rows, a non-finite value, or one that could never run.
+  int64_t add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t rows_from);
   // Ends a sequence wherever it is (waiting, mid-prefill, decoding); unknown ids are ignored.
   void abort(int64_t seq);
   EngineStep step();

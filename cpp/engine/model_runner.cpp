@@ -137,10 +137,12 @@ ModelRunner::~ModelRunner() {
   }
 }
 
-ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R, const StepRows& split) {
-  std::string key = std::to_string(T) + "," + std::to_string(S) + "," + std::to_string(R) + "," +
+ModelRunner::Graph& ModelRunner::graph_for(const StepPlan& p) {
+  const StepRows& split = p.split;
+  std::string key = std::to_string(p.tokens) + "," + std::to_string(p.seqs) + "," + std::to_string(p.rows) + "," +
                     std::to_string(split.gen_tokens) + "," + std::to_string(split.gen_rows) + "," +
-                    std::to_string(int(split.decodes)) + "," + std::to_string(split.logit_rows);
+                    std::to_string(int(split.decodes)) + "," + std::to_string(split.logit_rows) + "," +
+                    std::to_string(int(p.embeds));
   for (auto it = graphs_.begin(); it != graphs_.end(); ++it)
     if (it->first == key) {
       graphs_.splice(graphs_.begin(), graphs_, it);
@@ -148,7 +150,7 @@ ModelRunner::Graph& ModelRunner::graph_for(int64_t T, int64_t S, int64_t R, cons
       return graphs_.front().second;
     }
   Graph g;
-  g.buffers = decoder_->alloc_step(T, S, R, max_blocks_, split);
+  g.buffers = decoder_->alloc_step(p.tokens, p.seqs, p.rows, max_blocks_, split, p.embeds);
   g.step = std::make_unique<RecordedStep>(*be_, group_.get());
   decoder_->record(*g.step, g.buffers, kv_);
   graphs_.emplace_front(key, std::move(g));
@@ -190,6 +192,17 @@ ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
   p.slots.assign(size_t(Tb), -1);
   p.block_tables.assign(size_t(S * max_blocks_), -1);
   p.row_index.assign(size_t(Rb), 0);
+  p.embeds = false;
+  for (const ForwardItem& it : items) p.embeds = p.embeds || (it.embeds && it.start < it.embeds_len);
+  const int64_t H = cfg_.hidden;
+  if (p.embeds) {
+    p.embed_rows.assign(size_t(Tb * H), 0.0f);
+    p.input_rows.resize(size_t(Tb));
+    for (int64_t k = 0; k < Tb; ++k) p.input_rows[size_t(k)] = int32_t(k);
+  } else {
+    p.embed_rows.clear();
+    p.input_rows.clear();
+  }
   int64_t t = 0, r = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const ForwardItem& it = items[i];
@@ -205,6 +218,10 @@ ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
       p.token_pos[size_t(t)] = int32_t(pos);
       p.slots[size_t(t)] = blocks[size_t(pos / kBlockSize)] * int32_t(kBlockSize) + int32_t(pos % kBlockSize);
       if (pos >= it.rows_from && pos < it.rows_from + it.rows) p.row_index[size_t(r++)] = int32_t(t);
+      if (pos < it.embeds_len) {
+        std::copy_n(it.embeds + pos * H, H, p.embed_rows.begin() + t * H);
+        p.input_rows[size_t(t)] = int32_t(Tb + t);
+      }
     }
   }
   if (group_) send_order(*group_, OrderKind::Step, model_number_, encode_step(p));
@@ -213,8 +230,7 @@ ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
 
 ForwardOutput ModelRunner::run(const StepPlan& p) {
   if (p.replay != replay_) set_replay(p.replay);
-  Graph& g = replay_ ? graph_for(p.tokens, p.seqs, p.rows, p.split)
-                     : (graphs_.clear(), graph_for(p.tokens, p.seqs, p.rows, p.split));
+  Graph& g = replay_ ? graph_for(p) : (graphs_.clear(), graph_for(p));
   const StepBuffers& b = g.buffers;
   const std::vector<int32_t>* ids = &p.ids;
   if (!split_.whole()) {  // ids outside this rank's vocabulary rows look up its zero row
@@ -231,6 +247,10 @@ ForwardOutput ModelRunner::run(const StepPlan& p) {
   be_->upload(b.batch.slot_mapping, p.slots.data(), p.slots.size() * 4);
   be_->upload(b.batch.block_tables, p.block_tables.data(), p.block_tables.size() * 4);
   be_->upload(b.logit_rows, p.row_index.data(), p.row_index.size() * 4);
+  if (p.embeds) {
+    be_->upload(b.inputs.slice(p.tokens, p.tokens), p.embed_rows.data(), p.embed_rows.size() * 4);
+    be_->upload(b.input_rows, p.input_rows.data(), p.input_rows.size() * 4);
+  }
   g.step->run(stats_.all_reduce);
   stats_.steps++;
   ForwardOutput out;

@@ -54,6 +54,10 @@ struct ForwardItem {
   // forward is one, their matmuls take the backend's decode path, so a token computes the same
   // decoded alone, batched or verified with proposals.
   bool decode = false;
+  // A prompt given as embeddings: f32 rows [embeds_len, hidden] from position 0, fed instead of
+  // the tokens at those positions.
+  const float* embeds = nullptr;
+  int64_t embeds_len = 0;
 };
 
 struct ForwardOutput {
@@ -77,6 +81,11 @@ struct StepPlan {
   StepRows split;
   int64_t logit_rows = 0, hidden_rows = 0;  // rows wanted: logits, then final hidden states
   bool replay = true;
+  // Some tokens given as embeddings: every token row's input is row input_rows[t] of
+  // [the ids' embedding rows; embeds] (t for an id, tokens + t for an embedding).
+  bool embeds = false;
+  std::vector<float> embed_rows;    // [tokens, hidden] when embeds
+  std::vector<int32_t> input_rows;  // [tokens] when embeds
   std::vector<int32_t> ids, token_seq, token_pos, slots;  // [tokens]
   std::vector<int32_t> block_tables;                      // [seqs, max_blocks]
   std::vector<int32_t> row_index;                         // [rows]: the token row of each output row
@@ -144,7 +153,7 @@ class ModelRunner {
     StepBuffers buffers;
     std::unique_ptr<RecordedStep> step;
   };
-  Graph& graph_for(int64_t tokens, int64_t seqs, int64_t rows, const StepRows& split);
+  Graph& graph_for(const StepPlan& plan);
   bool leads() const { return group_ && group_->rank() == 0; }
   RankMemory memory() const;
   // The logits rows of this rank's vocabulary, gathered into `out` [rows, vocab] on rank 0.

@@ -26,9 +26,10 @@ class Writer {
     bytes.insert(bytes.end(), s.begin(), s.end());
     return *this;
   }
-  Writer& put(const std::vector<int32_t>& v) {
+  template <typename T>
+  Writer& put(const std::vector<T>& v) {
     const char* p = reinterpret_cast<const char*>(v.data());
-    bytes.insert(bytes.end(), p, p + v.size() * sizeof(int32_t));
+    bytes.insert(bytes.end(), p, p + v.size() * sizeof(T));
     return *this;
   }
   std::vector<char> bytes;
@@ -47,9 +48,10 @@ class Reader {
     const size_t n = size_t(get<int64_t>());
     return std::string(take(n), n);
   }
-  void get_into(std::vector<int32_t>& v, size_t n) {
+  template <typename T>
+  void get_into(std::vector<T>& v, size_t n) {
     v.resize(n);
-    std::memcpy(v.data(), take(n * sizeof(int32_t)), n * sizeof(int32_t));
+    std::memcpy(v.data(), take(n * sizeof(T)), n * sizeof(T));
   }
 
  private:
@@ -162,6 +164,7 @@ std::vector<char> encode_step(const StepPlan& p) {
   w.put(int64_t(p.split.decodes)).put(p.split.logit_rows).put(p.logit_rows).put(p.hidden_rows);
   w.put(int64_t(p.replay)).put(int64_t(p.block_tables.size()));
   w.put(p.ids).put(p.token_seq).put(p.token_pos).put(p.slots).put(p.block_tables).put(p.row_index);
+  w.put(int64_t(p.embeds)).put(int64_t(p.embed_rows.size())).put(p.embed_rows).put(p.input_rows);
   return std::move(w.bytes);
 }
 
@@ -184,6 +187,10 @@ void decode_step(const std::vector<char>& payload, StepPlan* p) {
   r.get_into(p->slots, T);
   r.get_into(p->block_tables, tables);
   r.get_into(p->row_index, size_t(p->rows));
+  p->embeds = r.get<int64_t>() != 0;
+  const size_t embed_values = size_t(r.get<int64_t>());
+  r.get_into(p->embed_rows, embed_values);
+  r.get_into(p->input_rows, p->embeds ? T : 0);
 }
 
 int64_t agree_on_load(Communicator& group, std::exception_ptr error, int64_t kv_blocks) {

@@ -29,7 +29,17 @@ const Sequence& Scheduler::sequence(int64_t id) const {
 namespace {
 // Where a kind of sequence keeps its cached blocks (BlockManager::add_sequence): scores and
 // embeddings compute alike (f32 activations), generations apart.
-int64_t cache_domain(SeqKind kind) { return kind == SeqKind::Generate ? 0 : 1; }
+// A prompt given as embeddings caches in a domain of its rows' content (never 0 or 1).
+int64_t cache_domain(SeqKind kind, const PromptEmbeds& embeds) {
+  const int64_t numerics = kind == SeqKind::Generate ? 0 : 1;
+  if (!embeds.rows) return numerics;
+  return int64_t(embeds.content_hash & ~uint64_t(3)) | 2 | numerics;
+}
+
+void check_embeds(const PromptEmbeds& embeds, int64_t n) {
+  if (embeds.rows && embeds.rows->size() % size_t(n) != 0)
+    throw ValueError("prompt embeddings must have one row per prompt position");
+}
 }  // namespace
 
 int64_t Scheduler::enqueue(Sequence s) {
@@ -40,7 +50,7 @@ int64_t Scheduler::enqueue(Sequence s) {
   return id;
 }
 
-int64_t Scheduler::add(const std::vector<int32_t>& prompt, int64_t rows_from) {
+int64_t Scheduler::add(const std::vector<int32_t>& prompt, int64_t rows_from, PromptEmbeds embeds) {
   const int64_t n = int64_t(prompt.size());
   if (n == 0) throw ValueError("the prompt is empty (no tokens)");
   if (n >= opt_.max_model_len)
@@ -50,14 +60,18 @@ int64_t Scheduler::add(const std::vector<int32_t>& prompt, int64_t rows_from) {
     throw ValueError("the prompt (" + std::to_string(n) + " tokens) can never fit in the KV cache (" +
                      std::to_string(blocks_.num_blocks() * BlockManager::kBlockSize) + " tokens)");
   if (rows_from > n) throw ValueError("the prompt's first returned row must be in [0, " + std::to_string(n) + "]");
+  check_embeds(embeds, n);
   Sequence s;
+  s.cache_domain = cache_domain(SeqKind::Generate, embeds);
+  s.embeds = std::move(embeds.rows);
   s.tokens = prompt;
   s.prompt_len = n;
   s.rows_from = rows_from < 0 ? n : rows_from;
   return enqueue(std::move(s));
 }
 
-int64_t Scheduler::add_score(const std::vector<int32_t>& tokens, int64_t rows_from, SeqKind kind) {
+int64_t Scheduler::add_score(const std::vector<int32_t>& tokens, int64_t rows_from, SeqKind kind,
+                             PromptEmbeds embeds) {
   const int64_t n = int64_t(tokens.size());
   if (kind == SeqKind::Generate) throw ValueError("add_score takes a score or an embedding");
   if (n == 0) throw ValueError("nothing to score (no tokens)");
@@ -69,8 +83,11 @@ int64_t Scheduler::add_score(const std::vector<int32_t>& tokens, int64_t rows_fr
   if (BlockManager::blocks_for(n) > blocks_.num_blocks())
     throw ValueError("a sequence of " + std::to_string(n) + " tokens can never fit in the KV cache (" +
                      std::to_string(blocks_.num_blocks() * BlockManager::kBlockSize) + " tokens)");
+  check_embeds(embeds, n);
   Sequence s;
   s.kind = kind;
+  s.cache_domain = cache_domain(kind, embeds);
+  s.embeds = std::move(embeds.rows);
   s.tokens = tokens;
   s.prompt_len = n;
   s.rows_from = rows_from;
@@ -143,7 +160,7 @@ bool Scheduler::preempt_younger(int64_t than, SchedulerOutput* out, int64_t* bud
 bool Scheduler::try_admit(Sequence& s, int64_t budget, SchedulerOutput* out) {
   // Only positions whose rows are not wanted may come from the cache.
   const int64_t limit = std::min(s.length(), s.rows_from + 1);
-  const int64_t domain = cache_domain(s.kind);
+  const int64_t domain = s.cache_domain;
   int64_t hit_blocks = 0, hit_free = 0;
   blocks_.probe_prefix(s.tokens, limit, domain, &hit_blocks, &hit_free);
   const int64_t need = BlockManager::blocks_for(s.length() + (s.generates() ? 1 : 0)) - hit_blocks;

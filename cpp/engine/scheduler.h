@@ -24,6 +24,13 @@
 
 namespace ferrum {
 
+// A prompt given as embeddings (Sequence::embeds): its rows, and the hash of their content that
+// keys its cached blocks. Empty: a prompt of token ids.
+struct PromptEmbeds {
+  std::shared_ptr<const std::vector<float>> rows;
+  uint64_t content_hash = 0;
+};
+
 struct SchedulerOptions {
   int64_t max_num_seqs = 32;
   int64_t max_num_batched_tokens = 512;
@@ -57,10 +64,11 @@ class Scheduler {
   // Queues a generation; ValueError when it could never run (empty, too long, too big for the
   // pool). Rows of its prompt's positions rows_from .. come out too (prompt logprobs); the
   // default, the prompt's length, asks for none.
-  int64_t add(const std::vector<int32_t>& prompt, int64_t rows_from = -1);
+  int64_t add(const std::vector<int32_t>& prompt, int64_t rows_from = -1, PromptEmbeds embeds = {});
   // Queues a score (or an embedding) of `tokens` returning its rows at positions rows_from ..
   // end; ValueError when it could never run.
-  int64_t add_score(const std::vector<int32_t>& tokens, int64_t rows_from, SeqKind kind = SeqKind::Score);
+  int64_t add_score(const std::vector<int32_t>& tokens, int64_t rows_from, SeqKind kind = SeqKind::Score,
+                    PromptEmbeds embeds = {});
   // Ends a sequence (finished or aborted) and frees its blocks; full blocks stay in the prefix
   // cache. Unknown ids are ignored, so aborting twice is harmless.
   void finish(int64_t seq);

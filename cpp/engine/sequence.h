@@ -3,6 +3,7 @@
 // BlockManager sequence holds those blocks while it runs.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace ferrum {
@@ -20,6 +21,11 @@ struct Sequence {
   SeqKind kind = SeqKind::Generate;
   std::vector<int32_t> tokens;   // prompt + generated (a score or embedding: every token it feeds)
   int64_t prompt_len = 0;
+  // A prompt given as embeddings: f32 [prompt_len, hidden] rows that positions [0, prompt_len)
+  // feed instead of their tokens (placeholders, 0); generated tokens feed their ids as usual.
+  // Its cached blocks are keyed by the rows' content (cache_domain), so only the same rows share them.
+  std::shared_ptr<const std::vector<float>> embeds;
+  int64_t cache_domain = 0;
   int64_t computed = 0;          // leading tokens whose K/V are in the cache
   // First position whose row is still to be returned. A generation returns rows from there (its
   // prompt's logits, when asked for) besides the row it samples from; each row comes out once.

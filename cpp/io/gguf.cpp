@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "io/utf8.h"
 
 namespace ferrum {
 
@@ -52,7 +53,9 @@ uint64_t min_value_bytes(uint32_t type) {
   return type <= F64 ? kBytes[type] : 1;
 }
 
-GgufValue read_value(Reader& r, uint32_t type, const std::string& where, int depth = 0) {
+// `where` names the value in errors; an array's items add their index to it.
+GgufValue read_value(Reader& r, uint32_t type, const std::string& where, int depth = 0, int64_t index = -1) {
+  auto name = [&] { return index < 0 ? where : where + "[" + std::to_string(index) + "]"; };
   GgufValue v;
   switch (type) {
     case U8: v.kind = GgufValue::Kind::UInt; v.u = r.get<uint8_t>(); break;
@@ -67,12 +70,21 @@ GgufValue read_value(Reader& r, uint32_t type, const std::string& where, int dep
     case F64: v.kind = GgufValue::Kind::Float; v.f = r.get<double>(); break;
     case BOOL: {
       uint8_t b = r.get<uint8_t>();
-      if (b > 1) throw FormatError(where + " is a boolean of value " + std::to_string(b) + " (0 or 1)");
+      if (b > 1) throw FormatError(name() + " is a boolean of value " + std::to_string(b) + " (0 or 1)");
       v.kind = GgufValue::Kind::Bool;
       v.b = b != 0;
       break;
     }
-    case STRING: v.kind = GgufValue::Kind::String; v.s = r.str(); break;
+    case STRING: {
+      v.kind = GgufValue::Kind::String;
+      v.s = r.str();
+      // GGUF strings are UTF-8; a damaged one is refused rather than read with replacements.
+      const size_t bad = invalid_utf8_at(v.s);
+      if (bad != std::string::npos)
+        throw FormatError(name() + " is not valid UTF-8 (byte " + std::to_string(bad) + " of " +
+                          std::to_string(v.s.size()) + ")");
+      break;
+    }
     case ARRAY: {
       if (depth > 0) throw FormatError(where + " is a nested array, which ferrum does not read");
       v.kind = GgufValue::Kind::Array;
@@ -80,11 +92,12 @@ GgufValue read_value(Reader& r, uint32_t type, const std::string& where, int dep
       uint64_t n = r.get<uint64_t>();
       if (n > r.left() / min_value_bytes(item)) r.need(UINT64_MAX, "an array of " + std::to_string(n) + " items");
       v.array.reserve(n);
-      for (uint64_t i = 0; i < n; ++i) v.array.push_back(read_value(r, item, where, depth + 1));
+      for (uint64_t i = 0; i < n; ++i)
+        v.array.push_back(read_value(r, item, where, depth + 1, int64_t(i)));
       break;
     }
     default:
-      throw FormatError(where + " has an unknown GGUF value type " + std::to_string(type));
+      throw FormatError(name() + " has an unknown GGUF value type " + std::to_string(type));
   }
   return v;
 }
@@ -163,6 +176,8 @@ GgufFile GgufFile::open(const std::string& path) {
                       std::to_string(n_kv) + " metadata entries, more than the file can hold");
   for (uint64_t i = 0; i < n_kv; ++i) {
     std::string key = r.str();
+    if (invalid_utf8_at(key) != std::string::npos)
+      throw FormatError(path + ": metadata key " + std::to_string(i) + " is not valid UTF-8");
     uint32_t type = r.get<uint32_t>();
     if (g.metadata.count(key)) throw FormatError(path + ": metadata key '" + key + "' appears twice");
     g.metadata[key] = read_value(r, type, path + ": metadata '" + key + "'");
@@ -172,6 +187,8 @@ GgufFile GgufFile::open(const std::string& path) {
   for (uint64_t i = 0; i < n_tensors; ++i) {
     Raw t;
     t.name = r.str();
+    if (invalid_utf8_at(t.name) != std::string::npos)
+      throw FormatError(path + ": the name of tensor " + std::to_string(i) + " is not valid UTF-8");
     const std::string what = path + ": tensor '" + t.name + "'";
     uint32_t nd = r.get<uint32_t>();
     if (nd == 0 || nd > 4) throw FormatError(what + " has " + std::to_string(nd) + " dimensions (1 to 4)");

@@ -11,7 +11,8 @@ Decoder::Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, R
                      cfg_.sliding_window};
 }
 
-StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blocks, const StepRows& split) const {
+StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blocks, const StepRows& split,
+                                bool embeds) const {
   Backend& be = *be_;
   StepBuffers b;
   b.tokens = T;
@@ -25,6 +26,10 @@ StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blo
   b.batch.block_tables = be.alloc(DType::I32, {S, max_blocks});
   b.logit_rows = be.alloc(DType::I32, {R});
   const ModelConfig& c = cfg_;
+  if (embeds) {
+    b.inputs = be.alloc(DType::F32, {2 * T, c.hidden});
+    b.input_rows = be.alloc(DType::I32, {T});
+  }
   b.x = be.alloc(DType::F32, {T, c.hidden});
   b.h = be.alloc(DType::F32, {T, c.hidden});
   b.qkv = be.alloc(DType::F32, {T, c.q_dim() + 2 * c.kv_dim()});
@@ -72,8 +77,15 @@ void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector
   const float eps = float(cfg_.rms_eps);
   Tensor attn_out = b.attn.reshape({b.tokens, cfg_.heads, cfg_.head_dim});
   const int64_t gen = b.split.gen_tokens;
-  be.embedding(step.stream(), b.ids, w_.embed, b.x);
-  step.all_reduce(b.x);
+  if (b.inputs.defined()) {  // the ids' rows (whole after the sum), then each token's own input
+    const Tensor looked_up = b.inputs.slice(0, b.tokens);
+    be.embedding(step.stream(), b.ids, w_.embed, looked_up);
+    step.all_reduce(looked_up);
+    be.gather_rows(step.stream(), b.inputs, b.input_rows, b.x);
+  } else {
+    be.embedding(step.stream(), b.ids, w_.embed, b.x);
+    step.all_reduce(b.x);
+  }
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LayerWeights& L = w_.layers[l];
     Stream& s = step.stream();

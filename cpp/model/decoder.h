@@ -29,6 +29,9 @@ struct StepBuffers {
   int64_t tokens = 0, seqs = 0, rows = 0;
   StepRows split;
   Tensor ids;         // i32[tokens]
+  // Steps with prompts given as embeddings: f32[2 * tokens, hidden], the ids' embedding rows and
+  // then the given rows (uploaded), of which i32 input_rows[tokens] picks each token's input.
+  Tensor inputs, input_rows;
   AttnBatch batch;    // token_seq, token_pos, slot_mapping [tokens]; block_tables [seqs, max_blocks]
   Tensor logit_rows;  // i32[rows]: which token rows get logits
   Tensor x, h, qkv, q, attn, o, gate_up, act, down, h_rows, logits;  // gate_up / act: dense layers
@@ -45,7 +48,8 @@ class Decoder {
   const ModelConfig& config() const { return cfg_; }
   Backend& backend() const { return *be_; }
 
-  StepBuffers alloc_step(int64_t tokens, int64_t seqs, int64_t rows, int64_t max_blocks, const StepRows& split) const;
+  StepBuffers alloc_step(int64_t tokens, int64_t seqs, int64_t rows, int64_t max_blocks, const StepRows& split,
+                         bool embeds = false) const;
   // Records embedding -> layers -> final norm -> lm_head for the rows asked for.
   void record(RecordedStep& step, const StepBuffers& b, const std::vector<KvLayer>& kv) const;
 

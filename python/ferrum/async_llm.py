@@ -109,15 +109,16 @@ class AsyncLLM:
         if self._submit(lambda: _settle(done, lambda: self.llm.abort(request_id))):
             await asyncio.wrap_future(done)
 
-    async def score(self, token_ids: Sequence[int], consume: RowConsumer, rows_from: int = 0) -> None:
+    async def score(self, token_ids: Sequence[int], consume: RowConsumer, rows_from: int = 0,
+                    embed: bool = False) -> None:
         """Teacher-forced scoring (``Engine.add_score``: f32 activations, forwards shared with the
         running batch): the logits rows at positions ``rows_from ..`` of `token_ids` (each
-        predicting the next token) go to ``consume(positions, rows)``, on the engine thread, as
-        steps compute them; returns once all have. ValueError when it could never run;
+        predicting the next token; with `embed`, the final hidden states instead) go to
+        ``consume(positions, rows)``, on the engine thread, as steps compute them; returns once all have. ValueError when it could never run;
         cancelling it aborts the score."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         token_ids = list(token_ids)
-        if not self._submit(lambda: self._start_score(token_ids, rows_from, consume, done)):
+        if not self._submit(lambda: self._start_score(token_ids, rows_from, consume, done, embed)):
             raise EngineShutDown("the engine is shut down")
         try:
             await asyncio.wrap_future(done)
@@ -136,6 +137,12 @@ class AsyncLLM:
         return st
 
     # ---- lifetime ----
+    @property
+    def ready(self) -> bool:
+        """Whether the engine takes requests: its thread runs and no shutdown was asked."""
+        with self._cv:
+            return not (self._stopping or self._closed) and self._thread.is_alive()
+
     def shutdown(self, timeout: Optional[float] = None) -> None:
         """Stops taking requests, aborts those in flight (their generators end with "abort")
         and stops the engine thread. Idempotent."""
@@ -188,11 +195,12 @@ class AsyncLLM:
         _settle(added, lambda: self.llm.add_request(prompt, params, request_id=rid))
         self._admitted += 1
 
-    def _start_score(self, token_ids, rows_from: int, consume: RowConsumer, done: concurrent.futures.Future) -> None:
+    def _start_score(self, token_ids, rows_from: int, consume: RowConsumer, done: concurrent.futures.Future,
+                     embed: bool) -> None:
         if not done.set_running_or_notify_cancel():
             return
         try:
-            self._scores[done] = self.llm.engine.add_score(token_ids, rows_from, consume)
+            self._scores[done] = self.llm.engine.add_score(token_ids, rows_from, consume, embed=embed)
         except Exception as e:
             done.set_exception(e)
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 import numpy as np
 
 from . import _core
 from .outputs import CompletionDelta, RequestDelta, RequestOutput
+from .prompt_embeds import PromptEmbeds
 from .sampling import Sampler, SamplingParams, SamplingState
 from .speculative import DraftModel, NgramIndex, Speculation, SpeculativeConfig
 from .structured import GrammarConstraint
@@ -90,6 +91,7 @@ class _Request:
             if c.progress.logprobs is not None:
                 d.logprobs = (d.logprobs or []) + c.progress.logprobs[-1:]
         d.finish_reason, d.stop_reason = c.progress.finish_reason, c.progress.stop_reason
+        d.length_limit = c.progress.length_limit
 
 
 class Engine:
@@ -105,6 +107,8 @@ class Engine:
         self.runner = runner
         self.tokenizer = tokenizer
         self._kv_blocks = runner.stats()["kv_blocks_total"]  # the pool is sized once
+        self._kv_tokens = self._kv_blocks * runner.block_size
+        self._max_model_len = runner.max_model_len
         self.core = _core.Engine(runner, max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens)
         self.sampler = Sampler(decode_token=lambda t: tokenizer.decode([t], skip_special_tokens=False))
@@ -118,16 +122,26 @@ class Engine:
         self._ids = itertools.count()
 
     # ---- requests ----
-    def add_request(self, prompt_ids: List[int], params: SamplingParams, prompt: Optional[str] = None,
-                    request_id: Optional[str] = None) -> str:
-        """Queues a request (its ``params.best_of`` completions); ValueError when it could never run."""
+    def add_request(self, prompt_ids: Union[List[int], PromptEmbeds], params: SamplingParams,
+                    prompt: Optional[str] = None, request_id: Optional[str] = None) -> str:
+        """Queues a request (its ``params.best_of`` completions); ValueError when it could never
+        run. A prompt of embeddings has no prompt ids: penalties and prompt lookup see the
+        generated tokens only."""
         if not isinstance(params, SamplingParams):
             raise TypeError("sampling params must be a ferrum.SamplingParams")
-        prompt_ids = token_ids_of(prompt_ids)
+        embeds = prompt_ids if isinstance(prompt_ids, PromptEmbeds) else None
+        if embeds is not None:
+            if params.prompt_logprobs is not None:
+                raise ValueError("prompt_logprobs needs a prompt of token ids, not prompt_embeds")
+            if self.draft_model is not None and params.speculative_decoding:
+                raise ValueError("a draft model cannot read prompt_embeds: turn speculative decoding off for "
+                                 "this request (SamplingParams(speculative_decoding=False))")
+        prompt_ids = [] if embeds is not None else token_ids_of(prompt_ids)
         vocab = self.runner.config["vocab_size"]
         biased = max(params.logit_bias or (), default=-1)
         if biased >= vocab:
             raise ValueError(f"logit_bias token id {biased} is out of range [0, {vocab})")
+        self.check_fits(len(prompt_ids), params.max_tokens)
         if params.best_of > self._kv_blocks:  # also keeps an absurd n from building that many completions
             raise ValueError(f"{params.best_of} completions (n / best_of) is more than the KV cache's "
                              f"{self._kv_blocks} blocks: each completion needs one of its own")
@@ -140,7 +154,10 @@ class Engine:
         try:
             for i in range(params.best_of):
                 # The first completion returns its prompt's rows: each predicts the next prompt token.
-                seq = self.core.add_sequence(prompt_ids, 0 if i == 0 and req.prompt_logprobs is not None else -1)
+                if embeds is not None:
+                    seq = self.core.add_prompt_embeds(embeds.rows, "generate")
+                else:
+                    seq = self.core.add_sequence(prompt_ids, 0 if i == 0 and req.prompt_logprobs is not None else -1)
                 progress = RequestProgress(params, self.tokenizer.eos_token_ids, index=i)
                 state = SamplingState(params, prompt_ids, index=i, output_token_ids=progress.token_ids)
                 if params.structured_outputs is not None:
@@ -159,6 +176,23 @@ class Engine:
             self._consumers[req.completions[0].seq] = self._prompt_logprobs_consumer(req, params.prompt_logprobs)
         self._requests[request_id] = req
         return request_id
+
+    def check_fits(self, prompt_tokens: int, max_tokens: Optional[int]) -> None:
+        """ValueError when max_tokens can never be generated after this prompt, alone in the
+        engine: the sequence would outgrow max_model_len, or the KV cache (which holds the prompt
+        and every generated token but the last). A prompt that fits no token at all is left to
+        the engine's own refusal."""
+        if max_tokens is None:
+            return
+        by_length = self._max_model_len - prompt_tokens
+        by_cache = self._kv_tokens - prompt_tokens + 1
+        most = min(by_length, by_cache)
+        if most < 1 or max_tokens <= most:
+            return
+        limit = (f"max_model_len is {self._max_model_len}" if by_length <= by_cache
+                 else f"the KV cache holds {self._kv_tokens} tokens")
+        raise ValueError(f"max_tokens={max_tokens} cannot fit after a prompt of {prompt_tokens} tokens: {limit}, "
+                         f"so at most {most} tokens can be generated")
 
     def _prompt_logprobs_consumer(self, req: _Request, top: int) -> RowConsumer:
         def consume(positions: np.ndarray, logits: np.ndarray) -> None:
@@ -181,12 +215,16 @@ class Engine:
                 req.note(c, c.progress.finish("abort"))
         return self._delta(req)
 
-    def add_score(self, token_ids: List[int], rows_from: int, consume: RowConsumer, embed: bool = False) -> int:
+    def add_score(self, token_ids: Union[List[int], PromptEmbeds], rows_from: int, consume: RowConsumer,
+                  embed: bool = False) -> int:
         """Queues a score of `token_ids`: the logits at positions ``rows_from ..`` (each
         predicting the next token), or with `embed` the final hidden states there, go to
         ``consume`` as steps compute them, with f32 activations. Returns its sequence;
         ``score_finished(seq)`` tells when it is done. ValueError when it could never run."""
-        seq = self.core.add_score(token_ids, rows_from, embed)
+        if isinstance(token_ids, PromptEmbeds):
+            seq = self.core.add_prompt_embeds(token_ids.rows, "embed" if embed else "score", rows_from)
+        else:
+            seq = self.core.add_score(token_ids, rows_from, embed)
         self._consumers[seq] = consume
         self._scores.add(seq)
         return seq
@@ -209,7 +247,7 @@ class Engine:
         out = self.core.step()
         touched: Dict[str, _Request] = {}
         for seq in out["ended"]:  # the KV pool is full and this one alone holds it
-            self._end(seq, "length", touched)
+            self._end(seq, "kv_cache", touched)
         self._hand_out_rows(out)
         # (a row whose request another thread aborted meanwhile is dropped)
         rows = [int(i) for i in out["sample_rows"] if int(out["seqs"][i]) in self._by_seq]
@@ -250,7 +288,7 @@ class Engine:
             drafts = [c.spec.draft if c.spec is not None else [] for c, _, _ in entries]
             ended = self.core.commit(committed, tokens, finished, accepted, drafts)
         for seq in ended:  # reached max_model_len
-            self._end(seq, "length", touched)
+            self._end(seq, "max_model_len", touched)
 
     def _sample_and_emit(self, logits: np.ndarray, entries, touched: Dict[str, _Request]) -> List[tuple]:
         """Decides each entry's tokens row by row (its sample row, then one per verified proposal
@@ -366,13 +404,14 @@ class Engine:
             self._consumers.pop(seq, None)
             self._scores.discard(seq)
 
-    def _end(self, seq: int, reason: str, touched: Dict[str, _Request]) -> None:
+    def _end(self, seq: int, length_limit: str, touched: Dict[str, _Request]) -> None:
+        """The engine ended a sequence at a limit other than max_tokens."""
         if seq in self._scores:  # a score fits the pool whole by admission: never ended
             raise RuntimeError(f"the engine ended score sequence {seq}")
         c = self._by_seq.pop(seq)
         self._release(c)
         req = self._requests[c.request_id]
-        req.note(c, c.progress.finish(reason))
+        req.note(c, c.progress.finish("length", length_limit))
         touched[req.request_id] = req
 
     def _delta(self, req: _Request) -> RequestDelta:

@@ -14,16 +14,19 @@ from . import _core, dist
 from .embedding import PooledHiddenStates
 from .engine import Engine, RowConsumer, token_ids_of
 from .outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestDelta, RequestOutput
+from .prompt_embeds import PromptEmbeds, prompt_embeds_of
 from .sampling import SamplingParams
 from .scoring import LogitsCollector, LogprobCollector, TokenLogprobs
 from .speculative import DraftModel, SpeculativeConfig
 from .tokenizer import Tokenizer
 
-# A prompt as vLLM takes it: text, {"prompt": text} (TextPrompt) or {"prompt_token_ids": ids}
-# (TokensPrompt); generate() and embed() take one or a list of them.
+# A prompt as vLLM takes it: text, {"prompt": text} (TextPrompt), {"prompt_token_ids": ids}
+# (TokensPrompt) or, with enable_prompt_embeds, {"prompt_embeds": float32 [tokens, hidden]}
+# (EmbedsPrompt); generate() and embed() take one or a list of them.
 Prompt = Union[str, Dict[str, object]]
 PromptType = Union[Prompt, Sequence[Prompt], None]
-PROMPT_TYPES = "a prompt is a str, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
+PROMPT_TYPES = ("a prompt is a str, {'prompt': str}, {'prompt_token_ids': [int, ...]} or "
+                "{'prompt_embeds': float32 array [tokens, hidden]}")
 
 
 class LLM:
@@ -42,6 +45,8 @@ class LLM:
       "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2} or
       {"model": DRAFT_PATH, "num_speculative_tokens": 5}; a request may turn it off
       (SamplingParams(speculative_decoding=False)).
+    enable_prompt_embeds: accept prompts given as embeddings, {"prompt_embeds": float32
+      [tokens, hidden]} (docs/python-api.md); without it such a prompt is a ValueError.
     tensor_parallel_size: split the model between this many ranks (processes) over MPI: ranks
       started on this machine, or those of the ``mpirun -np N`` that started this script (ranks
       other than 0 serve rank 0 inside this call, then exit). docs/distributed.md.
@@ -59,7 +64,7 @@ class LLM:
                  kv_cache_memory_fraction: Optional[float] = None,
                  enable_prefix_caching: bool = True, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 512, speculative_config: Union[dict, str, None] = None,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, enable_prompt_embeds: bool = False):
         if kv_dtype not in ("f16", "f32", "int8"):
             raise ValueError(f"kv_dtype must be 'f16', 'f32' or 'int8', got {kv_dtype!r}")
         for name, v in (("num_threads", num_threads), ("max_model_len", max_model_len),
@@ -67,8 +72,10 @@ class LLM:
                         ("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if not isinstance(enable_prefix_caching, bool):
-            raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
+        for name, v in (("enable_prefix_caching", enable_prefix_caching), ("enable_prompt_embeds", enable_prompt_embeds)):
+            if not isinstance(v, bool):
+                raise ValueError(f"{name} must be True or False, got {v!r}")
+        self.enable_prompt_embeds = enable_prompt_embeds
         fraction = kv_cache_memory_fraction
         if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
                                      or not 0 < fraction <= 1):
@@ -263,8 +270,14 @@ class LLM:
         continue_final_message: the reply continues the last message (e.g. a started assistant
         turn) instead of opening a new one; needs add_generation_prompt=False, as in vLLM.
         tools: tool (function) definitions, JSON schema dicts, for templates that render them."""
-        single = bool(messages) and isinstance(messages[0], dict)
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("chat() needs a conversation (a list of messages) or a list of conversations, "
+                             f"got {messages!r}")
+        single = isinstance(messages[0], dict)
         convs = [messages] if single else list(messages)
+        for i, c in enumerate(convs):
+            if not isinstance(c, (list, tuple)) or not c:
+                raise ValueError(f"conversation {i} has no messages")
         kwargs = dict(chat_template_kwargs or {}, add_generation_prompt=add_generation_prompt,
                       continue_final_message=continue_final_message, tools=tools)
         prompts = [self.tokenizer.apply_chat_template(c, **kwargs) for c in convs]
@@ -275,8 +288,9 @@ class LLM:
               use_tqdm: bool = False) -> List[EmbeddingRequestOutput]:
         """One embedding per prompt (prompts as generate() takes them): the final hidden state
         (after the final norm) of the last prompt token (pooling="last", what a decoder has read
-        the whole prompt into) or the mean over the prompt's tokens (pooling="mean"), L2-normalised
-        unless normalize=False. All prompts share forwards, with f32 activations."""
+        the whole prompt into), the mean over the prompt's tokens (pooling="mean"), or every
+        position's (pooling="all", vLLM's ALL pooling: ``embedding`` is [tokens][hidden]), each
+        L2-normalised unless normalize=False. All prompts share forwards, with f32 activations."""
         reqs = self._prepare(prompts, None)
         pooled = [PooledHiddenStates(len(toks), pooling) for _, toks in reqs]
         bar = _progress(len(reqs), "embedding") if use_tqdm else None
@@ -286,14 +300,17 @@ class LLM:
             if bar:
                 bar.update(len(reqs))
                 bar.close()
-        return [EmbeddingRequestOutput(str(i), EmbeddingOutput(p.embedding(normalize).tolist()), toks)
+        return [EmbeddingRequestOutput(str(i), EmbeddingOutput(p.embedding(normalize).tolist()),
+                                       [] if isinstance(toks, PromptEmbeds) else toks)
                 for i, ((_, toks), p) in enumerate(zip(reqs, pooled))]
 
-    def score(self, token_ids: Sequence[int]) -> np.ndarray:
+    def score(self, token_ids) -> np.ndarray:
         """float32 logits [len(token_ids), vocab] at every position (position i predicts i+1).
-        A list of token lists gives a list of arrays, the sequences sharing forwards."""
-        batch = _is_batch(token_ids)
-        seqs = [token_ids_of(t) for t in (token_ids if batch else [token_ids])]
+        A list of token lists gives a list of arrays, the sequences sharing forwards. A prompt of
+        embeddings, {"prompt_embeds": array} (enable_prompt_embeds), scores its rows likewise."""
+        batch = not isinstance(token_ids, dict) and _is_batch(token_ids)
+        seqs = [self._prompt(t)[1] if isinstance(t, dict) else token_ids_of(t)
+                for t in (token_ids if batch else [token_ids])]
         vocab = self.runner.config["vocab_size"]
         collectors = [LogitsCollector(len(s), vocab) for s in seqs]
         self._run_scores(seqs, [0] * len(seqs), collectors)
@@ -324,7 +341,7 @@ class LLM:
         out = [c.result() for c in collectors]
         return out if batch else out[0]
 
-    def _run_scores(self, feeds: List[List[int]], rows_from: List[int],
+    def _run_scores(self, feeds: List[Union[List[int], PromptEmbeds]], rows_from: List[int],
                     consumers: List[RowConsumer], embed: bool = False) -> None:
         """Adds a score request (with `embed`, an embedding) per feed and steps the engine until
         all are done (generation requests in flight progress alongside; their deltas go where
@@ -351,7 +368,7 @@ class LLM:
 
     # ---- helpers ----
     def _prepare(self, prompts, prompt_token_ids) -> List[tuple]:
-        """(text or None, token ids) per prompt."""
+        """(text or None, token ids or PromptEmbeds) per prompt."""
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("pass exactly one of prompts or prompt_token_ids")
         if prompts is not None:
@@ -360,8 +377,12 @@ class LLM:
             if not isinstance(prompts, (list, tuple)):
                 raise TypeError(f"prompts must be a prompt or a list of prompts ({PROMPT_TYPES}), "
                                 f"got {type(prompts).__name__}")
+            if not prompts:
+                raise ValueError("no prompts given (an empty list)")
             return [self._prompt(p) for p in prompts]
         ids = list(prompt_token_ids)
+        if not ids:
+            raise ValueError("no prompts given (an empty prompt_token_ids)")
         if ids and isinstance(ids[0], (int, np.integer)):
             ids = [ids]
         return [(None, token_ids_of(toks)) for toks in ids]
@@ -370,9 +391,11 @@ class LLM:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, dict):
-            unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+            unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "prompt_embeds"})
             if unknown:
                 raise ValueError(f"unsupported prompt keys {unknown}: {PROMPT_TYPES}")
+            if "prompt_embeds" in prompt:
+                return None, self._prompt_embeds(prompt)
             text = prompt.get("prompt")
             if text is not None and not isinstance(text, str):
                 raise TypeError(f"'prompt' must be a str, got {type(text).__name__}")
@@ -382,6 +405,13 @@ class LLM:
                 return text, self.tokenizer.encode(text)
         raise TypeError(f"{PROMPT_TYPES}, got {type(prompt).__name__}" + (
             f" {prompt!r}" if isinstance(prompt, dict) else ""))
+
+    def _prompt_embeds(self, prompt: dict) -> PromptEmbeds:
+        if not self.enable_prompt_embeds:
+            raise ValueError("prompt_embeds needs LLM(..., enable_prompt_embeds=True)")
+        if "prompt_token_ids" in prompt:
+            raise ValueError("a prompt gives prompt_embeds or prompt_token_ids, not both")
+        return prompt_embeds_of(prompt["prompt_embeds"], self.runner.config["hidden_size"])
 
     def _single_prompt(self, prompt) -> tuple:
         """A prompt as generate() takes one, or a flat sequence of token ids."""

@@ -33,7 +33,9 @@ class CompletionOutput:
     for logprobs (``SamplingParams.logprobs`` not None), as in vLLM.
     ``finish_reason`` is None while running, then "stop" or "length";
     ``stop_reason`` says which stop string / stop token id ended it (None for
-    EOS or length).
+    EOS or length). ``length_limit`` says which limit a "length" finish reached:
+    "max_tokens", "max_model_len" (the context is full) or "kv_cache" (the
+    sequence alone fills the KV cache); None for any other finish.
     """
 
     index: int
@@ -43,6 +45,7 @@ class CompletionOutput:
     logprobs: Optional[List[StepLogprobs]]
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
+    length_limit: Optional[str] = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -65,13 +68,15 @@ class RequestOutput:
 @dataclass
 class EmbeddingOutput:
     """One prompt's embedding (vLLM's ``EmbeddingOutput``): its final hidden state pooled over
-    the prompt (``LLM.embed``'s ``pooling``), L2-normalised unless asked otherwise."""
+    the prompt (``LLM.embed``'s ``pooling``), L2-normalised unless asked otherwise; with
+    pooling="all", one such row per prompt position."""
 
-    embedding: List[float]
+    embedding: Union[List[float], List[List[float]]]
 
     @property
     def hidden_size(self) -> int:
-        return len(self.embedding)
+        first = self.embedding[0] if self.embedding else None
+        return len(first) if isinstance(first, list) else len(self.embedding)
 
 
 @dataclass
@@ -96,6 +101,7 @@ class CompletionDelta:
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
     logprobs: Optional[List[StepLogprobs]] = None  # one per new token, when the request asked
+    length_limit: Optional[str] = None  # as CompletionOutput's
 
 
 @dataclass
@@ -124,13 +130,14 @@ class RequestDelta:
                 m = merged.get(d.index)
                 if m is None:
                     merged[d.index] = CompletionDelta(d.index, d.text, list(d.token_ids), d.finish_reason,
-                                                      d.stop_reason, None if d.logprobs is None else list(d.logprobs))
+                                                      d.stop_reason, None if d.logprobs is None else list(d.logprobs),
+                                                      d.length_limit)
                     continue
                 m.text += d.text
                 m.token_ids += d.token_ids
                 if d.logprobs is not None:
                     m.logprobs = (m.logprobs or []) + d.logprobs
                 if d.finish_reason is not None:
-                    m.finish_reason, m.stop_reason = d.finish_reason, d.stop_reason
+                    m.finish_reason, m.stop_reason, m.length_limit = d.finish_reason, d.stop_reason, d.length_limit
         last = deltas[-1]
         return RequestDelta(last.request_id, list(merged.values()), last.finished, last.output)

@@ -86,6 +86,7 @@ class RequestProgress:
         self._emitted = 0    # how much of _text has been handed out
         self.finish_reason: Optional[str] = None
         self.stop_reason: Union[int, str, None] = None
+        self.length_limit: Optional[str] = None  # which limit a "length" finish reached
         self.cumulative_logprob: Optional[float] = (
             0.0 if params.logprobs is not None or params.ranks_completions else None)
         self.logprobs: Optional[List[StepLogprobs]] = [] if params.logprobs is not None else None
@@ -128,15 +129,15 @@ class RequestProgress:
             self._text = self._text[:start]
             return self._finish("stop", stop)
         if self.params.max_tokens is not None and len(self.token_ids) >= self.params.max_tokens:
-            return self._finish("length", None)
+            return self._finish("length", None, "max_tokens")
         return self._emit(self._checker.safe_length(self._text)), False, None
 
-    def finish(self, reason: str = "length") -> str:
-        """End the request from outside (context full -> "length", "abort", ...).
-        Returns any text still held back."""
+    def finish(self, reason: str, length_limit: Optional[str] = None) -> str:
+        """End the request from outside ("abort", or "length" with the limit reached:
+        "max_model_len", "kv_cache"). Returns any text still held back."""
         if self.finished:
             return ""
-        return self._finish(reason, None)[0]
+        return self._finish(reason, None, length_limit)[0]
 
     def to_output(self) -> CompletionOutput:
         return CompletionOutput(
@@ -147,6 +148,7 @@ class RequestProgress:
             logprobs=None if self.logprobs is None else list(self.logprobs),
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
+            length_limit=self.length_limit,
         )
 
     def _emit(self, up_to: int) -> str:
@@ -157,8 +159,9 @@ class RequestProgress:
         self._emitted = up_to
         return chunk
 
-    def _finish(self, reason: str, stop_reason) -> Tuple[str, bool, str]:
+    def _finish(self, reason: str, stop_reason, length_limit: Optional[str] = None) -> Tuple[str, bool, str]:
         self.finish_reason = reason
         self.stop_reason = stop_reason
+        self.length_limit = length_limit
         # Nothing more can arrive, so a held-back partial stop string is real text.
         return self._emit(len(self._text)), True, reason

@@ -13,6 +13,7 @@ llguidance is imported when a constraint is first built: ``import ferrum`` does 
 from __future__ import annotations
 
 import json as _json
+import re
 import threading
 import time
 import weakref
@@ -36,6 +37,10 @@ class StructuredOutputsParams:
     grammar: Optional[str] = None
     json_object: Optional[bool] = None
     disable_any_whitespace: bool = False
+    # Lazy: the constraint engages at the first of these strings in the output and holds the
+    # output from that string on (a Lark ``grammar`` whose ``start`` begins with it); before
+    # it the output is free. A model that writes a trigger the grammar cannot follow stays free.
+    triggers: Optional[List[str]] = None
     _grammar: str = field(init=False, repr=False, compare=False, default="")  # compiled once, here
 
     def __post_init__(self) -> None:
@@ -55,6 +60,13 @@ class StructuredOutputsParams:
                     or not all(isinstance(c, str) and c for c in self.choice)):
                 raise ValueError(f"choice must be a non-empty list of non-empty strings, got {self.choice!r}")
             self.choice = list(self.choice)
+        if self.triggers is not None:
+            if (not isinstance(self.triggers, (list, tuple)) or not self.triggers
+                    or not all(isinstance(t, str) and t for t in self.triggers)):
+                raise ValueError(f"triggers must be a non-empty list of non-empty strings, got {self.triggers!r}")
+            if self.grammar is None or not _START_RULE.search(self.grammar):
+                raise ValueError("triggers need a Lark grammar with a `start` rule")
+            self.triggers = list(self.triggers)
         for name in ("json_object", "disable_any_whitespace"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
@@ -84,22 +96,62 @@ class StructuredOutputsParams:
             raise ValueError(f"invalid structured output constraint: {e}") from None
 
 
+_START_RULE = re.compile(r"(?m)^start\s*:")
+TRIGGER_WINDOW_TOKENS = 16  # a trigger is looked for in the text of the last tokens (and the new ones)
+
+
 class GrammarConstraint:
-    """One completion's llguidance matcher and its token mask over the model's vocabulary."""
+    """One completion's llguidance matcher and its token mask over the model's vocabulary; with
+    ``params.triggers``, no matcher (and no mask) until the output shows a trigger."""
 
     def __init__(self, params: StructuredOutputsParams, tokenizer, vocab_size: int):
-        ll = _llguidance()
         self._ll_tokenizer = llguidance_tokenizer(tokenizer)
-        self.matcher = ll.LLMatcher(self._ll_tokenizer, params.llguidance_grammar(), log_level=0)
-        if self.matcher.is_error():
-            raise ValueError(f"invalid structured output constraint: {self.matcher.get_error()}")
+        self._tokenizer = tokenizer
+        self._params = params
         self.vocab_size = vocab_size
         self._bitmask = np.zeros((self._ll_tokenizer.vocab_size + 31) // 32, dtype=np.int32)
-        self._consumed = 0  # generated tokens the matcher has seen
+        self._consumed = 0  # generated tokens the matcher has seen (or, lazy, looked through)
+        self.matcher = None
+        self.free = False  # lazy, and the trigger came in a form the grammar cannot follow
+        if not params.triggers:
+            self.matcher = self._matcher(params.llguidance_grammar())
+
+    def _matcher(self, grammar: str):
+        matcher = _llguidance().LLMatcher(self._ll_tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"invalid structured output constraint: {matcher.get_error()}")
+        return matcher
+
+    def _engage(self, output_token_ids: Sequence[int]) -> bool:
+        """Lazy: builds the matcher once a trigger shows in the output. The token holding the
+        trigger's start may begin with free text: the grammar is then that text, then the given
+        grammar, so the matcher can take the tokens from there on."""
+        window_start = max(0, min(self._consumed, len(output_token_ids)) - TRIGGER_WINDOW_TOKENS)
+        window = list(output_token_ids[window_start:])
+        self._consumed = len(output_token_ids)
+        text = self._tokenizer.decode(window, skip_special_tokens=False)
+        found = [i for i in (text.find(t) for t in self._params.triggers) if i >= 0]
+        if not found:
+            return False
+        at = min(found)
+        first = next(k for k in range(len(window))
+                     if len(self._tokenizer.decode(window[:k + 1], skip_special_tokens=False)) > at)
+        prefix = text[len(self._tokenizer.decode(window[:first], skip_special_tokens=False)):at]
+        grammar = self._params.grammar
+        if prefix:
+            grammar = f"start: {_json.dumps(prefix)} triggered\n" + _START_RULE.sub("triggered:", grammar)
+        matcher = self._matcher(_llguidance().grammar_from("grammar", grammar))
+        if not matcher.consume_tokens(window[first:]):
+            self.free = True  # e.g. the trigger spelled in other tokens than the grammar's
+            return False
+        self.matcher = matcher
+        return True
 
     def apply(self, logits: np.ndarray, output_token_ids: Sequence[int]) -> None:
         """Sets to -inf, in place, the logits (one row of the model's vocabulary) of every token
         the grammar forbids after ``output_token_ids``."""
+        if self.matcher is None and (self.free or not self._engage(output_token_ids)):
+            return
         start = time.perf_counter()
         new = list(output_token_ids[self._consumed:])
         if new and not self.matcher.consume_tokens(new):

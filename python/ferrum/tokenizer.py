@@ -8,6 +8,7 @@ The tokenization itself is done by HF `tokenizers` or `sentencepiece`.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from .chat_template import apply_chat_template as _render_chat_template
@@ -132,20 +133,22 @@ class Tokenizer:
     def _from_hf_json(cls, path: Path) -> "Tokenizer":
         from tokenizers import Tokenizer as HFTokenizer
 
-        text = path.read_text(encoding="utf-8")
-        spec = json.loads(text)
+        text = _read_text(path)
+        spec = _loads_strict(text, path)
+        _check_hf_vocab(spec, path)
         hf = built(lambda: HFTokenizer.from_str(text), str(path))
         config = _read_json(path.with_name("tokenizer_config.json"))
         backend = HFBackend(hf, _hf_piece_kind(spec))
 
-        bos_id = _config_token_id(hf, config.get("bos_token"))
-        eos_id = _config_token_id(hf, config.get("eos_token"))
+        bos_id = _config_token_id(hf, config, "bos_token", path)
+        eos_id = _config_token_id(hf, config, "eos_token", path)
         if eos_id is None:  # no tokenizer_config.json: the model config still says what ends a sequence
-            eos_id = _model_config_eos_id(path.parent)
+            eos_id = _model_config_eos_id(path.parent, backend.vocab_size)
         if "add_bos_token" in config:
             add_bos = bool(config["add_bos_token"])
         else:  # transformers then relies on the tokenizer.json post-processor
             add_bos = bos_id is not None and bos_id in _post_processor_prefix_ids(spec)
+        _check_add_flags(config, bos_id, eos_id, path)
         return cls(backend, bos_token_id=bos_id, eos_token_id=eos_id,
                    eos_token_ids=_extra_eos_ids(backend, path.parent),
                    add_bos=add_bos, add_eos=bool(config.get("add_eos_token", False)),
@@ -204,18 +207,84 @@ class IncrementalDecoder:
 
 
 # ---- helpers for the HF directory layout ----------------------------------------------------------
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not valid UTF-8 (byte {e.start})") from None
+
+
+def _loads_strict(text: str, path: Path):
+    """json.loads, refusing a key repeated in one object (the file is damaged: which one counts?)."""
+    def unique(pairs):
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) != len(keys):
+            repeated = next(k for k in keys if keys.count(k) > 1)
+            raise ValueError(f"{path}: the key {repeated!r} appears twice in one object")
+        return dict(pairs)
+    try:
+        return json.loads(text, object_pairs_hook=unique)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return _loads_strict(_read_text(path), path) if path.is_file() else {}
+
+
+def _check_hf_vocab(spec: dict, path: Path) -> None:
+    """A tokenizer.json model's vocabulary: ids used once each, and a Unigram's scores finite."""
+    model = spec.get("model") or {}
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):
+        repeated = _first_repeated(vocab.values())
+        if repeated is not None:
+            raise ValueError(f"{path}: the vocabulary gives id {repeated} to two tokens")
+    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+        for i, entry in enumerate(vocab):
+            if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], (int, float))
+                    and math.isfinite(entry[1])):
+                raise ValueError(f"{path}: vocabulary entry {i} is {entry!r}, not a piece and a finite score")
+
+
+def _first_repeated(items):
+    seen = set()
+    for x in items:
+        if x in seen:
+            return x
+        seen.add(x)
+    return None
 
 
 def _none_if_negative(i: int) -> int | None:
     return None if i is None or i < 0 else i
 
 
-def _config_token_id(hf, token) -> int | None:
+def _config_token_id(hf, config: dict, key: str, path: Path) -> int | None:
+    """The id of tokenizer_config.json's `key` token; ValueError when it names no token."""
+    token = config.get(key)
     if isinstance(token, dict):  # {"content": "<s>", "lstrip": ..., ...}
         token = token.get("content")
-    return hf.token_to_id(token) if token else None
+    if not token:
+        return None
+    i = hf.token_to_id(token)
+    if i is None:
+        raise ValueError(f"{path.with_name('tokenizer_config.json')}: {key} {token!r} is not in the vocabulary")
+    return i
+
+
+def _check_add_flags(config: dict, bos_id, eos_id, path: Path) -> None:
+    for key, token in (("add_bos_token", bos_id), ("add_eos_token", eos_id)):
+        if config.get(key) and token is None:
+            raise ValueError(f"{path.with_name('tokenizer_config.json')}: {key} is true, but there is no "
+                             f"{key[4:7]}_token")
+
+
+def _checked_id(value, vocab_size: int, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        raise ValueError(f"{where} is {value!r}, not a token id of the {vocab_size}-token vocabulary")
+    return value
 
 
 def _hf_piece_kind(spec: dict) -> str:
@@ -241,22 +310,24 @@ def _post_processor_prefix_ids(spec: dict) -> set[int]:
     return ids
 
 
-def _model_config_eos_id(directory: Path) -> int | None:
+def _model_config_eos_id(directory: Path, vocab_size: int) -> int | None:
     for name in ("generation_config.json", "config.json"):
         eos = _read_json(directory / name).get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
         if eos is not None:
-            return int(eos)
+            return _checked_id(eos, vocab_size, f"{directory / name}: eos_token_id")
     return None
 
 
 def _extra_eos_ids(backend, directory: Path) -> set[int]:
     """generation_config.json's eos_token_id(s), plus special end-of-turn tokens by their text."""
     ids = set()
-    gen = _read_json(directory / "generation_config.json").get("eos_token_id")
+    path = directory / "generation_config.json"
+    gen = _read_json(path).get("eos_token_id")
     if gen is not None:
-        ids.update(gen if isinstance(gen, list) else [gen])
+        ids.update(_checked_id(i, backend.vocab_size, f"{path}: eos_token_id")
+                   for i in (gen if isinstance(gen, list) else [gen]))
     for i in backend.special_ids:
         if backend.id_to_token(i) in END_OF_TURN_TEXTS:
             ids.add(i)
@@ -269,5 +340,5 @@ def _read_chat_template(directory: Path, config: dict) -> str | None:
         named = {t.get("name"): t.get("template") for t in template}
         template = named.get("default") or next(iter(named.values()), None)
     if template is None and (directory / "chat_template.jinja").is_file():
-        template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        template = _read_text(directory / "chat_template.jinja")
     return template

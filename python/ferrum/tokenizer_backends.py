@@ -6,6 +6,7 @@ id_to_token / token_to_id, vocab_size, special_ids, and piece_bytes(id) -> the b
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 
@@ -73,6 +74,18 @@ def spm_piece_bytes(text: str) -> bytes:
     return text.replace(SPM_SPACE, " ").encode("utf-8")
 
 
+def _check_pieces(sp, path) -> None:
+    """SentencePiece loads a model whose pieces are not UTF-8 or whose scores are not finite, and
+    fails (or scores oddly) only when such a piece is met: refused at load instead."""
+    for i in range(sp.get_piece_size()):
+        try:
+            sp.id_to_piece(i)
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: piece {i} is not valid UTF-8") from None
+        if not math.isfinite(sp.get_score(i)):
+            raise ValueError(f"{path}: piece {i} has the score {sp.get_score(i)}, not a finite number")
+
+
 class SentencePieceBackend:
     """A SentencePiece `tokenizer.model`. SentencePiece never matches control tokens in text, so
     they are split out here first (as HF and llama.cpp do), each text segment encoded on its own."""
@@ -85,6 +98,7 @@ class SentencePieceBackend:
         except RuntimeError as e:  # how sentencepiece reports a file it cannot parse
             raise ValueError(f"{path}: not a SentencePiece model ({e})") from e
         n = self.sp.get_piece_size()
+        _check_pieces(self.sp, path)
         self.special_ids = {i for i in range(n) if self.sp.is_control(i)}
         self._special_by_text = {self.sp.id_to_piece(i): i for i in self.special_ids}
         texts = sorted(self._special_by_text, key=len, reverse=True)

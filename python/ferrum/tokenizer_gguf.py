@@ -7,6 +7,8 @@ HF model, normalizer, pre-tokenizer and decoder, and reads the special-token rul
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
@@ -87,40 +89,84 @@ def _is_int(v) -> bool:
 
 
 def _is_number(v) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and v == v  # not NaN
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-# What each tokenizer key must hold: a test and its description for the error.
+# What each tokenizer key must hold: a test of the value (of each item, for a list), whether it
+# is a list, and its description for the error.
 _KINDS = {
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "int": (_is_int, "an integer"),
-    "bool": (lambda v: isinstance(v, bool), "a boolean"),
-    "str list": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
-    "int list": (lambda v: isinstance(v, list) and all(_is_int(x) for x in v), "a list of integers"),
-    "number list": (lambda v: isinstance(v, list) and all(_is_number(x) for x in v), "a list of numbers (no NaN)"),
+    "str": (lambda v: isinstance(v, str), False, "a string"),
+    "int": (_is_int, False, "an integer"),
+    "bool": (lambda v: isinstance(v, bool), False, "a boolean"),
+    "str list": (lambda v: isinstance(v, str), True, "a string"),
+    "int list": (_is_int, True, "an integer"),
+    "number list": (_is_number, True, "a finite number"),
 }
 
 
 def _field(meta: dict, key: str, kind: str, default=None, length: int | None = None):
-    """meta[key] (default when absent), ValueError when it is not of `kind` or, for a list, not
-    `length` long: the metadata is refused, never coerced."""
+    """meta[key] (default when absent), ValueError when it is not of `kind` (naming the first
+    item that is not) or, for a list, not `length` long: the metadata is refused, never coerced."""
     if key not in meta:
         return default
     value = meta[key]
-    test, what = _KINDS[kind]
-    if not test(value):
-        raise ValueError(f"tokenizer metadata '{key}' is not {what} (got {type(value).__name__})")
+    test, is_list, what = _KINDS[kind]
+    if not is_list:
+        if not test(value):
+            raise ValueError(f"tokenizer metadata '{key}' is not {what} (got {type(value).__name__})")
+        return value
+    if not isinstance(value, list):
+        raise ValueError(f"tokenizer metadata '{key}' is not a list (got {type(value).__name__})")
+    bad = next((i for i, x in enumerate(value) if not test(x)), None)
+    if bad is not None:
+        raise ValueError(f"tokenizer metadata '{key}'[{bad}] is {value[bad]!r}, not {what}")
     if length is not None and len(value) != length:
         raise ValueError(f"tokenizer metadata '{key}' has {len(value)} entries for {length} tokens")
     return value
 
 
+# llama.cpp's "no such token" (LLAMA_TOKEN_NULL, -1), as its converters write it: int32 or uint32.
+_NO_TOKEN = (-1, 2**32 - 1)
+
+
 def _special_id(meta: dict, key: str, n_tokens: int, default: int | None) -> int | None:
-    value = _field(meta, f"tokenizer.ggml.{key}_token_id", "int", default)
-    # Converters write -1 / 0xFFFFFFFF for "none".
-    if value is None or not 0 <= value < n_tokens:
+    """The id a special-token key names: `default` when the key is absent, None for llama.cpp's
+    "no such token"; ValueError for any other id outside the vocabulary."""
+    name = f"tokenizer.ggml.{key}_token_id"
+    value = _field(meta, name, "int", default)
+    if value is None or value in _NO_TOKEN:
         return None
+    if not 0 <= value < n_tokens:
+        raise ValueError(f"tokenizer metadata '{name}' is {value}, outside the vocabulary of {n_tokens} tokens")
     return value
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+_TOKEN_TYPES = range(TOKEN_NORMAL, TOKEN_BYTE + 1)
+
+
+def _check_tokens(tokens: list[str], types: list[int], byte_level: bool) -> None:
+    """The rules every vocabulary's token list keeps (the first broken one is named with its
+    token index): known token types, no token twice, and each token text what its type says.
+    A byte-level vocabulary spells its model tokens in GPT-2's byte alphabet (added tokens are
+    plain text); a SentencePiece vocabulary names its byte tokens <0xXX>."""
+    from .tokenizer_backends import byte_level_alphabet
+
+    alphabet = frozenset(byte_level_alphabet()) if byte_level else None
+    seen: dict[str, int] = {}
+    for i, (text, ttype) in enumerate(zip(tokens, types)):
+        if ttype not in _TOKEN_TYPES:
+            raise ValueError(f"tokenizer metadata 'tokenizer.ggml.token_type'[{i}] is {ttype}, not a token type (1 to 6)")
+        first = seen.setdefault(text, i)
+        if first != i:
+            raise ValueError(f"tokenizer metadata 'tokenizer.ggml.tokens'[{i}] is {text!r}, already token {first}")
+        if ttype == TOKEN_BYTE and not byte_level and not _BYTE_TOKEN.fullmatch(text):
+            raise ValueError(f"tokenizer metadata 'tokenizer.ggml.tokens'[{i}] is {text!r}, but "
+                             f"'tokenizer.ggml.token_type'[{i}] says a byte token, which is <0xXX>")
+        if alphabet is not None and ttype not in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and not alphabet.issuperset(text):
+            raise ValueError(f"tokenizer metadata 'tokenizer.ggml.tokens'[{i}] is {text!r}, not in GPT-2's byte "
+                             f"alphabet, as a byte-level vocabulary spells the tokens that 'tokenizer.ggml.token_type' "
+                             f"does not mark as added (control or user-defined)")
 
 
 def _added_tokens(tokens: list[str], types: list[int]) -> list[AddedToken]:
@@ -203,6 +249,7 @@ def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
     if n == 0:
         raise ValueError("tokenizer metadata 'tokenizer.ggml.tokens' is empty")
     types = _field(meta, "tokenizer.ggml.token_type", "int list", [TOKEN_NORMAL] * n, length=n)
+    _check_tokens(tokens, types, byte_level=model == "gpt2")
 
     if model == "llama":
         scores = _field(meta, "tokenizer.ggml.scores", "number list", [0.0] * n, length=n)
@@ -226,12 +273,17 @@ def vocab_from_gguf_metadata(meta: dict) -> GGUFVocab:
     eos_ids = {i for i in (eos_id, _special_id(meta, "eot", n, None), _special_id(meta, "eom", n, None))
                if i is not None}
     eos_ids |= {i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == TOKEN_CONTROL and t in END_OF_TURN_TEXTS}
+    add_bos = _field(meta, "tokenizer.ggml.add_bos_token", "bool")
+    add_eos = _field(meta, "tokenizer.ggml.add_eos_token", "bool", False)
+    for flag, key, token in ((add_bos, "add_bos_token", bos_id), (add_eos, "add_eos_token", eos_id)):
+        if flag and token is None:
+            raise ValueError(f"tokenizer metadata 'tokenizer.ggml.{key}' is true, but the vocabulary has no "
+                             f"{key[4:7].upper()} token")
     return GGUFVocab(
         hf=hf, bos_id=bos_id, eos_id=eos_id, eos_ids=eos_ids, unk_id=unk_id,
         pad_id=_special_id(meta, "padding", n, None),
-        add_bos=_field(meta, "tokenizer.ggml.add_bos_token", "bool", add_bos_default) and bos_id is not None,
-        add_eos=_field(meta, "tokenizer.ggml.add_eos_token", "bool", False) and eos_id is not None,
-        chat_template=_field(meta, "tokenizer.chat_template", "str"), kind=kind,
+        add_bos=(add_bos_default if add_bos is None else add_bos) and bos_id is not None,
+        add_eos=add_eos, chat_template=_field(meta, "tokenizer.chat_template", "str"), kind=kind,
     )
 
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "backend/opencl/cl_error.h"
@@ -68,6 +69,17 @@ std::string build_log(cl_program p, cl_device_id d) {
 
 }  // namespace
 
+namespace {
+std::mutex requested_mu;
+std::vector<ProgramRequest> requested;  // (first requests only; ProgramCache::get keeps them unique per key)
+std::set<std::string> requested_keys;
+}  // namespace
+
+std::vector<ProgramRequest> programs_requested() {
+  std::lock_guard<std::mutex> lock(requested_mu);
+  return requested;
+}
+
 ProgramCache::ProgramCache(const DeviceContext& dc) : dc_(dc), cache_dir_(default_cache_dir()) {}
 
 ProgramCache::~ProgramCache() {
@@ -81,6 +93,10 @@ cl_program ProgramCache::get(const std::vector<std::string>& sources, const std:
   std::lock_guard<std::mutex> lock(mu_);
   auto it = programs_.find(key);
   if (it != programs_.end()) return it->second;
+  {
+    std::lock_guard<std::mutex> requested_lock(requested_mu);
+    if (requested_keys.insert(key).second) requested.push_back({sources, options});
+  }
   std::string text;
   for (const std::string& s : sources) text += std::string(source_text(s)) + "\n";
   cl_program p = build(text, "-cl-std=CL1.2 " + options, key);

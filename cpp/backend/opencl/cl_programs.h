@@ -15,6 +15,14 @@
 
 namespace ferrum::ocl {
 
+// Every (sources, options) pair any backend of this process has asked for, in order of first
+// request: what offline compilers (clang to PTX, tests/test_opencl_ptx.py) must build too.
+struct ProgramRequest {
+  std::vector<std::string> sources;
+  std::string options;
+};
+std::vector<ProgramRequest> programs_requested();
+
 class ProgramCache {
  public:
   explicit ProgramCache(const DeviceContext& dc);

@@ -3,47 +3,66 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Optional
+from typing import Optional, Sequence
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from ..async_llm import AsyncLLM
-from . import chat, completions, routes
+from . import chat, completions, embeddings, responses, routes
 from .errors import APIError, error_response
 from .metrics import ServerMetrics
 from .serving import Serving
-from .web_ui import router as page_router
+from .web_ui import PAGE_PATHS, router as page_router
 
 log = logging.getLogger("ferrum.server")
+OPEN_PATHS = ("/health", "/metrics")  # what a load balancer or Prometheus reads without the key
 
 
 def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = None,
               max_waiting_requests: int = 256, shutdown_grace_seconds: float = 10.0,
+              tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None,
+              max_stored_responses: int = 1000, allowed_origins: Sequence[str] = (),
               web_ui: bool = True) -> FastAPI:
     """The server's app over a running engine. api_key: required (``Authorization: Bearer KEY``)
-    on /v1 routes when given. max_waiting_requests: more waiting than this and new requests get
+    on every route but /health and /metrics when given. allowed_origins: the browser origins
+    CORS lets in (``"*"`` for any; none by default). max_waiting_requests: more waiting than this and new requests get
     503. shutdown_grace_seconds: once uvicorn is told to stop, streams still open this long
-    later are cut. web_ui: the chat page at / (open, like /health: it asks for the key itself)."""
+    later are cut. tool_call_parser: the format tool calls are parsed in (``hermes``,
+    ``llama3_json``, ``mistral``, ``pythonic``; default: the chat template's).
+    reasoning_parser: ``qwen3`` / ``deepseek_r1`` (``<think>`` blocks) or ``none``; default:
+    ``<think>`` when the template has it. max_stored_responses: /v1/responses keeps this many
+    (the newest) in memory for ``previous_response_id``. web_ui: the chat page at / (open without
+    the key, like /health: the page asks for the key itself)."""
     if not isinstance(max_waiting_requests, int) or max_waiting_requests < 1:
         raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
     app = FastAPI(title="ferrum", summary="OpenAI-compatible completions and chat over ferrum's engine",
                   version="0.1.0")
-    app.state.serving = Serving(engine, model_name, max_waiting_requests, ServerMetrics(model_name))
+    app.state.serving = Serving(engine, model_name, max_waiting_requests, ServerMetrics(model_name),
+                                tool_call_parser, reasoning_parser)
     app.state.shutdown_grace_seconds = shutdown_grace_seconds
+    app.state.responses = responses.ResponseStore(max_stored_responses)
 
-    def check_api_key(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise APIError(401, "Invalid or missing API key: send `Authorization: Bearer <key>`.")
-
-    guarded = [Depends(check_api_key)] if api_key else []
-    for router in (completions.router, chat.router, routes.v1):
-        app.include_router(router, dependencies=guarded)
-    app.include_router(routes.public)
+    for router in (completions.router, chat.router, embeddings.router, responses.router, routes.v1, routes.public):
+        app.include_router(router)
     if web_ui:
         app.include_router(page_router)
+    open_paths = OPEN_PATHS + (PAGE_PATHS if web_ui else ())
+
+    if api_key:
+        expected = f"Bearer {api_key}".encode()
+
+        @app.middleware("http")
+        async def check_api_key(request: Request, call_next):
+            given = request.headers.get("authorization", "").encode()
+            if request.url.path not in open_paths and not hmac.compare_digest(given, expected):
+                return error_response(401, "Invalid or missing API key: send `Authorization: Bearer <key>`.")
+            return await call_next(request)
+    if allowed_origins:  # added last: outermost, so a preflight is answered before the key is asked
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], allow_credentials=False)
 
     @app.exception_handler(APIError)
     async def api_error(_, e: APIError):

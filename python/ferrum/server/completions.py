@@ -69,7 +69,8 @@ async def _complete(serving: Serving, body: CompletionRequest, prompts: List[_Pr
                 token_ids, steps = p.ids + token_ids, (prompt_lps or [None] * len(p.ids)) + steps
             logprobs = None if body.logprobs is None else serving.completion_logprobs(token_ids, steps)
             choices.append({"index": i * n + c.index, "text": text, "logprobs": logprobs,
-                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                            "length_limit": c.length_limit})
     prompt_tokens = sum(len(p.ids) for p in prompts)
     return {**header, "object": "text_completion", "choices": choices,
             "usage": usage(prompt_tokens, completion_tokens)}
@@ -98,7 +99,8 @@ async def _stream(serving: Serving, body: CompletionRequest, prompts: List[_Prom
         if body.logprobs is not None:
             logprobs = serving.completion_logprobs(d.token_ids, d.logprobs or [])
         return {"index": i * n + d.index, "text": d.text, "logprobs": logprobs,
-                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}
+                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason,
+                "length_limit": d.length_limit}
     streams = [serving.generate(p.ids, params) for p in prompts]
     async for chunk in stream_chunks(event, streams, choice, sum(len(p.ids) for p in prompts)):
         yield chunk

@@ -14,7 +14,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model directory, .gguf / llama2.c .bin file, or hub id (default: SmolLM2-135M-Instruct Q4_1)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
-    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
+    p.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` on every route but /health and /metrics")
+    p.add_argument("--allowed-origins", nargs="*", default=[], metavar="ORIGIN",
+                   help="browser origins allowed by CORS, e.g. http://localhost:3000, or '*' (default: none)")
     p.add_argument("--served-model-name", default=None,
                    help="the model's name in the API (default: the model file or directory name)")
     p.add_argument("--device", default="cpu", help="cpu or opencl[:platform[:device]] (default: cpu)")
@@ -32,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests waiting to run before new ones get 503 (default: 256)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds requests in flight may take to finish on SIGTERM before they are aborted (default: 10)")
+    p.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral", "pythonic"],
+                   help="the format the model writes tool calls in (default: told from its chat template)")
+    p.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1", "none"],
+                   help="split <think> reasoning out of replies (default: when the chat template has <think>)")
     p.add_argument("--no-web-ui", action="store_true", help="do not serve the chat page at /")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
@@ -55,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     engine = AsyncLLM(llm)
     try:
         app = build_app(engine, name, api_key=args.api_key, max_waiting_requests=args.max_waiting_requests,
+                        tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+                        allowed_origins=args.allowed_origins,
                         shutdown_grace_seconds=args.shutdown_timeout + 5, web_ui=not args.no_web_ui)
         # Streams are cut only if aborting them has not ended them by then.
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

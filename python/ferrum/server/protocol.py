@@ -1,10 +1,14 @@
 """Request bodies of the OpenAI-compatible API (OpenAI's fields, plus vLLM's extensions), and
 their translation into ``SamplingParams``.
 
-Unknown fields are ignored, as vLLM and OpenAI do; values out of range are a 400.
+A field ferrum does not know is a 400 naming it (as OpenAI answers an unknown parameter), so
+that nothing a client asks for is silently dropped; values out of range are a 400 too. vLLM's
+older ``guided_*`` fields and llama.cpp's ``grammar`` / ``json_schema`` are honoured as
+``structured_outputs``.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -18,7 +22,7 @@ SEED_RANGE = dict(ge=-(2 ** 63), le=2 ** 64 - 1)
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(OpenAIModel):
@@ -86,7 +90,42 @@ class SamplingRequest(OpenAIModel):
     stream_options: Optional[StreamOptions] = None
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None
+    best_of: Optional[int] = Field(None, ge=1, le=MAX_N)
+    # vLLM's older names for structured_outputs, and llama.cpp's
+    guided_json: Union[str, Dict[str, Any], None] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[List[str]] = None
+    guided_grammar: Optional[str] = None
+    grammar: Optional[str] = None  # llama.cpp: GBNF
+    json_schema: Optional[Dict[str, Any]] = None  # llama.cpp
+    # Labels and hints that ask nothing of the output.
     user: Optional[str] = None
+    metadata: Optional[Dict[str, str]] = None
+    safety_identifier: Optional[str] = None
+    prompt_cache_key: Optional[str] = None  # prefix caching reuses prompts by itself
+    service_tier: Optional[Literal["auto", "default"]] = None
+    store: Optional[Literal[False]] = None  # ferrum keeps no chat completions
+
+    @model_validator(mode="after")
+    def _best_of_whole(self):
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise ValueError("best_of > n cannot stream: the best completions are known only at the end")
+        return self
+
+    def _structured(self) -> Optional[StructuredOutputsParams]:
+        """The one constraint the request gives, under any of its names; ValueError for two."""
+        given = {}
+        if self.response_format is not None and self.response_format.structured() is not None:
+            given["response_format"] = self.response_format.structured()
+        if self.structured_outputs is not None:
+            given["structured_outputs"] = self.structured_outputs.params()
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                          ("guided_grammar", "grammar"), ("grammar", "grammar"), ("json_schema", "json")):
+            if getattr(self, name) is not None:
+                given[name] = StructuredOutputsParams(**{key: getattr(self, name)})
+        if len(given) > 1:
+            raise ValueError(f"give one constraint, not {' and '.join(given)}")
+        return next(iter(given.values()), None)
 
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int], vocab_size: int) -> SamplingParams:
         """ValueError for a value SamplingParams or the vocabulary rejects."""
@@ -101,13 +140,9 @@ class SamplingRequest(OpenAIModel):
                 if not 0 <= token < vocab_size:
                     raise ValueError(f"logit_bias token id {token} is out of range [0, {vocab_size})")
                 bias[token] = min(max(value, -100.0), 100.0)  # OpenAI's range
-        structured = self.response_format.structured() if self.response_format else None
-        if self.structured_outputs is not None:
-            if structured is not None:
-                raise ValueError("give response_format or structured_outputs, not both")
-            structured = self.structured_outputs.params()
+        structured = self._structured()
         return SamplingParams(
-            n=self.n, max_tokens=max_tokens,
+            n=self.n, best_of=self.best_of, max_tokens=max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0,
             min_p=self.min_p or 0.0, presence_penalty=self.presence_penalty or 0.0,
@@ -123,6 +158,15 @@ class SamplingRequest(OpenAIModel):
 
 
 TokenIds = List[int]
+
+
+def _inputs(p, what: str) -> List[Union[str, TokenIds]]:
+    """A text, texts, token ids or lists of token ids as a list of texts or token id lists."""
+    if isinstance(p, str) or (p and isinstance(p[0], int)):
+        return [p]
+    if not p:
+        raise ValueError(f"{what} is empty")
+    return list(p)
 
 
 class CompletionRequest(SamplingRequest):
@@ -143,12 +187,7 @@ class CompletionRequest(SamplingRequest):
         return self
 
     def prompts(self) -> List[Union[str, TokenIds]]:
-        p = self.prompt
-        if isinstance(p, str) or (p and isinstance(p[0], int)):
-            return [p]
-        if not p:
-            raise ValueError("the prompt is empty")
-        return list(p)
+        return _inputs(self.prompt, "the prompt")
 
 
 class ContentPart(OpenAIModel):
@@ -169,7 +208,25 @@ class ChatMessage(BaseModel):
             if any(part.type != "text" or part.text is None for part in self.content):
                 raise ValueError("only text content parts are supported")
             message["content"] = "".join(part.text for part in self.content)
+        if self.role == "assistant" and isinstance(message.get("tool_calls"), list):
+            message.setdefault("content", "")
+            message["tool_calls"] = [_call_for_template(c) for c in message["tool_calls"]]
         return message
+
+
+def _call_for_template(call: Any) -> Any:
+    """An assistant's tool call as templates read it: the arguments as an object (OpenAI sends
+    JSON text; Llama's and Qwen's templates write ``arguments | tojson``), and the function's
+    fields also at the top (Qwen's reads ``tool_call.function`` or the call itself)."""
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        raise ValueError(f"an assistant tool call must be {{'id', 'type', 'function': {{'name', 'arguments'}}}}, got {call!r}")
+    function = dict(call["function"])
+    if isinstance(function.get("arguments"), str):
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except ValueError:
+            raise ValueError(f"tool call arguments must be JSON, got {function['arguments']!r}") from None
+    return {**call, "function": function}
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -180,6 +237,7 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: Optional[List[Dict[str, Any]]] = None
     tool_choice: Union[str, Dict[str, Any], None] = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: Optional[Dict[str, Any]] = None
 
@@ -201,6 +259,8 @@ class TokenizeRequest(OpenAIModel):
     messages: Optional[List[ChatMessage]] = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    tools: Optional[List[Dict[str, Any]]] = None
+    chat_template_kwargs: Optional[Dict[str, Any]] = None
 
     @model_validator(mode="after")
     def _one_input(self):
@@ -212,3 +272,48 @@ class TokenizeRequest(OpenAIModel):
 class DetokenizeRequest(OpenAIModel):
     model: Optional[str] = None
     tokens: List[int]
+
+
+class EmbeddingRequest(OpenAIModel):
+    """OpenAI's /v1/embeddings: ``input`` as a text, texts, token ids or lists of token ids."""
+    model: Optional[str] = None
+    input: Union[str, List[str], TokenIds, List[TokenIds]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = Field(None, ge=1)
+    user: Optional[str] = None
+
+    def inputs(self) -> List[Union[str, TokenIds]]:
+        return _inputs(self.input, "input")
+
+
+class ResponsesRequest(BaseModel):
+    """OpenAI's /v1/responses. Unlike the older routes, a field ferrum does not know is a 400
+    (as OpenAI answers an unknown parameter)."""
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    input: Union[str, List[Dict[str, Any]]]
+    instructions: Optional[str] = None
+    tools: Optional[List[Dict[str, Any]]] = None
+    tool_choice: Union[str, Dict[str, Any], None] = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0, le=2)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    stream: bool = False
+    previous_response_id: Optional[str] = None
+    store: bool = True
+    metadata: Optional[Dict[str, str]] = None
+    text: Optional[Dict[str, Any]] = None
+    reasoning: Optional[Dict[str, Any]] = None
+    truncation: Literal["disabled"] = "disabled"
+    user: Optional[str] = None
+    seed: Optional[int] = Field(None, **SEED_RANGE)  # vLLM's extension
+    prompt_cache_key: Optional[str] = None  # a hint; prefix caching reuses prompts by itself
+    service_tier: Optional[Literal["auto", "default"]] = None
+    include: Optional[List[str]] = None
+
+    @model_validator(mode="after")
+    def _nothing_to_include(self):
+        if self.include:
+            raise ValueError(f"include: ferrum adds nothing to a response's output, got {self.include}")
+        return self

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import jinja2
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from .errors import APIError
 from .protocol import DetokenizeRequest, TokenizeRequest
 from .serving import Serving
 
-v1 = APIRouter()  # behind the API key, when the server has one
-public = APIRouter()
+v1 = APIRouter()
+public = APIRouter()  # open even with an API key: /health, /metrics
 
 
 def _serving(request: Request) -> Serving:
@@ -28,7 +28,10 @@ async def list_models(request: Request):
 
 
 @public.get("/health")
-async def health():
+async def health(request: Request):
+    """200 while the engine takes requests; 503 once it does not (shutting down, or its thread ended)."""
+    if not _serving(request).engine.ready:
+        return JSONResponse({"status": "unavailable"}, status_code=503)
     return {"status": "ok"}
 
 
@@ -38,7 +41,7 @@ async def metrics(request: Request):
     return Response(s.metrics.scrape(s.engine.stats()), media_type=CONTENT_TYPE_LATEST)
 
 
-@public.post("/tokenize")
+@v1.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request):
     s = _serving(request)
     s.check_model(body.model)
@@ -46,8 +49,9 @@ async def tokenize(body: TokenizeRequest, request: Request):
     add_special_tokens = body.add_special_tokens
     if body.messages is not None:
         try:
+            kwargs = {**(body.chat_template_kwargs or {}), **({"tools": body.tools} if body.tools else {})}
             text = s.tokenizer.apply_chat_template([m.for_template() for m in body.messages],
-                                                   add_generation_prompt=body.add_generation_prompt)
+                                                   add_generation_prompt=body.add_generation_prompt, **kwargs)
         except (ValueError, TypeError, jinja2.TemplateError) as e:
             raise APIError(400, str(e)) from None
         add_special_tokens = False  # the template writes any BOS itself
@@ -55,7 +59,7 @@ async def tokenize(body: TokenizeRequest, request: Request):
     return {"count": len(tokens), "max_model_len": s.max_model_len, "tokens": tokens}
 
 
-@public.post("/detokenize")
+@v1.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request):
     s = _serving(request)
     s.check_model(body.model)
@@ -65,7 +69,7 @@ async def detokenize(body: DetokenizeRequest, request: Request):
         raise APIError(400, str(e)) from None
 
 
-@public.get("/tokenizer_info")
+@v1.get("/tokenizer_info")
 async def tokenizer_info(request: Request):
     s = _serving(request)
     tok = s.tokenizer

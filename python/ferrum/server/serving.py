@@ -19,13 +19,16 @@ from ..outputs import CompletionDelta, Logprob, RequestDelta, StepLogprobs
 from ..sampling import SamplingParams
 from .errors import APIError
 from .metrics import ServerMetrics
+from .reply import REASONING_FORMATS, detect_reasoning
+from .tool_calls import FORMATS, detect_format
 from .streaming import Chunks, sse_response
 
 
 class Serving:
     """The engine behind the routes, with the server's settings."""
 
-    def __init__(self, engine: AsyncLLM, model_name: str, max_waiting_requests: int, metrics: ServerMetrics):
+    def __init__(self, engine: AsyncLLM, model_name: str, max_waiting_requests: int, metrics: ServerMetrics,
+                 tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
@@ -34,6 +37,17 @@ class Serving:
         self.max_model_len = engine.llm.runner.max_model_len
         self.vocab_size = engine.llm.runner.config["vocab_size"]
         self.created = int(time.time())
+        template = self.tokenizer.chat_template
+        # Tool calls: the named format, else the template's, else Hermes' (the most common).
+        if tool_call_parser is not None and tool_call_parser not in FORMATS:
+            raise ValueError(f"tool_call_parser must be one of {sorted(FORMATS)}, got {tool_call_parser!r}")
+        self.tool_format = FORMATS[tool_call_parser] if tool_call_parser else (detect_format(template) or FORMATS["hermes"])
+        # Reasoning: the named parser, "none", else the template's markers (or none).
+        names = sorted(REASONING_FORMATS) + ["none"]
+        if reasoning_parser is not None and reasoning_parser not in names:
+            raise ValueError(f"reasoning_parser must be one of {names}, got {reasoning_parser!r}")
+        self.reasoning_format = (detect_reasoning(template) if reasoning_parser is None
+                                 else REASONING_FORMATS.get(reasoning_parser))
 
     # ---- checks ----
     def check_model(self, name: Optional[str]) -> None:
@@ -58,7 +72,7 @@ class Serving:
         return ids
 
     def check_length(self, prompt_ids: List[int], max_tokens: Optional[int]) -> None:
-        """400 unless the prompt and the completion fit the context, as vLLM answers."""
+        """400 unless the prompt and the completion fit the context (as vLLM answers) and the KV cache."""
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", "prompt")
         total = len(prompt_ids) + (max_tokens or 0)
@@ -66,6 +80,10 @@ class Serving:
             raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
                                 f"you requested {total} tokens ({len(prompt_ids)} in the prompt, "
                                 f"{max_tokens or 0} for the completion). Please reduce the length.", "prompt")
+        try:  # before a streamed reply starts, so that it is a 400 too
+            self.engine.llm.engine.check_fits(len(prompt_ids), max_tokens)
+        except ValueError as e:
+            raise APIError(400, str(e), "max_tokens") from None
 
     # ---- running requests ----
     async def generate(self, prompt_ids: List[int], params: SamplingParams) -> AsyncIterator[RequestDelta]:

@@ -43,3 +43,20 @@ class Chunks:
         if self.include_usage:
             payload["usage"] = usage
         return json.dumps(payload)
+
+
+def sse_typed_response(request: Request, events: AsyncIterator[dict]) -> EventSourceResponse:
+    """Streams named events (``{"event": type, "data": json}``, the Responses API's shape, with
+    no [DONE]); an APIError raised on the way becomes an ``error`` event. Disconnects and
+    shutdown end it as ``sse_response``'s."""
+    async def guarded():
+        try:
+            async for event in events:
+                yield event
+        except APIError as e:
+            yield {"event": "error", "data": json.dumps({"type": "error", "code": str(e.status), "message": e.message,
+                                                         "param": e.param})}
+        finally:
+            await events.aclose()
+    return EventSourceResponse(guarded(), sep="\n", ping=15,
+                               shutdown_grace_period=request.app.state.shutdown_grace_seconds)

@@ -21,6 +21,8 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src data:; 
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
 
+PAGE_PATHS = ("/", *(f"/ui/{name}" for name in FILES if name != "index.html"))  # open without the key
+
 router = APIRouter(include_in_schema=False)
 
 

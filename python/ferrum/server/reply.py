@@ -1,0 +1,160 @@
+"""A chat reply split into its reasoning (``<think>...</think>``), its text and its tool calls,
+whole or as it streams.
+
+Streaming sends only what the whole reply's split is sure to begin with: reasoning up to a
+possible end marker, text up to where a call could start; the rest, and the calls, once the
+reply has ended. So a stream joins to exactly the non-streamed message, a malformed call
+included (it comes back as text in both).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .tool_calls import ToolCall, ToolFormat
+
+
+@dataclass
+class ReasoningFormat:
+    """A reasoning block between two markers (``--reasoning-parser``: ``deepseek_r1``, ``qwen3``)."""
+    start: str = "<think>"
+    end: str = "</think>"
+
+    def state_after(self, prompt: str) -> str:
+        """"inside" when the prompt leaves a block open (DeepSeek-R1's template ends with
+        ``<think>\\n``), "closed" when it ends with one (Qwen3's, without thinking), else "open"."""
+        if prompt.rfind(self.start) > prompt.rfind(self.end):
+            return "inside"
+        return "closed" if prompt.rstrip().endswith(self.end) else "open"
+
+    def split(self, text: str, inside: bool) -> Tuple[Optional[str], str]:
+        """(reasoning or None, the rest) of a whole reply."""
+        if not inside:
+            if not text.lstrip().startswith(self.start):
+                return None, text
+            text = text.lstrip()[len(self.start):]
+        end = text.find(self.end)
+        if end < 0:
+            return text, ""
+        return text[:end], text[end + len(self.end):]
+
+
+REASONING_FORMATS = {"deepseek_r1": ReasoningFormat(), "qwen3": ReasoningFormat()}
+
+
+def detect_reasoning(chat_template: Optional[str]) -> Optional[ReasoningFormat]:
+    return REASONING_FORMATS["qwen3"] if "</think>" in (chat_template or "") else None
+
+
+@dataclass
+class Message:
+    reasoning: Optional[str]
+    content: Optional[str]
+    tool_calls: List[ToolCall] = field(default_factory=list)
+
+
+class ReplySplitter:
+    """How one request's replies split: ``reasoning`` (None: no reasoning parser) that may begin
+    inside the block (``inside``), then text and ``tools`` calls (None: no call parsing)."""
+
+    def __init__(self, reasoning: Optional[ReasoningFormat], inside: bool, tools: Optional[ToolFormat],
+                 triggers: List[str], names: List[str]):
+        self.reasoning, self.inside, self.tools = reasoning, inside, tools
+        self.names = names  # the tools' names
+        self.triggers = triggers
+        self._starts = re.compile("|".join(re.escape(t) for t in triggers)) if triggers else None
+
+    @property
+    def plain(self) -> bool:
+        return self.reasoning is None and self.tools is None
+
+    def whole(self, text: str) -> Message:
+        if self.plain:
+            return Message(None, text)
+        reasoning, rest = self.reasoning.split(text, self.inside) if self.reasoning else (None, text)
+        calls: List[ToolCall] = []
+        if self.tools is not None:
+            rest, calls = self.tools.parse(rest, self.names)
+        content = rest.strip()
+        return Message(None if reasoning is None else reasoning.strip(),
+                       content or (None if calls else ""), calls)
+
+    def call_start(self, text: str) -> int:
+        """Where a call could start in `text` (its length when nowhere): the first trigger, or an
+        earlier tail that a trigger begins with."""
+        if self._starts is None:
+            return len(text)
+        found = self._starts.search(text)
+        end = found.start() if found else len(text)
+        for i in range(max(0, len(text) - max(map(len, self.triggers)) + 1), end):
+            if any(t.startswith(text[i:]) for t in self.triggers):
+                return i
+        return end
+
+    def stream(self) -> "ReplyStream":
+        return ReplyStream(self)
+
+
+def _sure_prefix(text: str) -> str:
+    """What ``(text + anything).strip()`` surely begins with."""
+    return text.strip()
+
+
+class ReplyStream:
+    """One streamed reply: ``feed`` each new piece of text, ``finish`` at its end; each returns
+    the deltas to send (``{"reasoning_content": ...}``, ``{"content": ...}``), ``finish`` the
+    message's calls as well."""
+
+    def __init__(self, splitter: ReplySplitter):
+        self.s = splitter
+        self.text = ""
+        self.sent: Dict[str, str] = {"reasoning": "", "content": ""}
+
+    def feed(self, piece: str) -> List[dict]:
+        if self.s.plain:
+            return [{"content": piece}] if piece else []
+        self.text += piece
+        reasoning, rest, reasoning_done = self._sure_parts()
+        deltas = self._deltas(reasoning, None)
+        if reasoning_done:
+            deltas += self._deltas(None, rest[:self.s.call_start(rest)])
+        return deltas
+
+    def finish(self) -> Tuple[List[dict], Message]:
+        message = self.s.whole(self.text)
+        if self.s.plain:
+            return [], message
+        return self._deltas(message.reasoning or "", message.content or "", final=True), message
+
+    def _sure_parts(self) -> Tuple[str, str, bool]:
+        """(reasoning so far, text after it, whether the reasoning is over) of a reply in flight."""
+        r = self.s.reasoning
+        if r is None:
+            return "", self.text, True
+        text, inside = self.text, self.s.inside
+        if not inside:
+            head = text.lstrip()
+            if r.start.startswith(head) and len(head) < len(r.start):
+                return "", "", False  # may still open a block
+            if not head.startswith(r.start):
+                return "", text, True
+            text = head[len(r.start):]
+        end = text.find(r.end)
+        if end >= 0:
+            return text[:end], text[end + len(r.end):], True
+        held = next((i for i in range(max(0, len(text) - len(r.end) + 1), len(text))
+                     if r.end.startswith(text[i:])), len(text))
+        return text[:held], "", False
+
+    def _deltas(self, reasoning: Optional[str], content: Optional[str], final: bool = False) -> List[dict]:
+        out = []
+        for key, value in (("reasoning", reasoning), ("content", content)):
+            if value is None:
+                continue
+            sure = value if final else _sure_prefix(value)
+            new = sure[len(self.sent[key]):] if sure.startswith(self.sent[key]) else ""
+            if new:
+                self.sent[key] = sure
+                out.append({"reasoning_content": new, "reasoning": new} if key == "reasoning" else {"content": new})
+        return out
