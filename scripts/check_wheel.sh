@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The repaired wheel in dist/ as a user gets it (docs/install.md):
 # 1. installed into a fresh venv from binaries only (no compiler, no build backend);
-# 2. its _core needs no library but its own, scipy-openblas32's and the C / C++ runtime (ldd);
+# 2. its _core needs no library but its own, scipy-openblas32's and the C / C++ runtime (ldd); the
+#    chat page's files are in it;
 # 3. outside the repository, with LD_LIBRARY_PATH cleared and the system's OpenBLAS, libgfortran and
 #    OpenCL loader hidden (bind-mounted away in a private mount namespace, where root may), it
 #    imports, generates stories260K's reference text, and device="opencl" is a clear error;
@@ -40,6 +41,13 @@ if [ -n "$bad" ]; then
   echo "$bad" >&2
   exit 1
 fi
+
+# The chat page `ferrum serve` answers / with: its files are in the wheel, as in the repository.
+echo "[check] the chat page's files"
+for f in "$root"/python/ferrum/server/page/*; do
+  cmp "$f" "$site/ferrum/server/page/$(basename "$f")" || { echo "[check] FAIL: $f is not in the wheel as it is here" >&2; exit 1; }
+done
+ls "$site/ferrum/server/page"
 
 smoke=("$venv/bin/python" "$root/scripts/wheel_smoke.py" "$stories")
 hidden=$(ls /usr/lib/x86_64-linux-gnu/{libopenblas,libblas,libgfortran,libOpenCL}*.so* 2>/dev/null | xargs -r -n1 readlink -f | sort -u)

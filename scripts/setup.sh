@@ -12,10 +12,11 @@ extras=""
 apt_packages="build-essential libopenblas-dev ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
   libgtest-dev nlohmann-json3-dev unzip clang libclang-rt-14-dev libopenmpi-dev openmpi-bin"
 # clang + libFuzzer: scripts/fuzz.sh; OpenMPI: tensor parallelism (docs/distributed.md)
-# The wheel check (make test-wheel) runs the wheel on an emulated CPU without AVX-512; the gpu
-# kernel family's offline checks run it under Oclgrind and build its NVIDIA path with clang-14 and
-# libclc (kernels/README.md, "Checking the gpu family without a GPU").
-[ -n "$extras" ] && apt_packages="$apt_packages qemu-user oclgrind libclc-14"
+# Test-only system packages: qemu-user for the wheel check (make test-wheel: the wheel on an emulated
+# CPU without AVX-512); Oclgrind, clang-14's libclc for the gpu kernel family's offline checks
+# (kernels/README.md, "Checking the gpu family without a GPU"); Debian's headless Chromium and its
+# driver for the chat page's browser tests (tests/test_web_ui.py).
+[ -n "$extras" ] && apt_packages="$apt_packages qemu-user oclgrind libclc-14 chromium chromium-driver"
 missing=""
 for p in $apt_packages; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -3,6 +3,11 @@ process (so a test can look at its engine), started and stopped inside the test.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -47,3 +52,34 @@ def pool_is_empty(engine: AsyncLLM) -> bool:
     st = engine.stats()
     return (st["kv_blocks_used"] == 0 and st["sequences"] == 0 and st["running"] == 0
             and st["waiting_requests"] == 0)
+
+
+def serve(model_path, *args):
+    """`ferrum serve` in a subprocess (2 threads, a 512-token context, the model named "smollm2"),
+    with `args` added; returns (process, base URL) once it listens."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ferrum", "serve", model_path, "--port", "0", "--threads", "2",
+         "--max-model-len", "512", "--served-model-name", "smollm2", "--shutdown-timeout", "1", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log, deadline = [], time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, "".join(log)
+        log.append(line)
+        found = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
+        if found:
+            # Keep reading its log (request lines): a full pipe would stall the server.
+            threading.Thread(target=proc.stdout.read, name="serve-log", daemon=True).start()
+            return proc, found.group(1)
+    proc.kill()
+    raise AssertionError("".join(log))
+
+
+def stop(proc):
+    """SIGTERM, then a kill if it has not exited within 30 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -6,7 +6,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import openai
@@ -15,7 +14,7 @@ import requests
 
 import ferrum
 from ferrum.eval import loglikelihood
-from server_harness import running_server
+from server_harness import running_server, serve
 
 TASK_DATA = Path(__file__).parent / "data" / "lm_eval_tiny.jsonl"
 
@@ -74,20 +73,8 @@ def test_schemathesis_finds_no_server_error(smollm2_path, tmp_path):
 
 
 def test_ferrum_serve_exits_0_on_sigterm(smollm2_path):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ferrum", "serve", smollm2_path, "--port", "0", "--threads", "2",
-         "--max-model-len", "512", "--served-model-name", "smollm2", "--shutdown-timeout", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc, url = serve(smollm2_path)
     try:
-        url, log = None, []
-        deadline = time.monotonic() + 120
-        while url is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "".join(log)
-            log.append(line)
-            found = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", line)
-            url = found and found.group(1)
-        assert url, "".join(log)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
         assert client.models.list().data[0].id == "smollm2"
         # The event loop (the main thread) runs only on cores the engine's threads leave idle.

@@ -53,7 +53,7 @@ def test_cors_lets_in_the_allowed_origins_only(server, llm):
         assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
-def test_the_api_key_guards_every_route_but_health_and_metrics(llm):
+def test_the_api_key_guards_every_route_but_health_metrics_and_the_chat_page(llm):
     with running_server(llm, MODEL, api_key="sesame", allowed_origins=["*"]) as (url, _):
         routes = [("post", "/v1/completions", {"prompt": "x", "max_tokens": 1}),
                   ("post", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}),
@@ -61,15 +61,15 @@ def test_the_api_key_guards_every_route_but_health_and_metrics(llm):
                   ("get", "/v1/responses/resp_x", None), ("get", "/v1/models", None),
                   ("post", "/tokenize", {"prompt": "x"}), ("post", "/detokenize", {"tokens": [1]}),
                   ("get", "/tokenizer_info", None), ("get", "/openapi.json", None), ("get", "/docs", None),
-                  ("get", "/no/such/route", None)]
+                  ("get", "/no/such/route", None), ("get", "/ui/no-such-file", None)]
         for method, path, body in routes:
             r = requests.request(method, f"{url}{path}", json=body, timeout=30)
             assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", path
             r = requests.request(method, f"{url}{path}", json=body, headers={"Authorization": "Bearer sesame"},
                                  timeout=60)
             assert r.status_code != 401, path
-        for path in ("/health", "/metrics"):
-            assert requests.get(f"{url}{path}", timeout=10).status_code == 200
+        for path in ("/health", "/metrics", "/", "/ui/chat.js", "/ui/markdown.js", "/ui/chat.css"):
+            assert requests.get(f"{url}{path}", timeout=10).status_code == 200, path
         assert preflight(url, ORIGIN).status_code == 200  # a browser's preflight carries no key
 
 

@@ -15,6 +15,7 @@ from . import chat, completions, embeddings, responses, routes
 from .errors import APIError, error_response
 from .metrics import ServerMetrics
 from .serving import Serving
+from .web_ui import PAGE_PATHS, router as page_router
 
 log = logging.getLogger("ferrum.server")
 OPEN_PATHS = ("/health", "/metrics")  # what a load balancer or Prometheus reads without the key
@@ -23,7 +24,8 @@ OPEN_PATHS = ("/health", "/metrics")  # what a load balancer or Prometheus reads
 def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = None,
               max_waiting_requests: int = 256, shutdown_grace_seconds: float = 10.0,
               tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None,
-              max_stored_responses: int = 1000, allowed_origins: Sequence[str] = ()) -> FastAPI:
+              max_stored_responses: int = 1000, allowed_origins: Sequence[str] = (),
+              web_ui: bool = True) -> FastAPI:
     """The server's app over a running engine. api_key: required (``Authorization: Bearer KEY``)
     on every route but /health and /metrics when given. allowed_origins: the browser origins
     CORS lets in (``"*"`` for any; none by default). max_waiting_requests: more waiting than this and new requests get
@@ -32,7 +34,8 @@ def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = Non
     ``llama3_json``, ``mistral``, ``pythonic``; default: the chat template's).
     reasoning_parser: ``qwen3`` / ``deepseek_r1`` (``<think>`` blocks) or ``none``; default:
     ``<think>`` when the template has it. max_stored_responses: /v1/responses keeps this many
-    (the newest) in memory for ``previous_response_id``."""
+    (the newest) in memory for ``previous_response_id``. web_ui: the chat page at / (open without
+    the key, like /health: the page asks for the key itself)."""
     if not isinstance(max_waiting_requests, int) or max_waiting_requests < 1:
         raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
     app = FastAPI(title="ferrum", summary="OpenAI-compatible completions and chat over ferrum's engine",
@@ -44,6 +47,9 @@ def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = Non
 
     for router in (completions.router, chat.router, embeddings.router, responses.router, routes.v1, routes.public):
         app.include_router(router)
+    if web_ui:
+        app.include_router(page_router)
+    open_paths = OPEN_PATHS + (PAGE_PATHS if web_ui else ())
 
     if api_key:
         expected = f"Bearer {api_key}".encode()
@@ -51,7 +57,7 @@ def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = Non
         @app.middleware("http")
         async def check_api_key(request: Request, call_next):
             given = request.headers.get("authorization", "").encode()
-            if request.url.path not in OPEN_PATHS and not hmac.compare_digest(given, expected):
+            if request.url.path not in open_paths and not hmac.compare_digest(given, expected):
                 return error_response(401, "Invalid or missing API key: send `Authorization: Bearer <key>`.")
             return await call_next(request)
     if allowed_origins:  # added last: outermost, so a preflight is answered before the key is asked

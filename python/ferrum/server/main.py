@@ -39,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the format the model writes tool calls in (default: told from its chat template)")
     p.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek_r1", "none"],
                    help="split <think> reasoning out of replies (default: when the chat template has <think>)")
+    p.add_argument("--no-web-ui", action="store_true", help="do not serve the chat page at /")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         app = build_app(engine, name, api_key=args.api_key, max_waiting_requests=args.max_waiting_requests,
                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                         allowed_origins=args.allowed_origins,
-                        shutdown_grace_seconds=args.shutdown_timeout + 5)
+                        shutdown_grace_seconds=args.shutdown_timeout + 5, web_ui=not args.no_web_ui)
         # Streams are cut only if aborting them has not ended them by then.
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=args.shutdown_timeout + 10)
