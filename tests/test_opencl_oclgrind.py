@@ -29,7 +29,16 @@ TUNINGS = {
 }
 # What Oclgrind's compiler prints that is not a finding.
 BENIGN = re.compile(r"^\d+ warnings? generated\.$")
-NMSE_BOUND = 1e-10  # the same kernels compiled by two LLVMs: they may contract multiply-adds differently
+# The same kernels compiled by two LLVMs may contract multiply-adds differently: f32 results then
+# differ in their last bits. A KV cache of f16 / int8 rounds each stored element, so such a bit can
+# move one element by an f16 ulp or one int8 step: test_opencl_parity.py's KV bounds.
+NMSE_BOUND = {"f32": 1e-10, "f16": 1e-8, "int8": 1e-6}
+
+
+def bound(name: str) -> float:
+    """model/<file>/<kv dtype>/step<i> by its KV dtype; matmuls and embedding rows as f32."""
+    parts = name.split("/")
+    return NMSE_BOUND[parts[2]] if parts[0] == "model" else NMSE_BOUND["f32"]
 
 
 def run_workload(out: Path, models: Path, tuning: str, simulator: bool) -> str:
@@ -82,7 +91,7 @@ def test_results_equal_pocls(runs):
         a, b = simulated[name], pocl[name]
         assert a.shape == b.shape and np.isfinite(a).all(), name
         err = float(np.sum((a.astype(np.float64) - b) ** 2) / max(np.sum(b.astype(np.float64) ** 2), 1e-30))
-        assert err < NMSE_BOUND, (name, err)
+        assert err < bound(name), (name, err)
 
 
 def test_models_greedy_tokens_equal_the_cpu_backends(runs, models):
