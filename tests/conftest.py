@@ -76,3 +76,26 @@ def assert_pool_empty(llm):
     """Nothing runs or waits, and every KV block is free (full ones may stay cached)."""
     st = llm.stats()
     assert st["kv_blocks_used"] == 0 and st["sequences"] == 0 and st["running"] == 0 and st["waiting"] == 0
+
+
+@pytest.fixture(scope="session")
+def gpu_family_models(tmp_path_factory):
+    """The small generated models scripts/gpu_family_workload.py runs."""
+    import gpu_family_runs  # noqa: F401 (puts scripts/ on the path)
+    import gpu_family_workload
+    return gpu_family_workload.model_files(tmp_path_factory.mktemp("gpu_family_models"))
+
+
+@pytest.fixture(scope="session")
+def gpu_family_on_pocl(gpu_family_models, tmp_path_factory):
+    """tuning name -> the folder of the workload's run on pocl at that tuning (made once)."""
+    from gpu_family_runs import TUNINGS, run_workload
+    runs = {}
+
+    def run(name: str):
+        if name not in runs:
+            out = tmp_path_factory.mktemp(f"gpu_family_pocl_{name}")
+            run_workload(out, gpu_family_models[0].parent, TUNINGS[name], simulator=False)
+            runs[name] = out
+        return runs[name]
+    return run

@@ -10,23 +10,14 @@ pocl runs a work-group's work-items one after another between barriers, so it ca
 missing barrier or a race on local memory; Oclgrind runs them as a GPU may and reports both.
 Oclgrind's uninitialized-value check aborts on LLVM's `freeze` instruction in this toolchain
 (kernels/README.md, "Checking the gpu family without a GPU"), so it is not used."""
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-WORKLOAD = ROOT / "scripts" / "gpu_family_workload.py"
-OCLGRIND_ICD = Path("/usr/lib/oclgrind/liboclgrind-rt-icd.so")
-TUNINGS = {
-    "default": "",
-    "small": "LANES=16,GEMV_GROUPS=8,GEMV_ROWS=4,GEMV_TOKENS=4,GEMM_TM=32,GEMM_TN=32,GEMM_WM=2,GEMM_WN=4,"
-             "ATTN_WG=32,MAX_GROUP=4,ATTN_SPLIT=8,ATTN_SPLIT_TOKENS=4,ROW_WG=64",
-}
+from gpu_family_runs import TUNINGS, run_workload
+import gpu_family_workload as w  # noqa: I001 (importable once gpu_family_runs is)
+
 # What Oclgrind's compiler prints that is not a finding.
 BENIGN = re.compile(r"^\d+ warnings? generated\.$")
 # The same kernels compiled by two LLVMs may contract multiply-adds differently: f32 results then
@@ -41,39 +32,12 @@ def bound(name: str) -> float:
     return NMSE_BOUND[parts[2]] if parts[0] == "model" else NMSE_BOUND["f32"]
 
 
-def run_workload(out: Path, models: Path, tuning: str, simulator: bool) -> str:
-    """Runs the workload in a fresh process on pocl or Oclgrind; returns what it wrote to stderr."""
-    env = dict(os.environ, FERRUM_OPENCL_GPU_TUNING=tuning)
-    if not tuning:
-        env.pop("FERRUM_OPENCL_GPU_TUNING")
-    if simulator:
-        vendors = out / "icd"
-        vendors.mkdir(parents=True)
-        (vendors / "oclgrind.icd").write_text(f"{OCLGRIND_ICD}\n")
-        env.update(OCL_ICD_VENDORS=str(vendors), OCLGRIND_DATA_RACES="1", OCLGRIND_CHECK_API="1")
-    code = ("import sys; sys.path.insert(0, sys.argv[3]); import gpu_family_workload as w; from pathlib import Path; "
-            "w.run(Path(sys.argv[1]), sorted(Path(sys.argv[2]).glob('*.gguf')))")
-    r = subprocess.run([sys.executable, "-c", code, str(out), str(models), str(WORKLOAD.parent)], env=env,
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return r.stderr
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    sys.path.insert(0, str(WORKLOAD.parent))
-    import gpu_family_workload
-    return gpu_family_workload.model_files(tmp_path_factory.mktemp("gpu_family_models"))
-
-
 @pytest.fixture(scope="module", params=list(TUNINGS))
-def runs(request, models, tmp_path_factory):
+def runs(request, gpu_family_models, gpu_family_on_pocl, tmp_path_factory):
     """(Oclgrind's stderr, its outputs, pocl's outputs) for one tuning."""
-    tuning = TUNINGS[request.param]
-    base = tmp_path_factory.mktemp(f"oclgrind_{request.param}")
-    stderr = run_workload(base / "oclgrind", models[0].parent, tuning, simulator=True)
-    run_workload(base / "pocl", models[0].parent, tuning, simulator=False)
-    return stderr, np.load(base / "oclgrind" / "outputs.npz"), np.load(base / "pocl" / "outputs.npz"), base
+    out = tmp_path_factory.mktemp(f"oclgrind_{request.param}")
+    stderr = run_workload(out, gpu_family_models[0].parent, TUNINGS[request.param], simulator=True)
+    return stderr, np.load(out / "outputs.npz"), np.load(gpu_family_on_pocl(request.param) / "outputs.npz")
 
 
 def test_no_race_and_no_access_out_of_bounds(runs):
@@ -83,8 +47,7 @@ def test_no_race_and_no_access_out_of_bounds(runs):
 
 
 def test_results_equal_pocls(runs):
-    _, simulated, pocl, _ = runs
-    import gpu_family_workload as w
+    _, simulated, pocl = runs
     expected = len(w.WEIGHT_DTYPES) * 2 * 4 + len(w.MODELS) * len(w.KV_DTYPES) * 3
     assert sorted(simulated.files) == sorted(pocl.files) and len(simulated.files) == expected
     for name in simulated.files:
@@ -94,10 +57,9 @@ def test_results_equal_pocls(runs):
         assert err < bound(name), (name, err)
 
 
-def test_models_greedy_tokens_equal_the_cpu_backends(runs, models):
-    import gpu_family_workload as w
+def test_models_greedy_tokens_equal_the_cpu_backends(runs, gpu_family_models):
     simulated = runs[1]
-    for path in models:
+    for path in gpu_family_models:
         for kv in w.KV_DTYPES:
             cpu = w.model_steps(path, "cpu", kv)
             for i, c in enumerate(cpu):

@@ -4,35 +4,22 @@ weight type and layout, each KV dtype, the row kernels, MoE; two tunings) is com
 build options plus -DNV_ASM by clang to PTX and assembled by NVIDIA's ptxas for sm_80 (A100) and
 sm_90 (H100 / H200). Any error fails. scripts/nv_ptx.py prints the registers and spills."""
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import nv_ptx  # noqa: E402
-from gpu_family_workload import WEIGHT_DTYPES  # noqa: E402
-
-TUNINGS = ("", "LANES=16,GEMV_GROUPS=8,GEMV_ROWS=4,GEMV_TOKENS=4,GEMM_TM=32,GEMM_TN=32,GEMM_WM=2,GEMM_WN=4,"
-               "ATTN_WG=32,MAX_GROUP=4,ATTN_SPLIT=8,ATTN_SPLIT_TOKENS=4,ROW_WG=64")
+from gpu_family_runs import TUNINGS
+import nv_ptx  # noqa: I001 (importable once gpu_family_runs is)
+from gpu_family_workload import WEIGHT_DTYPES
 
 
 @pytest.fixture(scope="module")
-def programs(tmp_path_factory):
+def programs(gpu_family_on_pocl):
     """The gpu family's (sources, options) as the backend requested them on pocl, per tuning."""
     found = []
-    for i, tuning in enumerate(TUNINGS):
-        out = tmp_path_factory.mktemp(f"programs{i}")
-        env = dict(os.environ, FERRUM_OPENCL_GPU_TUNING=tuning)
-        code = ("import sys; sys.path.insert(0, sys.argv[2]); import gpu_family_workload as w; from pathlib import Path; "
-                "out = Path(sys.argv[1]); w.run(out, w.model_files(out / 'models'))")
-        r = subprocess.run([sys.executable, "-c", code, str(out), str(ROOT / "scripts")], env=env,
-                           capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stderr[-4000:]
-        for p in nv_ptx.gpu_family_programs(json.loads((out / "programs.json").read_text())):
+    for name in TUNINGS:
+        requested = json.loads((gpu_family_on_pocl(name) / "programs.json").read_text())
+        for p in nv_ptx.gpu_family_programs(requested):
             if p not in found:
                 found.append(p)
     return found

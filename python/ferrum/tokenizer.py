@@ -218,9 +218,8 @@ def _read_text(path: Path) -> str:
 def _loads_strict(text: str, path: Path):
     """json.loads, refusing a key repeated in one object (the file is damaged: which one counts?)."""
     def unique(pairs):
-        keys = [k for k, _ in pairs]
-        if len(set(keys)) != len(keys):
-            repeated = next(k for k in keys if keys.count(k) > 1)
+        repeated = _first_repeated(k for k, _ in pairs)
+        if repeated is not None:
             raise ValueError(f"{path}: the key {repeated!r} appears twice in one object")
         return dict(pairs)
     try:
