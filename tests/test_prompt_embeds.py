@@ -166,3 +166,14 @@ def test_prompt_lookup_speculation_follows_the_generated_ids(model, llm):
     assert ([o.outputs[0].token_ids for o in spec.generate(prompts, params)]
             == [o.outputs[0].token_ids for o in llm.generate(prompts, params)])
     assert spec.stats()["spec_proposed_tokens"] > 0
+
+
+def test_a_prompt_of_embeddings_that_can_never_fit_is_refused(model):
+    """The up-front check counts a prompt's rows as its tokens, as it counts ids."""
+    path, table = model
+    small = open_llm(path, kv_cache_tokens=32)
+    prompt = embeds(table, list(range(1, 11)))
+    out = small.generate(prompt, ferrum.SamplingParams(max_tokens=23, temperature=0, ignore_eos=True))[0].outputs[0]
+    assert (len(out.token_ids), out.length_limit) == (23, "max_tokens")
+    with pytest.raises(ValueError, match="max_tokens=24 cannot fit after a prompt of 10 tokens"):
+        small.generate(prompt, ferrum.SamplingParams(max_tokens=24))

@@ -141,7 +141,7 @@ class Engine:
         biased = max(params.logit_bias or (), default=-1)
         if biased >= vocab:
             raise ValueError(f"logit_bias token id {biased} is out of range [0, {vocab})")
-        self.check_fits(len(prompt_ids), params.max_tokens)
+        self.check_fits(len(embeds) if embeds is not None else len(prompt_ids), params.max_tokens)
         if params.best_of > self._kv_blocks:  # also keeps an absurd n from building that many completions
             raise ValueError(f"{params.best_of} completions (n / best_of) is more than the KV cache's "
                              f"{self._kv_blocks} blocks: each completion needs one of its own")
