@@ -71,6 +71,23 @@ def settle(driver):
     return messages(driver)[-1]
 
 
+def reply_to(driver, action):
+    """Runs `action` (a click that starts a reply) and waits for that reply to end, not for one
+    that has not begun yet: the page shows a pending message, or the last message is another
+    element than before (regenerate renders the conversation anew). Returns the reply's element."""
+    before = messages(driver)
+    last = before[-1] if before else None
+    action()
+
+    def started():
+        if driver.find_elements(By.CSS_SELECTOR, ".message.pending"):
+            return True
+        now = messages(driver)
+        return len(now) > len(before) or (bool(now) and now[-1] != last)
+    wait_until(started, 30, "the reply to start")
+    return settle(driver)
+
+
 def set_settings(driver, **fields):
     driver.find_element(By.ID, "open-settings").click()
     for id_, value in fields.items():
@@ -99,8 +116,7 @@ def test_conversation_stop_regenerate_reload_edit_export(server, browser, tmp_pa
     browser.get(url)
     wait_until(lambda: browser.find_element(By.ID, "model-name").text == MODEL, 20, "the model's name")
     set_settings(browser, **{"temperature": "0", "max-tokens": "24", "system-prompt": "You are terse."})
-    say(browser, "What is the capital of France?")
-    reply = settle(browser)
+    reply = reply_to(browser, lambda: say(browser, "What is the capital of France?"))
     expected = chat_api(url, [{"role": "system", "content": "You are terse."},
                               {"role": "user", "content": "What is the capital of France?"}],
                         temperature=0, max_tokens=24)
@@ -111,8 +127,7 @@ def test_conversation_stop_regenerate_reload_edit_export(server, browser, tmp_pa
 
     # Regenerate with a seed and sampling: the reply becomes the server's for that seed.
     set_settings(browser, **{"temperature": "0.9", "seed": "7"})
-    reply.find_element(By.CSS_SELECTOR, "button.regenerate").click()
-    reply = settle(browser)
+    reply = reply_to(browser, reply.find_element(By.CSS_SELECTOR, "button.regenerate").click)
     assert len(messages(browser)) == 2
     seeded = chat_api(url, [{"role": "system", "content": "You are terse."},
                             {"role": "user", "content": "What is the capital of France?"}],
@@ -144,8 +159,7 @@ def test_conversation_stop_regenerate_reload_edit_export(server, browser, tmp_pa
     box = browser.find_element(By.CSS_SELECTOR, ".edit-box")
     box.clear()
     box.send_keys("What is the capital of Italy?")
-    messages(browser)[0].find_element(By.CSS_SELECTOR, "button.send").click()
-    reply = settle(browser)
+    reply = reply_to(browser, messages(browser)[0].find_element(By.CSS_SELECTOR, "button.send").click)
     assert len(messages(browser)) == 2
     edited = chat_api(url, [{"role": "system", "content": "You are terse."},
                             {"role": "user", "content": "What is the capital of Italy?"}],
@@ -169,8 +183,7 @@ def test_html_in_a_reply_is_shown_as_text(server, browser):
     browser.find_element(By.ID, "new-chat").click()
     set_settings(browser, **{"temperature": "0", "max-tokens": "80",
                              "extra-json": json.dumps({"structured_outputs": {"choice": [HOSTILE]}})})
-    say(browser, "Say something.")
-    reply = settle(browser)
+    reply = reply_to(browser, lambda: say(browser, "Say something."))
     content = reply.find_element(By.CSS_SELECTOR, ".content")
     assert content.text == HOSTILE.replace("**bold**", "bold")
     assert content.find_element(By.TAG_NAME, "strong").text == "bold"  # Markdown still renders
