@@ -8,7 +8,7 @@ namespace ferrum {
 const char* op_name(Op op) {
   static const char* names[] = {"embedding",       "linear", "rms_norm",    "add_rms_norm",
                                 "qkv_to_cache",    "paged_attention", "swiglu", "gather_rows",
-                                "moe_route",       "moe_experts"};
+                                "moe_route",       "moe_experts",     "lora"};
   return names[static_cast<int>(op)];
 }
 
@@ -19,6 +19,11 @@ void Backend::moe_route(Stream&, const Tensor&, int64_t, bool, const Tensor&, co
 void Backend::moe_experts(Stream&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                           const Tensor&, const Tensor&, const Tensor&) {
   throw ValueError(std::string("moe_experts is not supported by the ") + name() + " backend");
+}
+
+void Backend::lora(Stream&, const Tensor&, const Tensor&, std::shared_ptr<const LoraSlots>, int64_t, int64_t,
+                   const Tensor&) {
+  throw ValueError(std::string("LoRA adapters are not supported by the ") + name() + " backend");
 }
 
 #if FERRUM_HAVE_OPENCL

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -21,7 +22,7 @@ namespace ferrum {
 
 enum class Op {
   Embedding, Linear, RmsNorm, AddRmsNorm, QkvToCache, PagedAttention, SwiGLU, GatherRows,
-  MoeRoute, MoeExperts,
+  MoeRoute, MoeExperts, Lora,
 };
 const char* op_name(Op op);
 
@@ -58,6 +59,26 @@ struct KvLayer {
   Tensor k, v;
   Tensor k_scale, v_scale;
   int64_t block_size() const { return k.dim(2); }
+};
+
+// LoRA (low-rank adapters). One update of a projection's output columns [out_col, out_col + N):
+//   out[t, out_col + n] += scale * sum_j (sum_k x[t, k] a[j, k]) b[n, j]
+// with a f32 [r, K] and b f32 [N, r]. A fused projection (q/k/v, gate/up) takes one per part.
+struct LoraUpdate {
+  Tensor a, b;
+  int64_t out_col = 0;
+  float scale = 1.0f;
+};
+// One adapter's updates at each projection site of a model (the decoder numbers the sites); a
+// site it does not target has none. Adapters of different ranks keep their own sizes.
+struct LoraWeights {
+  std::vector<std::vector<LoraUpdate>> sites;
+  int64_t bytes = 0;  // of its tensors
+};
+// The adapters a step's rows choose from, by slot. The host fills the slots before each submit of
+// a recorded step, as it rewrites the ids; a recorded lora op reads them when it runs.
+struct LoraSlots {
+  std::vector<std::shared_ptr<const LoraWeights>> slots;  // null: an unused slot
 };
 
 class Stream {
@@ -166,6 +187,15 @@ class Backend {
   virtual void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                            const Tensor& down, const Tensor& ids, const Tensor& weights,
                            const Tensor& out);
+
+  // ---- LoRA; optional: the default throws ValueError (supports(Op::Lora) must then be false) ----
+  // For each row t of x f32[T, K] whose slot = row_slots[t] (i32[T]) is in [0, slots.slots.size())
+  // and holds an adapter: that adapter's updates at `site` are added into out f32[T, >= cols], as
+  // LoraUpdate says; other rows (slot -1, an empty slot, an adapter without updates there) are
+  // left as they are. Slots and row_slots are read at submit time. A row's result does not depend
+  // on the other rows. Each update's ranks are at most max_rank (sizes the op's scratch).
+  virtual void lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::shared_ptr<const LoraSlots> slots,
+                    int64_t site, int64_t max_rank, const Tensor& out);
 };
 
 // Creates "cpu" or "opencl[:platform[:device]]" backends. opencl_kernels picks the OpenCL

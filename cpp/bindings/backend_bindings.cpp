@@ -122,7 +122,7 @@ void bind_backend(py::module_& m) {
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend")
       .def_property_readonly("name", &Backend::name)
       .def("supports", [](Backend& b, const std::string& op, const std::string& dtype) {
-        for (int i = 0; i <= static_cast<int>(Op::MoeExperts); ++i)
+        for (int i = 0; i <= static_cast<int>(Op::Lora); ++i)
           if (op == op_name(static_cast<Op>(i))) return b.supports(static_cast<Op>(i), dtype_from_name(dtype));
         throw ValueError("unknown op '" + op + "'");
       }, py::arg("op"), py::arg("weight_dtype") = "f32")

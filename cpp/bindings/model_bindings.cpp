@@ -45,8 +45,11 @@ py::dict config_dict(const ModelConfig& c) {
 RunnerOptions runner_options(const std::string& device, int num_threads, const std::string& kv_dtype,
                              int64_t max_model_len, int64_t kv_cache_tokens, int64_t kv_cache_bytes,
                              double kv_cache_fraction, bool prefix_cache, const py::object& progress,
-                             std::shared_ptr<Communicator> group) {
+                             std::shared_ptr<Communicator> group, int64_t max_loras = 0,
+                             int64_t max_lora_rank = 16) {
   RunnerOptions o;
+  o.max_loras = max_loras;
+  o.max_lora_rank = max_lora_rank;
   o.device = device;
   o.num_threads = num_threads;
   o.kv_dtype = kv_dtype == "int8" ? DType::I8 : dtype_from_name(kv_dtype);
@@ -73,14 +76,19 @@ StepItem::Logits logits_mode(const std::string& s) {
 }  // namespace
 
 void bind_model(py::module_& m) {
+  py::class_<LoraAdapter, std::shared_ptr<LoraAdapter>>(m, "LoraAdapter",
+                                                         "A LoRA adapter loaded for one ModelRunner.")
+      .def_property_readonly("bytes", [](const LoraAdapter& a) { return a.bytes; })
+      .def_property_readonly("cache_key", [](const LoraAdapter& a) { return a.cache_key; });
   py::class_<ModelRunner>(m, "ModelRunner")
       .def(py::init([](ModelFile& file, const std::string& device, int num_threads, const std::string& kv_dtype,
                        int64_t max_model_len, int64_t kv_cache_tokens, int64_t kv_cache_bytes, double kv_cache_fraction,
-                       bool prefix_cache, const py::object& progress, std::shared_ptr<Communicator> group) {
+                       bool prefix_cache, const py::object& progress, std::shared_ptr<Communicator> group,
+                       int64_t max_loras, int64_t max_lora_rank) {
              if (file.format.empty()) throw ValueError(file.path + ": this ModelFile was loaded already");
              RunnerOptions o = runner_options(device, num_threads, kv_dtype, max_model_len, kv_cache_tokens,
                                               kv_cache_bytes, kv_cache_fraction, prefix_cache, progress,
-                                              std::move(group));
+                                              std::move(group), max_loras, max_lora_rank);
              ModelFile taken = std::move(file);
              file.path = taken.path;  // what is left: a name for the error above
              file.format.clear();
@@ -90,9 +98,11 @@ void bind_model(py::module_& m) {
            py::arg("model_file"), py::arg("device") = "cpu", py::arg("num_threads") = 0,
            py::arg("kv_dtype") = "f16", py::arg("max_model_len") = 0, py::arg("kv_cache_tokens") = 0,
            py::arg("kv_cache_bytes") = 0, py::arg("kv_cache_fraction") = 0.0, py::arg("prefix_cache") = true,
-           py::arg("progress") = py::none(), py::arg("group") = nullptr,
+           py::arg("progress") = py::none(), py::arg("group") = nullptr, py::arg("max_loras") = 0,
+           py::arg("max_lora_rank") = 16,
            "Loads the weights of an opened ModelFile (which is then used up). group: a tensor-parallel "
-           "group (ferrum.dist) whose rank 0 this process is: each rank loads its share.")
+           "group (ferrum.dist) whose rank 0 this process is: each rank loads its share. max_loras > 0: "
+           "steps may run up to that many LoRA adapters (of rank <= max_lora_rank) beside the base.")
       .def(py::init([](const std::string& path, const std::string& device, int num_threads,
                        const std::string& kv_dtype, int64_t max_model_len, int64_t kv_cache_tokens,
                        int64_t kv_cache_bytes, double kv_cache_fraction, bool prefix_cache,
@@ -111,6 +121,37 @@ void bind_model(py::module_& m) {
       .def_property_readonly("max_model_len", &ModelRunner::max_model_len)
       .def_property_readonly("block_size", &ModelRunner::block_size)
       .def_property_readonly("device", [](ModelRunner& r) { return r.backend().name(); })
+      .def_property_readonly("max_loras", &ModelRunner::max_loras)
+      .def_property_readonly("max_lora_rank", &ModelRunner::max_lora_rank)
+      .def("make_lora",
+           [](ModelRunner& r, const py::list& updates, uint64_t cache_key) {
+             std::vector<LoraPart> parts;
+             for (const py::handle& h : updates) {
+               const py::tuple t = h.cast<py::tuple>();
+               if (t.size() != 5) throw ValueError("a LoRA update is (site, a, b, out_col, scale)");
+               LoraPart p;
+               p.site = t[0].cast<int64_t>();
+               const auto a = t[1].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+               const auto b = t[2].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
+               if (a.ndim() != 2 || b.ndim() != 2 || a.shape(0) != b.shape(1))
+                 throw ValueError("LoRA update at site " + std::to_string(p.site) +
+                                  ": A must be [rank, in] and B [out, rank]");
+               p.rank = a.shape(0);
+               p.n = b.shape(0);
+               p.a.assign(a.data(), a.data() + a.size());
+               p.b.assign(b.data(), b.data() + b.size());
+               p.out_col = t[3].cast<int64_t>();
+               p.scale = t[4].cast<float>();
+               parts.push_back(std::move(p));
+             }
+             py::gil_scoped_release nogil;
+             return std::const_pointer_cast<LoraAdapter>(r.make_lora(std::move(parts), cache_key));
+           },
+           py::arg("updates"), py::arg("cache_key"),
+           "A LoRA adapter from its updates [(site, A f32 [rank, in], B f32 [out, rank], out_col, scale)]: "
+           "site = layer * 4 + (0 qkv, 1 o, 2 gate_up, 3 down), out_col the first column of the fused "
+           "output it adds to. cache_key keys its prefix-cache blocks. ValueError for anything that does "
+           "not fit the model.")
       .def("add_sequence", &ModelRunner::add_sequence)
       .def("release_sequence", &ModelRunner::release_sequence, py::arg("seq"))
       .def("sequence_length", &ModelRunner::sequence_length, py::arg("seq"))

@@ -15,6 +15,7 @@ SchedulerOptions scheduler_options(const ModelRunner& runner, const EngineOption
   s.max_num_seqs = opt.max_num_seqs;
   s.max_num_batched_tokens = opt.max_num_batched_tokens;
   s.max_model_len = runner.max_model_len();
+  s.max_loras = runner.max_loras();
   return s;
 }
 }  // namespace
@@ -39,18 +40,24 @@ std::vector<int32_t> Engine::admitted(const std::vector<int64_t>& tokens) const 
   return std::vector<int32_t>(tokens.begin(), tokens.end());
 }
 
-int64_t Engine::add_sequence(const std::vector<int64_t>& prompt, int64_t rows_from) {
+void Engine::check_lora(const LoraRef& lora) const {
+  if (lora && runner_.max_loras() == 0) throw ValueError("a LoRA adapter needs a model loaded with enable_lora");
+}
+
+int64_t Engine::add_sequence(const std::vector<int64_t>& prompt, int64_t rows_from, LoraRef lora) {
   const std::vector<int32_t> tokens = admitted(prompt);
+  check_lora(lora);
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t id = sched_.add(tokens, rows_from);
+  const int64_t id = sched_.add(tokens, rows_from, {}, std::move(lora));
   note_busy();
   return id;
 }
 
-int64_t Engine::add_score(const std::vector<int64_t>& tokens, int64_t rows_from, SeqKind kind) {
+int64_t Engine::add_score(const std::vector<int64_t>& tokens, int64_t rows_from, SeqKind kind, LoraRef lora) {
   const std::vector<int32_t> admitted_tokens = admitted(tokens);
+  check_lora(lora);
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t id = sched_.add_score(admitted_tokens, rows_from, kind);
+  const int64_t id = sched_.add_score(admitted_tokens, rows_from, kind, {}, std::move(lora));
   note_busy();
   return id;
 }
@@ -63,7 +70,8 @@ uint64_t fnv1a(const void* data, size_t bytes) {
 }
 }  // namespace
 
-int64_t Engine::add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t rows_from) {
+int64_t Engine::add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t rows_from, LoraRef lora) {
+  check_lora(lora);
   const int64_t hidden = runner_.config().hidden;
   if (rows.empty() || rows.size() % size_t(hidden) != 0)
     throw ValueError("prompt embeddings must be a non-empty [tokens, " + std::to_string(hidden) + "] array");
@@ -75,8 +83,9 @@ int64_t Engine::add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t
   embeds.rows = std::make_shared<const std::vector<float>>(std::move(rows));
   const std::vector<int32_t> placeholders(size_t(n), 0);
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t id = kind == SeqKind::Generate ? sched_.add(placeholders, rows_from, std::move(embeds))
-                                               : sched_.add_score(placeholders, rows_from, kind, std::move(embeds));
+  const int64_t id = kind == SeqKind::Generate
+                         ? sched_.add(placeholders, rows_from, std::move(embeds), std::move(lora))
+                         : sched_.add_score(placeholders, rows_from, kind, std::move(embeds), std::move(lora));
   note_busy();
   return id;
 }
@@ -117,6 +126,7 @@ EngineStep Engine::step() {
         f.embeds = s.embeds->data();
         f.embeds_len = s.prompt_len;
       }
+      f.lora = s.lora;
       f.kind = c.kind;
       f.decode = c.decode;
       f.start = c.start;

@@ -22,6 +22,9 @@ struct EngineOptions {
   int64_t max_num_batched_tokens = 512;
 };
 
+// The LoRA adapter a sequence runs with (ModelRunner::make_lora); null: the base model.
+using LoraRef = std::shared_ptr<const LoraAdapter>;
+
 // A step's rows: the logits rows (generations', then scores') and after them the embeddings'
 // hidden-state rows, each tagged with its sequence and position (logits at a position predict
 // the token after it).
@@ -49,16 +52,17 @@ class Engine {
 
   // Queues a generation; ValueError when it could never run. Returns its id. The logits of its
   // prompt's positions rows_from .. come out too (-1: none).
-  int64_t add_sequence(const std::vector<int64_t>& prompt, int64_t rows_from = -1);
+  int64_t add_sequence(const std::vector<int64_t>& prompt, int64_t rows_from = -1, LoraRef lora = nullptr);
   // Queues a score of `tokens` (logits rows) or an embedding (hidden-state rows): rows at positions
   // rows_from .. end come out of the steps that compute them, with f32 activations. ValueError
   // when it could never run.
-  int64_t add_score(const std::vector<int64_t>& tokens, int64_t rows_from, SeqKind kind = SeqKind::Score);
+  int64_t add_score(const std::vector<int64_t>& tokens, int64_t rows_from, SeqKind kind = SeqKind::Score,
+                    LoraRef lora = nullptr);
   // Queues a prompt given as embeddings: f32 rows [tokens, hidden] (row-major) fed instead of
   // token ids. A generation (kind Generate; rows_from as add_sequence's) continues from its
   // sampled ids; a score or embedding returns rows from rows_from. ValueError for a width other
   // than the hidden size, no rows, a non-finite value, or one that could never run.
-  int64_t add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t rows_from);
+  int64_t add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t rows_from, LoraRef lora = nullptr);
   // Ends a sequence wherever it is (waiting, mid-prefill, decoding); unknown ids are ignored.
   void abort(int64_t seq);
   EngineStep step();
@@ -82,6 +86,8 @@ class Engine {
   void note_busy();  // keeps busy_seconds in step with has_unfinished
   // Token ids as sequences hold them, after the one check of their values: in [0, vocab).
   std::vector<int32_t> admitted(const std::vector<int64_t>& tokens) const;
+  // ValueError for an adapter on a runner without LoRA.
+  void check_lora(const LoraRef& lora) const;
 
   mutable std::mutex mu_;
   ModelRunner& runner_;

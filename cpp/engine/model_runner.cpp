@@ -89,6 +89,13 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
       throw ValueError("max_model_len " + std::to_string(max_model_len_) + " exceeds the model's " +
                        std::to_string(cfg_.max_positions) + " positions");
     be_ = make_backend(opt.device, threads_of(opt));
+    if (opt.max_loras < 0 || opt.max_lora_rank < 1) throw ValueError("max_loras must be >= 0 and max_lora_rank >= 1");
+    if (opt.max_loras > 0 && group_)
+      throw ValueError("LoRA adapters (enable_lora) do not run with tensor parallelism yet");
+    if (opt.max_loras > 0 && !be_->supports(Op::Lora))
+      throw ValueError("the " + be_->name() + " backend does not run LoRA adapters (enable_lora): use device='cpu'");
+    max_loras_ = opt.max_loras;
+    max_lora_rank_ = opt.max_lora_rank;
     const int64_t rss = proc_status_bytes("VmRSS:");
     w = load_weights(*be_, file.weights, cfg_, split_, opt.load_progress);
     file.weights = WeightSource{};  // the file stays mapped only where weights are used as stored
@@ -120,7 +127,7 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
       kv_.push_back(kv);
     }
     blocks_ = std::make_unique<BlockManager>(blocks, opt.prefix_cache);
-    decoder_ = std::make_unique<Decoder>(be_, local, std::move(w), rope);
+    decoder_ = std::make_unique<Decoder>(be_, local, std::move(w), rope, max_loras_, max_lora_rank_);
   } catch (...) {
     if (leads()) send_order(*group_, OrderKind::Close, model_number_);  // the followers' runners are built: drop them
     throw;
@@ -192,6 +199,8 @@ ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
   p.slots.assign(size_t(Tb), -1);
   p.block_tables.assign(size_t(S * max_blocks_), -1);
   p.row_index.assign(size_t(Rb), 0);
+  p.loras.clear();
+  p.lora_rows.assign(max_loras_ > 0 ? size_t(Tb) : 0, -1);
   p.embeds = false;
   for (const ForwardItem& it : items) p.embeds = p.embeds || (it.embeds && it.start < it.embeds_len);
   const int64_t H = cfg_.hidden;
@@ -211,7 +220,17 @@ ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
         it.rows_from < it.start || it.rows_from + it.rows > it.start + it.count)
       throw std::logic_error("ModelRunner::forward: an item outside its blocks or tokens");
     std::copy(blocks.begin(), blocks.end(), p.block_tables.begin() + int64_t(i) * max_blocks_);
+    int32_t slot = -1;
+    if (it.lora) {
+      if (max_loras_ == 0) throw ValueError("a LoRA adapter was given to a model loaded without enable_lora");
+      const auto found = std::find(p.loras.begin(), p.loras.end(), it.lora);
+      slot = int32_t(found - p.loras.begin());
+      if (found == p.loras.end()) p.loras.push_back(it.lora);
+      if (int64_t(p.loras.size()) > max_loras_)
+        throw std::logic_error("ModelRunner::forward: more adapters in one step than max_loras");
+    }
     for (int64_t j = 0; j < it.count; ++j, ++t) {
+      if (slot >= 0) p.lora_rows[size_t(t)] = slot;
       const int64_t pos = it.start + j;
       p.ids[size_t(t)] = it.tokens[j];
       p.token_seq[size_t(t)] = int32_t(i);
@@ -247,11 +266,17 @@ ForwardOutput ModelRunner::run(const StepPlan& p) {
   be_->upload(b.batch.slot_mapping, p.slots.data(), p.slots.size() * 4);
   be_->upload(b.batch.block_tables, p.block_tables.data(), p.block_tables.size() * 4);
   be_->upload(b.logit_rows, p.row_index.data(), p.row_index.size() * 4);
+  if (LoraSlots* slots = decoder_->lora_slots()) {
+    for (size_t k = 0; k < slots->slots.size(); ++k) slots->slots[k] = k < p.loras.size() ? p.loras[k] : nullptr;
+    be_->upload(b.lora_rows, p.lora_rows.data(), p.lora_rows.size() * 4);
+  }
   if (p.embeds) {
     be_->upload(b.inputs.slice(p.tokens, p.tokens), p.embed_rows.data(), p.embed_rows.size() * 4);
     be_->upload(b.input_rows, p.input_rows.data(), p.input_rows.size() * 4);
   }
   g.step->run(stats_.all_reduce);
+  if (LoraSlots* slots = decoder_->lora_slots())  // a removed adapter's memory goes once its requests end
+    std::fill(slots->slots.begin(), slots->slots.end(), nullptr);
   stats_.steps++;
   ForwardOutput out;
   const int64_t L = p.logit_rows, H = p.hidden_rows;
@@ -286,6 +311,11 @@ void ModelRunner::gather_logits(const Tensor& logits, int64_t rows, std::vector<
     for (int64_t i = 0; i < rows; ++i)
       std::copy_n(logits_gathered_.begin() + (k * rows + i) * chunk, n, out.begin() + i * V + v0);
   }
+}
+
+std::shared_ptr<const LoraAdapter> ModelRunner::make_lora(std::vector<LoraPart> parts, uint64_t cache_key) {
+  if (max_loras_ == 0) throw ValueError("LoRA adapters need a model loaded with enable_lora");
+  return make_lora_adapter(*be_, cfg_, max_lora_rank_, std::move(parts), cache_key);
 }
 
 RankMemory ModelRunner::memory() const {

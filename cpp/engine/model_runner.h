@@ -37,6 +37,10 @@ struct RunnerOptions {
   // one machine, num_threads 0 gives each rank its share of the cores; the KV cache sizes are
   // each rank's (the ranks agree on the smallest pool).
   std::shared_ptr<Communicator> group;
+  // LoRA: up to max_loras different adapters per step (0: none), each of rank <= max_lora_rank.
+  // One process only (no group), on a backend that supports(Op::Lora).
+  int64_t max_loras = 0;
+  int64_t max_lora_rank = 16;
 };
 
 // One sequence's part of a forward: its tokens at positions [start, start + count), whose
@@ -58,6 +62,8 @@ struct ForwardItem {
   // the tokens at those positions.
   const float* embeds = nullptr;
   int64_t embeds_len = 0;
+  // The LoRA adapter its tokens run with (null: the base model).
+  std::shared_ptr<const LoraAdapter> lora;
 };
 
 struct ForwardOutput {
@@ -89,6 +95,9 @@ struct StepPlan {
   std::vector<int32_t> ids, token_seq, token_pos, slots;  // [tokens]
   std::vector<int32_t> block_tables;                      // [seqs, max_blocks]
   std::vector<int32_t> row_index;                         // [rows]: the token row of each output row
+  // With LoRA: the step's adapters (one per slot used) and each token row's slot (-1: none).
+  std::vector<std::shared_ptr<const LoraAdapter>> loras;
+  std::vector<int32_t> lora_rows;                         // [tokens]
 };
 
 struct RunnerStats {
@@ -121,6 +130,11 @@ class ModelRunner {
   int64_t max_model_len() const { return max_model_len_; }
   int64_t block_size() const { return kBlockSize; }
   Backend& backend() { return *be_; }
+  int64_t max_loras() const { return max_loras_; }
+  int64_t max_lora_rank() const { return max_lora_rank_; }
+  // An adapter from its updates (model/lora.h: checked against this model, then uploaded);
+  // ValueError when LoRA is off.
+  std::shared_ptr<const LoraAdapter> make_lora(std::vector<LoraPart> parts, uint64_t cache_key);
 
   BlockManager& blocks() { return *blocks_; }
   const BlockManager& blocks() const { return *blocks_; }
@@ -168,6 +182,7 @@ class ModelRunner {
   std::unique_ptr<Decoder> decoder_;
   std::string format_;
   int64_t max_model_len_ = 0, max_blocks_ = 0;
+  int64_t max_loras_ = 0, max_lora_rank_ = 0;
   std::vector<KvLayer> kv_;
   std::unique_ptr<BlockManager> blocks_;
   bool replay_ = true;

@@ -29,11 +29,14 @@ const Sequence& Scheduler::sequence(int64_t id) const {
 namespace {
 // Where a kind of sequence keeps its cached blocks (BlockManager::add_sequence): scores and
 // embeddings compute alike (f32 activations), generations apart.
-// A prompt given as embeddings caches in a domain of its rows' content (never 0 or 1).
-int64_t cache_domain(SeqKind kind, const PromptEmbeds& embeds) {
+// A prompt given as embeddings caches in a domain of its rows' content, a sequence with a LoRA
+// adapter in one of the adapter's key (both: of the two together; never 0 or 1).
+int64_t cache_domain(SeqKind kind, const PromptEmbeds& embeds, const LoraAdapter* lora) {
   const int64_t numerics = kind == SeqKind::Generate ? 0 : 1;
-  if (!embeds.rows) return numerics;
-  return int64_t(embeds.content_hash & ~uint64_t(3)) | 2 | numerics;
+  if (!embeds.rows && !lora) return numerics;
+  uint64_t h = embeds.rows ? embeds.content_hash : 0;
+  if (lora) h = (h ^ lora->cache_key) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
+  return int64_t(h & ~uint64_t(3)) | 2 | numerics;
 }
 
 void check_embeds(const PromptEmbeds& embeds, int64_t n) {
@@ -50,7 +53,8 @@ int64_t Scheduler::enqueue(Sequence s) {
   return id;
 }
 
-int64_t Scheduler::add(const std::vector<int32_t>& prompt, int64_t rows_from, PromptEmbeds embeds) {
+int64_t Scheduler::add(const std::vector<int32_t>& prompt, int64_t rows_from, PromptEmbeds embeds,
+                       std::shared_ptr<const LoraAdapter> lora) {
   const int64_t n = int64_t(prompt.size());
   if (n == 0) throw ValueError("the prompt is empty (no tokens)");
   if (n >= opt_.max_model_len)
@@ -62,8 +66,9 @@ int64_t Scheduler::add(const std::vector<int32_t>& prompt, int64_t rows_from, Pr
   if (rows_from > n) throw ValueError("the prompt's first returned row must be in [0, " + std::to_string(n) + "]");
   check_embeds(embeds, n);
   Sequence s;
-  s.cache_domain = cache_domain(SeqKind::Generate, embeds);
+  s.cache_domain = cache_domain(SeqKind::Generate, embeds, lora.get());
   s.embeds = std::move(embeds.rows);
+  s.lora = std::move(lora);
   s.tokens = prompt;
   s.prompt_len = n;
   s.rows_from = rows_from < 0 ? n : rows_from;
@@ -71,7 +76,7 @@ int64_t Scheduler::add(const std::vector<int32_t>& prompt, int64_t rows_from, Pr
 }
 
 int64_t Scheduler::add_score(const std::vector<int32_t>& tokens, int64_t rows_from, SeqKind kind,
-                             PromptEmbeds embeds) {
+                             PromptEmbeds embeds, std::shared_ptr<const LoraAdapter> lora) {
   const int64_t n = int64_t(tokens.size());
   if (kind == SeqKind::Generate) throw ValueError("add_score takes a score or an embedding");
   if (n == 0) throw ValueError("nothing to score (no tokens)");
@@ -86,8 +91,9 @@ int64_t Scheduler::add_score(const std::vector<int32_t>& tokens, int64_t rows_fr
   check_embeds(embeds, n);
   Sequence s;
   s.kind = kind;
-  s.cache_domain = cache_domain(kind, embeds);
+  s.cache_domain = cache_domain(kind, embeds, lora.get());
   s.embeds = std::move(embeds.rows);
+  s.lora = std::move(lora);
   s.tokens = tokens;
   s.prompt_len = n;
   s.rows_from = rows_from;
@@ -157,6 +163,14 @@ bool Scheduler::preempt_younger(int64_t than, SchedulerOutput* out, int64_t* bud
   return true;
 }
 
+bool Scheduler::lora_fits(const Sequence& s, std::vector<const LoraAdapter*>* loras) const {
+  if (!s.lora || opt_.max_loras == 0) return true;
+  if (std::find(loras->begin(), loras->end(), s.lora.get()) != loras->end()) return true;
+  if (int64_t(loras->size()) >= opt_.max_loras) return false;
+  loras->push_back(s.lora.get());
+  return true;
+}
+
 bool Scheduler::try_admit(Sequence& s, int64_t budget, SchedulerOutput* out) {
   // Only positions whose rows are not wanted may come from the cache.
   const int64_t limit = std::min(s.length(), s.rows_from + 1);
@@ -176,6 +190,7 @@ bool Scheduler::try_admit(Sequence& s, int64_t budget, SchedulerOutput* out) {
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int64_t budget = opt_.max_num_batched_tokens;
+  std::vector<const LoraAdapter*> loras;  // this step's
   bool hold_admission = false;
   for (const bool decodes : {true, false}) {
     const std::vector<int64_t> order(running_.begin(), running_.end());  // oldest first
@@ -188,6 +203,7 @@ SchedulerOutput Scheduler::schedule() {
         hold_admission = true;
         break;
       }
+      if (!lora_fits(s, &loras)) continue;  // its adapter waits for a step with a free slot
       while (fitting_tokens(s, 1) == 0 && preempt_younger(id, &out, &budget)) {
       }
       // A decode verifies its proposals as far as they fit: they never preempt anything.
@@ -208,7 +224,7 @@ SchedulerOutput Scheduler::schedule() {
   if (!out.preempted.empty()) hold_admission = true;
   while (!hold_admission && budget > 0 && !waiting_.empty() && int64_t(running_.size()) < opt_.max_num_seqs) {
     Sequence& s = seq(*waiting_.begin());
-    if (!try_admit(s, budget, &out)) break;
+    if (!lora_fits(s, &loras) || !try_admit(s, budget, &out)) break;
     budget -= out.chunks.back().count;
   }
   return out;

@@ -35,6 +35,8 @@ struct SchedulerOptions {
   int64_t max_num_seqs = 32;
   int64_t max_num_batched_tokens = 512;
   int64_t max_model_len = 0;  // a sequence ends ("length") when it holds this many tokens
+  // At most this many different LoRA adapters in one step (0: no limit); sequences on others wait.
+  int64_t max_loras = 0;
 };
 
 // One sequence's share of a step: tokens [start, start + count) of its tokens, and the rows
@@ -64,11 +66,13 @@ class Scheduler {
   // Queues a generation; ValueError when it could never run (empty, too long, too big for the
   // pool). Rows of its prompt's positions rows_from .. come out too (prompt logprobs); the
   // default, the prompt's length, asks for none.
-  int64_t add(const std::vector<int32_t>& prompt, int64_t rows_from = -1, PromptEmbeds embeds = {});
+  // lora: the adapter it runs with (null: the base model).
+  int64_t add(const std::vector<int32_t>& prompt, int64_t rows_from = -1, PromptEmbeds embeds = {},
+              std::shared_ptr<const LoraAdapter> lora = nullptr);
   // Queues a score (or an embedding) of `tokens` returning its rows at positions rows_from ..
   // end; ValueError when it could never run.
   int64_t add_score(const std::vector<int32_t>& tokens, int64_t rows_from, SeqKind kind = SeqKind::Score,
-                    PromptEmbeds embeds = {});
+                    PromptEmbeds embeds = {}, std::shared_ptr<const LoraAdapter> lora = nullptr);
   // Ends a sequence (finished or aborted) and frees its blocks; full blocks stay in the prefix
   // cache. Unknown ids are ignored, so aborting twice is harmless.
   void finish(int64_t seq);
@@ -107,6 +111,8 @@ class Scheduler {
   // Preempts the youngest running sequence younger than `than`; false when there is none.
   bool preempt_younger(int64_t than, SchedulerOutput* out, int64_t* budget);
   bool try_admit(Sequence& s, int64_t budget, SchedulerOutput* out);
+  // Whether s's adapter may join this step's (`loras`, which it then joins): within max_loras.
+  bool lora_fits(const Sequence& s, std::vector<const LoraAdapter*>* loras) const;
 
   BlockManager& blocks_;
   SchedulerOptions opt_;

@@ -6,6 +6,8 @@
 #include <memory>
 #include <vector>
 
+#include "model/lora.h"
+
 namespace ferrum {
 
 // What a sequence is computed for; this, not what shares its steps, decides its numerics.
@@ -25,6 +27,8 @@ struct Sequence {
   // feed instead of their tokens (placeholders, 0); generated tokens feed their ids as usual.
   // Its cached blocks are keyed by the rows' content (cache_domain), so only the same rows share them.
   std::shared_ptr<const std::vector<float>> embeds;
+  // The LoRA adapter it runs with (null: the base model); its blocks cache under its key.
+  std::shared_ptr<const LoraAdapter> lora;
   int64_t cache_domain = 0;
   int64_t computed = 0;          // leading tokens whose K/V are in the cache
   // First position whose row is still to be returned. A generation returns rows from there (its

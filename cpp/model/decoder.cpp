@@ -5,8 +5,13 @@
 
 namespace ferrum {
 
-Decoder::Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope)
-    : be_(std::move(be)), cfg_(std::move(cfg)), w_(std::move(w)), rope_(std::move(rope)) {
+Decoder::Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope, int64_t max_loras,
+                 int64_t max_lora_rank)
+    : be_(std::move(be)), cfg_(std::move(cfg)), w_(std::move(w)), rope_(std::move(rope)), max_lora_rank_(max_lora_rank) {
+  if (max_loras > 0) {
+    lora_ = std::make_shared<LoraSlots>();
+    lora_->slots.resize(size_t(max_loras));
+  }
   attn_ = AttnParams{cfg_.heads, cfg_.kv_heads, cfg_.head_dim, float(1.0 / std::sqrt(double(cfg_.head_dim))),
                      cfg_.sliding_window};
 }
@@ -46,6 +51,7 @@ StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blo
     b.expert_weights = be.alloc(DType::F32, {T, c.experts_per_token});
   }
   b.down = be.alloc(DType::F32, {T, c.hidden});
+  if (lora_) b.lora_rows = be.alloc(DType::I32, {T});
   b.h_rows = be.alloc(DType::F32, {R, c.hidden});
   b.logits = be.alloc(DType::F32, {std::max<int64_t>(split.logit_rows, 1), c.vocab});
   return b;
@@ -66,10 +72,13 @@ void Decoder::by_row_group(Stream& s, const StepBuffers& b, int64_t n, int64_t g
 }
 
 void Decoder::matmul(Stream& s, const StepBuffers& b, const Linear& w, const Tensor& x, const Tensor& out,
-                     int64_t gen) const {
+                     int64_t gen, int64_t site) const {
   by_row_group(s, b, x.dim(0), gen, [&](int64_t begin, int64_t count) {
     w.record(*be_, s, x.slice(begin, count), out.slice(begin, count));
   });
+  if (!lora_ || site < 0) return;
+  const LoraSiteShape shape = lora_site_shape(cfg_, site);
+  be_->lora(s, x, b.lora_rows, lora_, site, shape.parts * max_lora_rank_, out);
 }
 
 void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector<KvLayer>& kv) const {
@@ -92,10 +101,10 @@ void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector
     // x += previous layer's MLP output; h = norm(x)   (the first layer only normalises)
     if (l == 0) be.rms_norm(s, b.x, L.attn_norm, eps, b.h);
     else be.add_rms_norm(s, b.x, b.down, L.attn_norm, eps, b.h);
-    matmul(s, b, L.qkv, b.h, b.qkv, gen);
+    matmul(s, b, L.qkv, b.h, b.qkv, gen, lora_site(int64_t(l), LoraSite::Qkv));
     be.qkv_to_cache(s, b.qkv, L.q_norm, L.k_norm, eps, rope_, b.batch, attn_, b.q, kv[l]);
     be.paged_attention(s, b.q, kv[l], b.batch, attn_, attn_out);
-    matmul(s, b, L.o, b.attn, b.o, gen);
+    matmul(s, b, L.o, b.attn, b.o, gen, lora_site(int64_t(l), LoraSite::O));
     step.all_reduce(b.o);
     Stream& t = step.stream();
     be.add_rms_norm(t, b.x, b.o, L.ffn_norm, eps, b.h);
@@ -109,9 +118,9 @@ void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector
                        b.down.slice(begin, count));
       });
     } else {
-      matmul(t, b, L.gate_up, b.h, b.gate_up, gen);
+      matmul(t, b, L.gate_up, b.h, b.gate_up, gen, lora_site(int64_t(l), LoraSite::GateUp));
       be.swiglu(t, b.gate_up, b.act);
-      matmul(t, b, L.down, b.act, b.down, gen);
+      matmul(t, b, L.down, b.act, b.down, gen, lora_site(int64_t(l), LoraSite::Down));
     }
     step.all_reduce(b.down);
   }

@@ -5,6 +5,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/recorded_step.h"
 #include "model/weights.h"
 
@@ -36,6 +37,8 @@ struct StepBuffers {
   Tensor logit_rows;  // i32[rows]: which token rows get logits
   Tensor x, h, qkv, q, attn, o, gate_up, act, down, h_rows, logits;  // gate_up / act: dense layers
   Tensor router_logits, expert_ids, expert_weights;  // MoE layers: f32[T, E], i32 / f32[T, k]
+  // With LoRA: i32[tokens], the slot (Decoder::lora_slots) of each token row's adapter, -1 none.
+  Tensor lora_rows;
 };
 
 // With tensor parallelism, a rank's decoder computes its share of the model (cfg is
@@ -44,8 +47,14 @@ struct StepBuffers {
 // residual stream is then whole on every rank, and each rank's logits are its vocabulary's.
 class Decoder {
  public:
-  Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope);
+  // max_loras > 0: steps apply LoRA adapters, up to that many different ones per step, each of
+  // rank <= max_lora_rank.
+  Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope, int64_t max_loras = 0,
+          int64_t max_lora_rank = 0);
   const ModelConfig& config() const { return cfg_; }
+  // The adapters the rows of the next step run pick from (StepBuffers::lora_rows); null without
+  // LoRA. The caller fills it before running a step.
+  LoraSlots* lora_slots() const { return lora_.get(); }
   Backend& backend() const { return *be_; }
 
   StepBuffers alloc_step(int64_t tokens, int64_t seqs, int64_t rows, int64_t max_blocks, const StepRows& split,
@@ -59,14 +68,17 @@ class Decoder {
   template <typename Op>
   void by_row_group(Stream& s, const StepBuffers& b, int64_t n, int64_t gen, const Op& op) const;
   // A matmul over token rows (or, for the lm_head, logits rows), split by row group.
+  // site >= 0: then the rows' LoRA updates at that site are added (model/lora.h).
   void matmul(Stream& s, const StepBuffers& b, const Linear& w, const Tensor& x, const Tensor& out,
-              int64_t gen) const;
+              int64_t gen, int64_t site = -1) const;
 
   std::shared_ptr<Backend> be_;
   ModelConfig cfg_;
   ModelWeights w_;
   RopeTable rope_;
   AttnParams attn_;
+  std::shared_ptr<LoraSlots> lora_;
+  int64_t max_lora_rank_ = 0;
 };
 
 }  // namespace ferrum

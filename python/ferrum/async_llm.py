@@ -62,11 +62,11 @@ class AsyncLLM:
 
     # ---- requests ----
     async def generate(self, prompt: Union[str, Sequence[int]], sampling_params: Optional[SamplingParams] = None,
-                       request_id: Optional[str] = None) -> AsyncIterator[RequestDelta]:
+                       request_id: Optional[str] = None, lora_request=None) -> AsyncIterator[RequestDelta]:
         """Yields the request's progress step by step (new text and token ids per completion),
         the last delta ``finished`` with the whole ``RequestOutput``. ValueError (before the
         first delta) when the request could never run, as ``LLM.add_request``; EngineShutDown
-        after ``shutdown()``."""
+        after ``shutdown()``. lora_request: a ``ferrum.LoRARequest`` (LLM(enable_lora=True))."""
         params = sampling_params or SamplingParams()
         queue: asyncio.Queue = asyncio.Queue()
         added: concurrent.futures.Future = concurrent.futures.Future()
@@ -77,7 +77,7 @@ class AsyncLLM:
             if rid in self._streams:
                 raise ValueError(f"request id {rid!r} is already in use")
             self._streams[rid] = (asyncio.get_running_loop(), queue)
-            self._inbox.append(lambda: self._admit(prompt, params, rid, added))
+            self._inbox.append(lambda: self._admit(prompt, params, rid, added, lora_request))
             self._unadmitted += 1
             self._cv.notify()
         finished = False
@@ -110,7 +110,7 @@ class AsyncLLM:
             await asyncio.wrap_future(done)
 
     async def score(self, token_ids: Sequence[int], consume: RowConsumer, rows_from: int = 0,
-                    embed: bool = False) -> None:
+                    embed: bool = False, lora_request=None) -> None:
         """Teacher-forced scoring (``Engine.add_score``: f32 activations, forwards shared with the
         running batch): the logits rows at positions ``rows_from ..`` of `token_ids` (each
         predicting the next token; with `embed`, the final hidden states instead) go to
@@ -118,7 +118,7 @@ class AsyncLLM:
         cancelling it aborts the score."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         token_ids = list(token_ids)
-        if not self._submit(lambda: self._start_score(token_ids, rows_from, consume, done, embed)):
+        if not self._submit(lambda: self._start_score(token_ids, rows_from, consume, done, embed, lora_request)):
             raise EngineShutDown("the engine is shut down")
         try:
             await asyncio.wrap_future(done)
@@ -191,16 +191,18 @@ class AsyncLLM:
                 self._publish_stats()
         self._close()
 
-    def _admit(self, prompt, params: SamplingParams, rid: str, added: concurrent.futures.Future) -> None:
-        _settle(added, lambda: self.llm.add_request(prompt, params, request_id=rid))
+    def _admit(self, prompt, params: SamplingParams, rid: str, added: concurrent.futures.Future,
+               lora_request=None) -> None:
+        _settle(added, lambda: self.llm.add_request(prompt, params, request_id=rid, lora_request=lora_request))
         self._admitted += 1
 
     def _start_score(self, token_ids, rows_from: int, consume: RowConsumer, done: concurrent.futures.Future,
-                     embed: bool) -> None:
+                     embed: bool, lora_request=None) -> None:
         if not done.set_running_or_notify_cancel():
             return
         try:
-            self._scores[done] = self.llm.engine.add_score(token_ids, rows_from, consume, embed=embed)
+            lora = self.llm._lora_list(lora_request, 1)[0]
+            self._scores[done] = self.llm.engine.add_score(token_ids, rows_from, consume, embed=embed, lora=lora)
         except Exception as e:
             done.set_exception(e)
 

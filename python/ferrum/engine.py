@@ -123,10 +123,10 @@ class Engine:
 
     # ---- requests ----
     def add_request(self, prompt_ids: Union[List[int], PromptEmbeds], params: SamplingParams,
-                    prompt: Optional[str] = None, request_id: Optional[str] = None) -> str:
+                    prompt: Optional[str] = None, request_id: Optional[str] = None, lora=None) -> str:
         """Queues a request (its ``params.best_of`` completions); ValueError when it could never
         run. A prompt of embeddings has no prompt ids: penalties and prompt lookup see the
-        generated tokens only."""
+        generated tokens only. lora: the runner's LoraAdapter its completions run with."""
         if not isinstance(params, SamplingParams):
             raise TypeError("sampling params must be a ferrum.SamplingParams")
         embeds = prompt_ids if isinstance(prompt_ids, PromptEmbeds) else None
@@ -155,9 +155,10 @@ class Engine:
             for i in range(params.best_of):
                 # The first completion returns its prompt's rows: each predicts the next prompt token.
                 if embeds is not None:
-                    seq = self.core.add_prompt_embeds(embeds.rows, "generate")
+                    seq = self.core.add_prompt_embeds(embeds.rows, "generate", lora=lora)
                 else:
-                    seq = self.core.add_sequence(prompt_ids, 0 if i == 0 and req.prompt_logprobs is not None else -1)
+                    seq = self.core.add_sequence(prompt_ids, 0 if i == 0 and req.prompt_logprobs is not None else -1,
+                                                 lora=lora)
                 progress = RequestProgress(params, self.tokenizer.eos_token_ids, index=i)
                 state = SamplingState(params, prompt_ids, index=i, output_token_ids=progress.token_ids)
                 if params.structured_outputs is not None:
@@ -216,15 +217,15 @@ class Engine:
         return self._delta(req)
 
     def add_score(self, token_ids: Union[List[int], PromptEmbeds], rows_from: int, consume: RowConsumer,
-                  embed: bool = False) -> int:
+                  embed: bool = False, lora=None) -> int:
         """Queues a score of `token_ids`: the logits at positions ``rows_from ..`` (each
         predicting the next token), or with `embed` the final hidden states there, go to
         ``consume`` as steps compute them, with f32 activations. Returns its sequence;
         ``score_finished(seq)`` tells when it is done. ValueError when it could never run."""
         if isinstance(token_ids, PromptEmbeds):
-            seq = self.core.add_prompt_embeds(token_ids.rows, "embed" if embed else "score", rows_from)
+            seq = self.core.add_prompt_embeds(token_ids.rows, "embed" if embed else "score", rows_from, lora=lora)
         else:
-            seq = self.core.add_score(token_ids, rows_from, embed)
+            seq = self.core.add_score(token_ids, rows_from, embed, lora=lora)
         self._consumers[seq] = consume
         self._scores.add(seq)
         return seq

@@ -13,6 +13,7 @@ import numpy as np
 from . import _core, dist
 from .embedding import PooledHiddenStates
 from .engine import Engine, RowConsumer, token_ids_of
+from .lora import LoraCache, LoRARequest
 from .outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestDelta, RequestOutput
 from .prompt_embeds import PromptEmbeds, prompt_embeds_of
 from .sampling import SamplingParams
@@ -23,6 +24,8 @@ from .tokenizer import Tokenizer
 # A prompt as vLLM takes it: text, {"prompt": text} (TextPrompt), {"prompt_token_ids": ids}
 # (TokensPrompt) or, with enable_prompt_embeds, {"prompt_embeds": float32 [tokens, hidden]}
 # (EmbedsPrompt); generate() and embed() take one or a list of them.
+# A LoRA adapter per prompt, or one for all prompts (None: the base model).
+LoraRequests = Union[LoRARequest, Sequence[Optional[LoRARequest]], None]
 Prompt = Union[str, Dict[str, object]]
 PromptType = Union[Prompt, Sequence[Prompt], None]
 PROMPT_TYPES = ("a prompt is a str, {'prompt': str}, {'prompt_token_ids': [int, ...]} or "
@@ -50,6 +53,11 @@ class LLM:
     tensor_parallel_size: split the model between this many ranks (processes) over MPI: ranks
       started on this machine, or those of the ``mpirun -np N`` that started this script (ranks
       other than 0 serve rank 0 inside this call, then exit). docs/distributed.md.
+    enable_lora: requests may name a LoRA adapter (``lora_request=ferrum.LoRARequest(name, id,
+      path)``, a PEFT directory), loaded on first use; up to max_loras different adapters run in
+      one step (requests on others wait), each of rank <= max_lora_rank, and max_cpu_loras
+      (default max_loras) stay loaded in host memory, least recently used dropped first.
+      docs/lora.md.
 
     ``generate`` runs a list of prompts concurrently; ``stream`` yields one completion's text;
     ``add_request`` / ``step`` / ``abort`` / ``has_unfinished`` serve requests that arrive at
@@ -64,15 +72,18 @@ class LLM:
                  kv_cache_memory_fraction: Optional[float] = None,
                  enable_prefix_caching: bool = True, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 512, speculative_config: Union[dict, str, None] = None,
-                 tensor_parallel_size: int = 1, enable_prompt_embeds: bool = False):
+                 tensor_parallel_size: int = 1, enable_prompt_embeds: bool = False, enable_lora: bool = False,
+                 max_loras: int = 1, max_lora_rank: int = 16, max_cpu_loras: Optional[int] = None):
         if kv_dtype not in ("f16", "f32", "int8"):
             raise ValueError(f"kv_dtype must be 'f16', 'f32' or 'int8', got {kv_dtype!r}")
         for name, v in (("num_threads", num_threads), ("max_model_len", max_model_len),
                         ("kv_cache_tokens", kv_cache_tokens), ("kv_cache_memory", kv_cache_memory),
-                        ("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+                        ("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                        ("max_loras", max_loras), ("max_lora_rank", max_lora_rank), ("max_cpu_loras", max_cpu_loras)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        for name, v in (("enable_prefix_caching", enable_prefix_caching), ("enable_prompt_embeds", enable_prompt_embeds)):
+        for name, v in (("enable_prefix_caching", enable_prefix_caching), ("enable_prompt_embeds", enable_prompt_embeds),
+                        ("enable_lora", enable_lora)):
             if not isinstance(v, bool):
                 raise ValueError(f"{name} must be True or False, got {v!r}")
         self.enable_prompt_embeds = enable_prompt_embeds
@@ -97,7 +108,9 @@ class LLM:
                 model_file, device=device, num_threads=num_threads or 0, kv_dtype=kv_dtype,
                 max_model_len=max_model_len or 0, kv_cache_tokens=kv_cache_tokens or 0,
                 kv_cache_bytes=kv_cache_memory or 0, kv_cache_fraction=float(fraction or 0),
-                prefix_cache=enable_prefix_caching, progress=progress, group=group)
+                prefix_cache=enable_prefix_caching, progress=progress, group=group,
+                max_loras=max_loras if enable_lora else 0, max_lora_rank=max_lora_rank)
+        self._loras = LoraCache(self._runner, max_cpu_loras or max_loras) if enable_lora else None
         speculative = SpeculativeConfig.parse(speculative_config)
         draft = None
         if speculative is not None and speculative.method == "draft_model":
@@ -152,18 +165,20 @@ class LLM:
     def generate(self, prompts: PromptType = None,
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None, *,
                  prompt_token_ids: Optional[Sequence[Sequence[int]]] = None,
-                 use_tqdm: bool = False) -> List[RequestOutput]:
+                 use_tqdm: bool = False, lora_request: LoraRequests = None) -> List[RequestOutput]:
         """Runs every prompt concurrently through the engine; outputs in prompt order. prompts: a
         str, {"prompt": str}, {"prompt_token_ids": [...]} or a list of them (or token id lists
-        given as prompt_token_ids)."""
+        given as prompt_token_ids). lora_request: a LoRARequest for all prompts or one per prompt
+        (None: the base model; enable_lora)."""
         reqs = self._prepare(prompts, prompt_token_ids)
         params = self._params_list(sampling_params, len(reqs))
+        loras = self._lora_list(lora_request, len(reqs))
         ids = []
         bar = _progress(len(reqs)) if use_tqdm else None
         try:
             with self._lock:
-                for (text, toks), p in zip(reqs, params):
-                    ids.append(self.engine.add_request(toks, p, prompt=text))
+                for (text, toks), p, lora in zip(reqs, params, loras):
+                    ids.append(self.engine.add_request(toks, p, prompt=text, lora=lora))
                     self._mailboxes[ids[-1]] = []
             done: Dict[str, RequestOutput] = {}
             while True:
@@ -187,7 +202,8 @@ class LLM:
                 bar.close()
 
     def stream(self, prompt: Union[Prompt, Sequence[int]],
-               sampling_params: Optional[SamplingParams] = None) -> Iterator[str]:
+               sampling_params: Optional[SamplingParams] = None,
+               lora_request: Optional[LoRARequest] = None) -> Iterator[str]:
         """Yields text deltas of one completion as they are generated (always whole UTF-8
         characters; text that might begin a stop string is held until it is decided)."""
         text, toks = self._single_prompt(prompt)
@@ -195,7 +211,7 @@ class LLM:
         if isinstance(params, SamplingParams) and params.ranks_completions:
             raise ValueError("stream() cannot rank completions (best_of > n): the best is known only at the end")
         with self._lock:
-            rid = self.engine.add_request(toks, params, prompt=text)
+            rid = self.engine.add_request(toks, params, prompt=text, lora=self._lora_list(lora_request, 1)[0])
             box = self._mailboxes[rid] = []
         try:
             while True:
@@ -215,14 +231,14 @@ class LLM:
 
     # ---- incremental serving API ----
     def add_request(self, prompt: Union[Prompt, Sequence[int]], sampling_params: Optional[SamplingParams] = None,
-                    request_id: Optional[str] = None) -> str:
+                    request_id: Optional[str] = None, lora_request: Optional[LoRARequest] = None) -> str:
         """Queues a request (a prompt as generate() takes one, or token ids) at any time; returns
         its id. Its progress comes out of step(). ValueError when it could never run (too long,
         bigger than the KV pool)."""
         text, toks = self._single_prompt(prompt)
         with self._lock:
             return self.engine.add_request(toks, sampling_params or SamplingParams(), prompt=text,
-                                           request_id=request_id)
+                                           request_id=request_id, lora=self._lora_list(lora_request, 1)[0])
 
     def step(self) -> List[RequestDelta]:
         """Runs one engine step; returns a RequestDelta for each request added with add_request()
@@ -263,7 +279,7 @@ class LLM:
     def chat(self, messages, sampling_params: Optional[SamplingParams] = None, *,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              tools: Optional[List[dict]] = None, chat_template_kwargs: Optional[dict] = None,
-             use_tqdm: bool = False):
+             use_tqdm: bool = False, lora_request: LoraRequests = None):
         """messages: one conversation (list of {"role", "content"}) or a list of them.
         Returns a RequestOutput, or a list for a list of conversations.
 
@@ -281,11 +297,11 @@ class LLM:
         kwargs = dict(chat_template_kwargs or {}, add_generation_prompt=add_generation_prompt,
                       continue_final_message=continue_final_message, tools=tools)
         prompts = [self.tokenizer.apply_chat_template(c, **kwargs) for c in convs]
-        outs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        outs = self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
         return outs[0] if single else outs
 
     def embed(self, prompts: PromptType, *, pooling: str = "last", normalize: bool = True,
-              use_tqdm: bool = False) -> List[EmbeddingRequestOutput]:
+              use_tqdm: bool = False, lora_request: LoraRequests = None) -> List[EmbeddingRequestOutput]:
         """One embedding per prompt (prompts as generate() takes them): the final hidden state
         (after the final norm) of the last prompt token (pooling="last", what a decoder has read
         the whole prompt into), the mean over the prompt's tokens (pooling="mean"), or every
@@ -295,7 +311,8 @@ class LLM:
         pooled = [PooledHiddenStates(len(toks), pooling) for _, toks in reqs]
         bar = _progress(len(reqs), "embedding") if use_tqdm else None
         try:
-            self._run_scores([toks for _, toks in reqs], [p.rows_from for p in pooled], pooled, embed=True)
+            self._run_scores([toks for _, toks in reqs], [p.rows_from for p in pooled], pooled, embed=True,
+                             loras=self._lora_list(lora_request, len(reqs)))
         finally:
             if bar:
                 bar.update(len(reqs))
@@ -304,7 +321,7 @@ class LLM:
                                        [] if isinstance(toks, PromptEmbeds) else toks)
                 for i, ((_, toks), p) in enumerate(zip(reqs, pooled))]
 
-    def score(self, token_ids) -> np.ndarray:
+    def score(self, token_ids, lora_request: LoraRequests = None) -> np.ndarray:
         """float32 logits [len(token_ids), vocab] at every position (position i predicts i+1).
         A list of token lists gives a list of arrays, the sequences sharing forwards. A prompt of
         embeddings, {"prompt_embeds": array} (enable_prompt_embeds), scores its rows likewise."""
@@ -313,11 +330,11 @@ class LLM:
                 for t in (token_ids if batch else [token_ids])]
         vocab = self.runner.config["vocab_size"]
         collectors = [LogitsCollector(len(s), vocab) for s in seqs]
-        self._run_scores(seqs, [0] * len(seqs), collectors)
+        self._run_scores(seqs, [0] * len(seqs), collectors, loras=self._lora_list(lora_request, len(seqs)))
         out = [c.logits for c in collectors]
         return out if batch else out[0]
 
-    def token_logprobs(self, token_ids, start: Union[int, Sequence[int]] = 1
+    def token_logprobs(self, token_ids, start: Union[int, Sequence[int]] = 1, lora_request: LoraRequests = None
                        ) -> Union[TokenLogprobs, List[TokenLogprobs]]:
         """Teacher-forced log-probability of every token from position `start` on, given the
         tokens before it, and whether it is the greedy (argmax) token there. A list of token
@@ -337,12 +354,13 @@ class LLM:
                 raise ValueError(f"start must be an integer in [1, {len(s) - 1}] for {len(s)} tokens, got {st!r}")
         collectors = [LogprobCollector(s, int(st)) for s, st in zip(seqs, starts)]
         # The last token is only ever predicted: the model runs every token before it.
-        self._run_scores([s[:-1] for s in seqs], [int(st) - 1 for st in starts], collectors)
+        self._run_scores([s[:-1] for s in seqs], [int(st) - 1 for st in starts], collectors,
+                         loras=self._lora_list(lora_request, len(seqs)))
         out = [c.result() for c in collectors]
         return out if batch else out[0]
 
     def _run_scores(self, feeds: List[Union[List[int], PromptEmbeds]], rows_from: List[int],
-                    consumers: List[RowConsumer], embed: bool = False) -> None:
+                    consumers: List[RowConsumer], embed: bool = False, loras: Optional[list] = None) -> None:
         """Adds a score request (with `embed`, an embedding) per feed and steps the engine until
         all are done (generation requests in flight progress alongside; their deltas go where
         they always go)."""
@@ -350,8 +368,8 @@ class LLM:
         done = lambda: all(self.engine.score_finished(s) for s in seqs)  # noqa: E731
         try:
             with self._lock:
-                for feed, first, consume in zip(feeds, rows_from, consumers):
-                    seqs.append(self.engine.add_score(feed, first, consume, embed=embed))
+                for feed, first, consume, lora in zip(feeds, rows_from, consumers, loras or [None] * len(feeds)):
+                    seqs.append(self.engine.add_score(feed, first, consume, embed=embed, lora=lora))
             while not done():
                 self._advance(done)
         finally:
@@ -365,6 +383,40 @@ class LLM:
         tokens per second of busy time (while requests were unfinished), preemptions."""
         with self._lock:
             return self.engine.stats()
+
+    # ---- LoRA adapters ----
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Loads an adapter now (else it loads with its first request); ValueError for a bad file."""
+        self._lora_list(lora_request, 1)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Drops adapter `lora_id` from the cache (requests running with it finish with it); False
+        when it is not loaded."""
+        with self._lock:
+            return self._lora_cache().remove(lora_id)
+
+    def list_loras(self) -> List[int]:
+        """The ids of the adapters loaded, least recently used first."""
+        with self._lock:
+            return self._lora_cache().ids()
+
+    def _lora_cache(self) -> LoraCache:
+        if self._loras is None:
+            raise ValueError("LoRA adapters need LLM(..., enable_lora=True)")
+        return self._loras
+
+    def _lora_list(self, lora_request: LoraRequests, n: int) -> list:
+        """The runner's adapter for each of n prompts (None: the base model), loaded as needed."""
+        if lora_request is None:
+            return [None] * n
+        reqs = [lora_request] * n if isinstance(lora_request, LoRARequest) else list(lora_request)
+        if len(reqs) != n:
+            raise ValueError(f"{len(reqs)} LoRA requests for {n} prompts")
+        if any(r is not None for r in reqs):
+            self._lora_cache()
+        with self._lock:
+            return [None if r is None else self._loras.get(r) for r in reqs]
 
     # ---- helpers ----
     def _prepare(self, prompts, prompt_token_ids) -> List[tuple]:

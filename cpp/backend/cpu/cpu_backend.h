@@ -105,7 +105,7 @@ class CpuStream : public Stream {
 };
 
 // Scratch memory kinds; see CpuBackend::scratch.
-enum class Scratch { GemmTiles, Activations, Attention, QkvRows, Count };
+enum class Scratch { GemmTiles, Activations, Attention, QkvRows, Lora, Count };
 
 class CpuBackend : public Backend {
  public:
@@ -144,6 +144,10 @@ class CpuBackend : public Backend {
   void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                    const Tensor& down, const Tensor& ids, const Tensor& weights,
                    const Tensor& out) override;
+  // Shrink (x A^T into scratch) then expand (+= scale * that B^T), rows grouped by slot: each
+  // adapter's A and B are read once per call, whatever its row count (cpu_lora.cpp).
+  void lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::shared_ptr<const LoraSlots> slots,
+            int64_t site, int64_t site_rank, const Tensor& out) override;
 
  private:
   // A buffer of at least `bytes` shared by every command of one kind: commands run one at a

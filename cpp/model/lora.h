@@ -1,0 +1,46 @@
+// LoRA adapters as the decoder applies them: each rides on a projection (model/weights.h's
+// Linear) without changing it, adding its low-rank update into the projection's output after the
+// matmul, whatever the base weights' dtype. Sites are the decoder's projections, numbered
+// layer * kLoraSitesPerLayer + LoraSite; q/k/v and gate/up updates fill their part's columns of
+// the fused output.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+
+namespace ferrum {
+
+enum class LoraSite : int64_t { Qkv = 0, O = 1, GateUp = 2, Down = 3 };
+constexpr int64_t kLoraSitesPerLayer = 4;
+inline int64_t lora_site(int64_t layer, LoraSite s) { return layer * kLoraSitesPerLayer + int64_t(s); }
+
+// A site's projection: in_features, out_features (the fused output's), and the updates it may
+// take (3 for q/k/v, 2 for gate/up, else 1). Zero features: the layer has no such projection (the
+// MLP of a mixture-of-experts layer).
+struct LoraSiteShape {
+  int64_t in = 0, out = 0, parts = 0;
+};
+LoraSiteShape lora_site_shape(const ModelConfig& cfg, int64_t site);
+
+// A loaded adapter: its weights, and the key its sequences' prefix-cache blocks are filed under
+// (a hash of its content and scales: the same prompt under two adapters never shares blocks).
+struct LoraAdapter : LoraWeights {
+  uint64_t cache_key = 0;
+};
+
+// One update as read from a file, on the host: a f32 [rank, in] and b f32 [n, rank] row-major.
+struct LoraPart {
+  int64_t site = 0, rank = 0, n = 0, out_col = 0;
+  float scale = 1.0f;
+  std::vector<float> a, b;
+};
+
+// Checks the parts against the model (site, shapes, column ranges that do not overlap, rank <=
+// max_rank, finite values; ValueError naming the site) and uploads them.
+std::shared_ptr<const LoraAdapter> make_lora_adapter(Backend& be, const ModelConfig& cfg, int64_t max_rank,
+                                                     std::vector<LoraPart> parts, uint64_t cache_key);
+
+}  // namespace ferrum

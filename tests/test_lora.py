@@ -1,0 +1,264 @@
+"""LoRA adapters per request against PEFT on transformers (float64): random-weight adapters that
+PEFT itself makes and saves for generated models of the variants; ferrum's logits (f32 base, f32
+KV) within 1e-4 of PEFT's relative to their scale, greedy tokens identical; batches mixing
+adapters and the base equal each request alone, bit for bit; the prefix cache never shares
+blocks across adapters; every bad file is a ValueError naming what is wrong."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import ferrum
+from conftest import MODELS
+from ferrum import LoRARequest, SamplingParams
+from ferrum.lora import read_safetensors
+from ferrum.tools.make_lora import make_lora
+from ferrum.tools.make_model import make_model
+
+TOK = f"{MODELS}/tokenizers/smollm2-135m-instruct"
+PROMPT = [int(t) for t in np.random.default_rng(0).integers(10, 40000, 37)]
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+BASES = {"llama": dict(arch="llama"), "qwen2-bias": dict(arch="qwen2"), "qwen3-qk-norm": dict(arch="qwen3")}
+# name -> (base, make_lora kwargs)
+ADAPTERS = {
+    "llama-r8": ("llama", dict(r=8, lora_alpha=16)),
+    "llama-r1-qv": ("llama", dict(r=1, lora_alpha=4, target_modules=["q_proj", "v_proj"], seed=1)),
+    "llama-rank-pattern": ("llama", dict(r=4, lora_alpha=8, rank_pattern={"q_proj": 2, "down_proj": 8},
+                                         alpha_pattern={"v_proj": 3}, seed=2)),
+    "llama-rslora-layers": ("llama", dict(r=8, lora_alpha=8, use_rslora=True, layers_to_transform=[0, 2], seed=3)),
+    "llama-regex": ("llama", dict(r=2, lora_alpha=2, target_modules=r".*\.(k_proj|up_proj)", seed=4)),
+    "llama-all-linear": ("llama", dict(r=4, lora_alpha=8, target_modules="all-linear", seed=5)),
+    "qwen2-r8": ("qwen2-bias", dict(r=8, lora_alpha=16, seed=6)),
+    "qwen3-r8": ("qwen3-qk-norm", dict(r=8, lora_alpha=16, seed=7)),
+    "llama-zero": ("llama", dict(r=4, lora_alpha=8, zero_b=True, seed=8)),
+}
+
+
+@pytest.fixture(scope="session")
+def lora_models(tmp_path_factory):
+    """Bases (HF, and the Llama one as GGUF too), adapters, and PEFT's float64 logits and greedy
+    tokens for each adapter on PROMPT."""
+    root = tmp_path_factory.mktemp("lora")
+    bases = {}
+    for name, kw in BASES.items():
+        kw = dict(kw)
+        arch = kw.pop("arch")
+        bases[name] = make_model(arch, "tiny", "hf", "f32", seed=11, tokenizer=TOK, out=root / name, **kw)
+    gguf = make_model("llama", "tiny", "gguf", "f32", seed=11, tokenizer=TOK, out=root / "llama.gguf")
+    adapters, refs = {}, {}
+    for name, (base, kw) in ADAPTERS.items():
+        held = []
+        adapters[name] = make_lora(bases[base], root / f"adapter-{name}", peft_model=held, **kw)
+        model = held[0].double().eval()
+        with torch.no_grad():
+            logits = model(torch.tensor([PROMPT])).logits[0].numpy()
+            greedy = model.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False)[0, len(PROMPT):]
+            base_logits = None
+            with model.disable_adapter():
+                base_logits = model(torch.tensor([PROMPT])).logits[0].numpy()
+        refs[name] = (logits, greedy.tolist(), base_logits)
+    return dict(bases=bases, gguf=gguf, adapters=adapters, refs=refs)
+
+
+_llms = {}
+
+
+def llm_for(path, **kw):
+    """One LLM per (model, options), shared by the tests."""
+    key = (str(path), tuple(sorted(kw.items())))
+    if key not in _llms:
+        opts = dict(kv_dtype="f32", num_threads=2, kv_cache_tokens=1024, enable_lora=True, max_loras=4, max_lora_rank=8, max_cpu_loras=8)
+        opts.update(kw)
+        _llms[key] = ferrum.LLM(str(path), **opts)
+    return _llms[key]
+
+
+def request(models, name, int_id=None):
+    return LoRARequest(name, int_id or 1 + list(ADAPTERS).index(name), str(models["adapters"][name]))
+
+
+def assert_close(got, ref):
+    scale = np.abs(ref).max()
+    assert np.abs(got - ref).max() <= 1e-4 * scale, (np.abs(got - ref).max(), scale)
+
+
+@pytest.mark.parametrize("name", [n for n in ADAPTERS if n != "llama-zero"])
+def test_logits_and_greedy_match_peft(lora_models, name):
+    logits, greedy, base_logits = lora_models["refs"][name]
+    assert np.abs(logits - base_logits).max() > 1e-2 * np.abs(base_logits).max()  # the adapter matters
+    llm = llm_for(lora_models["bases"][ADAPTERS[name][0]])
+    req = request(lora_models, name)
+    assert_close(llm.score(PROMPT, lora_request=req), logits)
+    assert_close(llm.score(PROMPT), base_logits)
+    out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY, lora_request=req)
+    assert out[0].outputs[0].token_ids == greedy
+
+
+@pytest.mark.parametrize("name", ["llama-r8", "llama-rank-pattern"])
+def test_gguf_base_takes_the_same_adapter(lora_models, name):
+    """llama.cpp's converter permutes a Llama's q/k rows: the adapter's B rows follow them."""
+    logits, greedy, _ = lora_models["refs"][name]
+    llm = llm_for(lora_models["gguf"])
+    assert_close(llm.score(PROMPT, lora_request=request(lora_models, name)), logits)
+
+
+def test_zero_b_adapter_equals_the_base(lora_models):
+    llm = llm_for(lora_models["bases"]["llama"])
+    req = request(lora_models, "llama-zero")
+    assert np.array_equal(llm.score(PROMPT, lora_request=req), llm.score(PROMPT))
+    a = llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY, lora_request=req)
+    b = llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY)
+    assert a[0].outputs[0].token_ids == b[0].outputs[0].token_ids
+
+
+def test_a_batch_mixing_adapters_equals_each_alone(lora_models):
+    llm = llm_for(lora_models["bases"]["llama"], enable_prefix_caching=False)
+    names = ["llama-r8", None, "llama-r1-qv", "llama-rank-pattern", "llama-rslora-layers"]
+    reqs = [request(lora_models, n) if n else None for n in names]
+    prompts = [PROMPT[i:] + PROMPT[:i] for i in range(len(names))]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
+    together = llm.generate(prompt_token_ids=prompts, sampling_params=params, lora_request=reqs)
+    scores = llm.score(prompts, lora_request=reqs)
+    for p, r, out, score in zip(prompts, reqs, together, scores):
+        alone = llm.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0]
+        assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+        assert out.outputs[0].logprobs == alone.outputs[0].logprobs
+        assert np.array_equal(score, llm.score(p, lora_request=r))
+
+
+def test_more_adapters_than_max_loras_wait_their_turn(lora_models):
+    """max_loras=1: requests on three adapters and the base all finish, each as it runs alone."""
+    llm = llm_for(lora_models["bases"]["llama"], max_loras=1, enable_prefix_caching=False)
+    names = ["llama-r8", "llama-r1-qv", None, "llama-regex"]
+    reqs = [request(lora_models, n) if n else None for n in names]
+    together = llm.generate(prompt_token_ids=[PROMPT] * 4, sampling_params=GREEDY, lora_request=reqs)
+    for name, out in zip(names, together):
+        if name:
+            assert out.outputs[0].token_ids == lora_models["refs"][name][1]
+    assert together[0].outputs[0].token_ids != together[1].outputs[0].token_ids
+
+
+def test_prefix_cache_is_keyed_by_adapter(lora_models):
+    llm = ferrum.LLM(str(lora_models["bases"]["llama"]), kv_dtype="f32", num_threads=2, kv_cache_tokens=1024, enable_lora=True,
+                     max_loras=2, max_lora_rank=8)
+    a, b = request(lora_models, "llama-r8"), request(lora_models, "llama-rank-pattern")
+    same_as_a = LoRARequest("again", 77, str(lora_models["adapters"]["llama-r8"]))  # same content, other id
+    params = SamplingParams(max_tokens=1, temperature=0)
+
+    def hits(req):
+        before = llm.stats()["prefix_hit_tokens"]
+        out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params, lora_request=req)
+        return llm.stats()["prefix_hit_tokens"] - before, out[0].outputs[0].token_ids
+
+    assert hits(a)[0] == 0
+    assert hits(b)[0] == 0  # the same prompt under another adapter computes its own blocks
+    assert hits(None)[0] == 0
+    assert hits(a)[0] == 32  # its own blocks (two full ones of the 37 tokens)
+    assert hits(same_as_a)[0] == 32  # the same content and scales: the same blocks
+    assert_close(llm.score(PROMPT, lora_request=b), lora_models["refs"]["llama-rank-pattern"][0])
+
+
+def test_lru_and_remove(lora_models):
+    llm = llm_for(lora_models["bases"]["llama"], max_cpu_loras=2)
+    r8, r1, rp = (request(lora_models, n) for n in ("llama-r8", "llama-r1-qv", "llama-rank-pattern"))
+    for r in (r8, r1, r8, rp):
+        llm.add_lora(r)
+    assert llm.list_loras() == [r8.lora_int_id, rp.lora_int_id]  # r1 was least recently used
+    assert llm.remove_lora(r8.lora_int_id) and not llm.remove_lora(r8.lora_int_id)
+    assert llm.list_loras() == [rp.lora_int_id]
+    # reloaded on its next use
+    assert_close(llm.score(PROMPT, lora_request=r8), lora_models["refs"]["llama-r8"][0])
+
+
+def test_lora_needs_enable_lora(lora_models):
+    llm = llm_for(lora_models["bases"]["llama"], enable_lora=False)
+    with pytest.raises(ValueError, match="enable_lora"):
+        llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY, lora_request=request(lora_models, "llama-r8"))
+    with pytest.raises(ValueError, match="enable_lora"):
+        llm.score(PROMPT, lora_request=request(lora_models, "llama-r8"))
+
+
+def test_opencl_refuses_enable_lora(lora_models):
+    with pytest.raises(ValueError, match="LoRA"):
+        ferrum.LLM(str(lora_models["bases"]["llama"]), device="opencl", enable_lora=True)
+
+
+def test_bad_requests():
+    with pytest.raises(ValueError, match="lora_int_id"):
+        LoRARequest("x", 0, "/tmp")
+    with pytest.raises(ValueError, match="lora_name"):
+        LoRARequest("", 1, "/tmp")
+
+
+# ---- bad files: a copy of a good adapter, damaged one way each ----
+def _write_tensors(path, tensors):
+    from safetensors.numpy import save_file
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+
+
+def _edit_config(path, **changes):
+    f = path / "adapter_config.json"
+    cfg = json.loads(f.read_text())
+    cfg.update(changes)
+    f.write_text(json.dumps(cfg))
+
+
+Q0 = "base_model.model.model.layers.0.self_attn.q_proj"
+
+
+def _drop(key):
+    return lambda t: {k: v for k, v in t.items() if k != key}
+
+
+def _set(key, value):
+    return lambda t: {**t, key: value}
+
+
+BAD_FILES = {
+    "pickle": (lambda d: (d / "adapter_model.safetensors").rename(d / "adapter_model.bin"), "pickled"),
+    "no-config": (lambda d: (d / "adapter_config.json").unlink(), "adapter_config.json"),
+    "dora": (lambda d: _edit_config(d, use_dora=True), "DoRA"),
+    "modules-to-save": (lambda d: _edit_config(d, modules_to_save=["lm_head"]), "modules_to_save"),
+    "lora-bias": (lambda d: _edit_config(d, lora_bias=True), "lora_bias"),
+    "lm-head": (lambda d: _edit_config(d, target_modules=["q_proj", "lm_head"]), "lm_head targets"),
+    "embedding": (lambda d: _edit_config(d, target_modules=["q_proj", "embed_tokens"]), "embedding targets"),
+    "not-lora": (lambda d: _edit_config(d, peft_type="IA3"), "peft_type"),
+    "bad-r": (lambda d: _edit_config(d, r=0), "r must be"),
+    "bad-targets": (lambda d: _edit_config(d, target_modules=[]), "target_modules"),
+    "missing-key": ("tensors", _drop(f"{Q0}.lora_B.weight"), "missing tensor .*q_proj.lora_B"),
+    "extra-key": (lambda d: _edit_config(d, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj",
+                                                            "down_proj"]), "extra tensors .*gate_proj"),
+    "unknown-module": ("tensors", _set("base_model.model.model.layers.9.self_attn.q_proj.lora_A.weight",
+                                       np.zeros((8, 64), np.float32)), "does not have"),
+    "dora-magnitude": ("tensors", _set(f"{Q0}.lora_magnitude_vector", np.ones(64, np.float32)), "DoRA"),
+    "bias-tensor": ("tensors", _set(f"{Q0}.lora_B.bias", np.ones(64, np.float32)), "lora_bias"),
+    "shape": ("tensors", _set(f"{Q0}.lora_A.weight", np.zeros((8, 65), np.float32)), r"q_proj.lora_A.weight is \[8, 65\]"),
+    "rank-mismatch": ("tensors", _set(f"{Q0}.lora_A.weight", np.zeros((4, 64), np.float32)), r"lora_A.weight is \[4, 64\]"),
+    "nan": ("tensors", _set(f"{Q0}.lora_B.weight", np.full((64, 8), np.nan, np.float32)), "q_proj.lora_B.weight has non-finite"),
+    "int-dtype": ("tensors", _set(f"{Q0}.lora_B.weight", np.zeros((64, 8), np.int32)), "dtype I32"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_file_is_a_value_error(lora_models, tmp_path, case):
+    d = tmp_path / "adapter"
+    shutil.copytree(lora_models["adapters"]["llama-r8"], d)
+    spec = BAD_FILES[case]
+    if spec[0] == "tensors":
+        _write_tensors(d, spec[1](read_safetensors(d / "adapter_model.safetensors")))
+        match = spec[2]
+    else:
+        spec[0](d)
+        match = spec[1]
+    llm = llm_for(lora_models["bases"]["llama"])
+    with pytest.raises(ValueError, match=match):
+        llm.score(PROMPT, lora_request=LoRARequest(case, 500 + list(BAD_FILES).index(case), str(d)))
+    assert_close(llm.score(PROMPT), lora_models["refs"]["llama-r8"][2])  # the model goes on
+
+
+def test_rank_over_max_lora_rank(lora_models):
+    llm = llm_for(lora_models["bases"]["llama"], max_lora_rank=4)
+    with pytest.raises(ValueError, match="rank 8 is more than max_lora_rank 4"):
+        llm.add_lora(request(lora_models, "llama-r8"))
