@@ -263,3 +263,38 @@ def test_rank_over_max_lora_rank(lora_models):
     llm = llm_for(lora_models["bases"]["llama"], max_lora_rank=4)
     with pytest.raises(ValueError, match="rank 8 is more than max_lora_rank 4"):
         llm.add_lora(request(lora_models, "llama-r8"))
+
+
+# ---- the server: `model` chooses the adapter ----
+def test_server_serves_adapters_by_model_name(lora_models):
+    import requests
+    from server_harness import running_server
+    from ferrum.server.main import parse_lora_modules
+
+    loras = parse_lora_modules([f"r8={lora_models['adapters']['llama-r8']}",
+                                json.dumps({"name": "pattern", "path": str(lora_models["adapters"]["llama-rank-pattern"])})])
+    llm = ferrum.LLM(str(lora_models["bases"]["llama"]), kv_dtype="f32", num_threads=2, kv_cache_tokens=1024,
+                     enable_lora=True, max_loras=2, max_lora_rank=8)
+    with running_server(llm, "base", lora_modules=loras) as (url, _):
+        models = requests.get(f"{url}/v1/models", timeout=10).json()["data"]
+        assert [(m["id"], m["parent"]) for m in models] == [("base", None), ("r8", "base"), ("pattern", "base")]
+
+        def complete(model):
+            body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+            r = requests.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+        for model, name in (("r8", "llama-r8"), ("pattern", "llama-rank-pattern")):
+            assert complete(model) == llm.tokenizer.decode(lora_models["refs"][name][1])  # PEFT's greedy tokens
+        assert complete("base") == llm.tokenizer.decode(
+            llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY)[0].outputs[0].token_ids)
+        r = requests.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=10)
+        assert r.status_code == 404
+
+
+@pytest.mark.parametrize("item", ["r8", "=path", '{"name": "x"}', "{not json"])
+def test_bad_lora_modules(item):
+    from ferrum.server.main import parse_lora_modules
+    with pytest.raises(ValueError, match="--lora-modules"):
+        parse_lora_modules([item])

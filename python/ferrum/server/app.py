@@ -25,7 +25,7 @@ def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = Non
               max_waiting_requests: int = 256, shutdown_grace_seconds: float = 10.0,
               tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None,
               max_stored_responses: int = 1000, allowed_origins: Sequence[str] = (),
-              web_ui: bool = True) -> FastAPI:
+              web_ui: bool = True, lora_modules: Sequence = ()) -> FastAPI:
     """The server's app over a running engine. api_key: required (``Authorization: Bearer KEY``)
     on every route but /health and /metrics when given. allowed_origins: the browser origins
     CORS lets in (``"*"`` for any; none by default). max_waiting_requests: more waiting than this and new requests get
@@ -35,13 +35,14 @@ def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = Non
     reasoning_parser: ``qwen3`` / ``deepseek_r1`` (``<think>`` blocks) or ``none``; default:
     ``<think>`` when the template has it. max_stored_responses: /v1/responses keeps this many
     (the newest) in memory for ``previous_response_id``. web_ui: the chat page at / (open without
-    the key, like /health: the page asks for the key itself)."""
+    the key, like /health: the page asks for the key itself). lora_modules: ``LoRARequest``s served
+    beside the base, a request's ``model`` naming one (the engine's LLM needs enable_lora)."""
     if not isinstance(max_waiting_requests, int) or max_waiting_requests < 1:
         raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
     app = FastAPI(title="ferrum", summary="OpenAI-compatible completions and chat over ferrum's engine",
                   version="0.1.0")
     app.state.serving = Serving(engine, model_name, max_waiting_requests, ServerMetrics(model_name),
-                                tool_call_parser, reasoning_parser)
+                                tool_call_parser, reasoning_parser, lora_modules)
     app.state.shutdown_grace_seconds = shutdown_grace_seconds
     app.state.responses = responses.ResponseStore(max_stored_responses)
 

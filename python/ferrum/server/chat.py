@@ -77,7 +77,7 @@ def _finish_reason(m: Message, reason):
 async def _complete(serving: Serving, body: ChatCompletionRequest, split: ReplySplitter, prompt_ids, params,
                     header: dict) -> dict:
     output = None
-    async for delta in serving.generate(prompt_ids, params):
+    async for delta in serving.generate(prompt_ids, params, serving.lora_for(body.model)):
         output = delta.output
     choices = []
     for c in output.outputs:
@@ -102,7 +102,7 @@ async def _stream(serving: Serving, body: ChatCompletionRequest, split: ReplySpl
                   "finish_reason": None} for i in range(body.n)])
     streams = [split.stream() for _ in range(body.n)]
     completion_tokens = 0
-    async for delta in serving.generate(prompt_ids, params):
+    async for delta in serving.generate(prompt_ids, params, serving.lora_for(body.model)):
         for d in delta.outputs:
             completion_tokens += len(d.token_ids)
             logprobs = None

@@ -44,13 +44,15 @@ async def create_completion(body: CompletionRequest, request: Request):
 
 
 async def _complete(serving: Serving, body: CompletionRequest, prompts: List[_Prompt], params, header: dict) -> dict:
+    lora = serving.lora_for(body.model)
+
     async def one(p: _Prompt):
         """(the request's output or None without generation, the prompt's logprobs or None)"""
         jobs = []
         if params is not None:
-            jobs.append(_final_output(serving, p.ids, params))
+            jobs.append(_final_output(serving, p.ids, params, lora))
         if body.echo and body.logprobs is not None:
-            jobs.append(serving.prompt_logprobs(p.ids, body.logprobs))
+            jobs.append(serving.prompt_logprobs(p.ids, body.logprobs, lora))
         results = await _all(jobs)
         output = results.pop(0) if params is not None else None
         return output, (results[0] if results else None)
@@ -76,21 +78,22 @@ async def _complete(serving: Serving, body: CompletionRequest, prompts: List[_Pr
             "usage": usage(prompt_tokens, completion_tokens)}
 
 
-async def _final_output(serving: Serving, prompt_ids: List[int], params) -> RequestOutput:
+async def _final_output(serving: Serving, prompt_ids: List[int], params, lora=None) -> RequestOutput:
     output = None
-    async for delta in serving.generate(prompt_ids, params):
+    async for delta in serving.generate(prompt_ids, params, lora):
         output = delta.output  # the last delta's: the whole output
     return output
 
 
 async def _stream(serving: Serving, body: CompletionRequest, prompts: List[_Prompt], params, header: dict):
     n = body.n
+    lora = serving.lora_for(body.model)
     event = Chunks(header, "text_completion", body.include_usage)
     if body.echo:
         for i, p in enumerate(prompts):
             lps = None
             if body.logprobs is not None:
-                lps = serving.completion_logprobs(p.ids, await serving.prompt_logprobs(p.ids, body.logprobs))
+                lps = serving.completion_logprobs(p.ids, await serving.prompt_logprobs(p.ids, body.logprobs, lora))
             yield event([{"index": i * n + k, "text": p.text, "logprobs": lps, "finish_reason": None}
                          for k in range(n)])
 
@@ -101,7 +104,7 @@ async def _stream(serving: Serving, body: CompletionRequest, prompts: List[_Prom
         return {"index": i * n + d.index, "text": d.text, "logprobs": logprobs,
                 "finish_reason": d.finish_reason, "stop_reason": d.stop_reason,
                 "length_limit": d.length_limit}
-    streams = [serving.generate(p.ids, params) for p in prompts]
+    streams = [serving.generate(p.ids, params, lora) for p in prompts]
     async for chunk in stream_chunks(event, streams, choice, sum(len(p.ids) for p in prompts)):
         yield chunk
 

@@ -34,7 +34,8 @@ async def create_embedding(body: EmbeddingRequest, request: Request):
     serving.check_room()
     pooled = [PooledHiddenStates(len(ids), "last") for ids in prompts]
     try:
-        await asyncio.gather(*(serving.engine.score(ids, p, p.rows_from, embed=True)
+        await asyncio.gather(*(serving.engine.score(ids, p, p.rows_from, embed=True,
+                                                    lora_request=serving.lora_for(body.model))
                                for ids, p in zip(prompts, pooled)))
     except ValueError as e:
         raise APIError(400, str(e)) from None

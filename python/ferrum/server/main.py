@@ -31,6 +31,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true", help="do not reuse earlier prompts' KV blocks")
     p.add_argument("--speculative-config", default=None,
                    help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\'')
+    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                   help="LoRA adapters (PEFT directories) served beside the model, a request's `model` choosing one: "
+                        "name=path, or vLLM's JSON {\"name\": ..., \"path\": ...}; implies --enable-lora")
+    p.add_argument("--enable-lora", action="store_true", help="let requests run LoRA adapters")
+    p.add_argument("--max-loras", type=int, default=1, help="different adapters in one step (default: 1)")
+    p.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank (default: 16)")
+    p.add_argument("--max-cpu-loras", type=int, default=None,
+                   help="adapters kept loaded in host memory (default: max(--max-loras, the modules given))")
     p.add_argument("--max-waiting-requests", type=int, default=256,
                    help="requests waiting to run before new ones get 503 (default: 256)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
@@ -41,6 +49,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="split <think> reasoning out of replies (default: when the chat template has <think>)")
     p.add_argument("--no-web-ui", action="store_true", help="do not serve the chat page at /")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def parse_lora_modules(items) -> list:
+    """--lora-modules: name=path or {"name": ..., "path": ..., "base_model_name": ...}, as
+    LoRARequests numbered from 1. ValueError for anything else."""
+    import json
+    from ..lora import LoRARequest
+    out = []
+    for i, item in enumerate(items, 1):
+        if item.lstrip().startswith("{"):
+            try:
+                d = json.loads(item)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--lora-modules: {item!r} is not JSON ({e})") from None
+            if not isinstance(d, dict) or not {"name", "path"} <= set(d) or set(d) - {"name", "path", "base_model_name"}:
+                raise ValueError(f"--lora-modules: {item!r} needs \"name\" and \"path\" (and at most "
+                                 f"\"base_model_name\")")
+            out.append(LoRARequest(d["name"], i, d["path"], d.get("base_model_name")))
+        else:
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--lora-modules: {item!r} is not name=path")
+            out.append(LoRARequest(name, i, path))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,17 +86,24 @@ def run(args: argparse.Namespace) -> int:
     from ..async_llm import AsyncLLM
     from ..llm import LLM
 
+    loras = parse_lora_modules(args.lora_modules)
+    enable_lora = args.enable_lora or bool(loras)
     llm = LLM(args.model, device=args.device, kv_dtype=args.kv_dtype, num_threads=args.threads,
               max_model_len=args.max_model_len, kv_cache_tokens=args.kv_cache_tokens,
               enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, speculative_config=args.speculative_config)
+              max_num_batched_tokens=args.max_num_batched_tokens, speculative_config=args.speculative_config,
+              enable_lora=enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+              max_cpu_loras=args.max_cpu_loras or max(args.max_loras, len(loras), 1))
+    for lora in loras:  # a bad adapter stops the server before it serves
+        llm.add_lora(lora)
     name = args.served_model_name or Path(llm.model_path).name
     engine = AsyncLLM(llm)
     try:
         app = build_app(engine, name, api_key=args.api_key, max_waiting_requests=args.max_waiting_requests,
                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                         allowed_origins=args.allowed_origins,
-                        shutdown_grace_seconds=args.shutdown_timeout + 5, web_ui=not args.no_web_ui)
+                        shutdown_grace_seconds=args.shutdown_timeout + 5, web_ui=not args.no_web_ui,
+                        lora_modules=loras)
         # Streams are cut only if aborting them has not ended them by then.
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=args.shutdown_timeout + 10)

@@ -232,7 +232,7 @@ class _Run:
 
     async def whole(self, params, store: ResponseStore) -> dict:
         output = None
-        async for delta in self.serving.generate(self.prompt_ids, params):
+        async for delta in self.serving.generate(self.prompt_ids, params, self.serving.lora_for(self.body.model)):
             output = delta.output
         c = output.outputs[0]
         self.output_tokens = len(c.token_ids)
@@ -291,7 +291,7 @@ class _Run:
                             **({} if kind == "reasoning" else {"logprobs": []}))
 
         reason = None
-        async for delta in self.serving.generate(self.prompt_ids, params):
+        async for delta in self.serving.generate(self.prompt_ids, params, self.serving.lora_for(self.body.model)):
             d = delta.outputs[0]
             self.output_tokens += len(d.token_ids)
             for e in send(stream.feed(d.text)):

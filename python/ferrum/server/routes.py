@@ -22,9 +22,11 @@ def _serving(request: Request) -> Serving:
 @v1.get("/v1/models")
 async def list_models(request: Request):
     s = _serving(request)
-    return {"object": "list", "data": [{"id": s.model_name, "object": "model", "created": s.created,
-                                        "owned_by": "ferrum", "root": str(s.engine.llm.model_path),
-                                        "max_model_len": s.max_model_len}]}
+    base = {"id": s.model_name, "object": "model", "created": s.created, "owned_by": "ferrum",
+            "root": str(s.engine.llm.model_path), "parent": None, "max_model_len": s.max_model_len}
+    adapters = [{**base, "id": name, "root": lora.path, "parent": s.model_name}
+                for name, lora in s.lora_modules.items()]
+    return {"object": "list", "data": [base, *adapters]}
 
 
 @public.get("/health")

@@ -15,6 +15,7 @@ from fastapi.responses import Response
 
 from ..async_llm import AsyncLLM, EngineShutDown
 from ..engine import token_ids_of
+from ..lora import LoRARequest
 from ..outputs import CompletionDelta, Logprob, RequestDelta, StepLogprobs
 from ..sampling import SamplingParams
 from .errors import APIError
@@ -28,10 +29,17 @@ class Serving:
     """The engine behind the routes, with the server's settings."""
 
     def __init__(self, engine: AsyncLLM, model_name: str, max_waiting_requests: int, metrics: ServerMetrics,
-                 tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None):
+                 tool_call_parser: Optional[str] = None, reasoning_parser: Optional[str] = None,
+                 lora_modules: Sequence[LoRARequest] = ()):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
+        # Adapters served beside the base, by the name a request's `model` gives.
+        self.lora_modules: Dict[str, LoRARequest] = {}
+        for lora in lora_modules:
+            if lora.lora_name == model_name or lora.lora_name in self.lora_modules:
+                raise ValueError(f"the LoRA module name {lora.lora_name!r} is taken (by the model or another module)")
+            self.lora_modules[lora.lora_name] = lora
         self.max_waiting_requests = max_waiting_requests
         self.metrics = metrics
         self.max_model_len = engine.llm.runner.max_model_len
@@ -51,8 +59,12 @@ class Serving:
 
     # ---- checks ----
     def check_model(self, name: Optional[str]) -> None:
-        if name is not None and name != self.model_name:
+        if name is not None and name != self.model_name and name not in self.lora_modules:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
+
+    def lora_for(self, name: Optional[str]) -> Optional[LoRARequest]:
+        """The adapter a request's `model` names (None: the base model)."""
+        return self.lora_modules.get(name) if name is not None else None
 
     def check_room(self) -> None:
         """503 while the waiting queue is full."""
@@ -86,12 +98,14 @@ class Serving:
             raise APIError(400, str(e), "max_tokens") from None
 
     # ---- running requests ----
-    async def generate(self, prompt_ids: List[int], params: SamplingParams) -> AsyncIterator[RequestDelta]:
-        """The engine's deltas for one prompt, feeding the metrics; leaving early aborts it."""
+    async def generate(self, prompt_ids: List[int], params: SamplingParams,
+                       lora: Optional[LoRARequest] = None) -> AsyncIterator[RequestDelta]:
+        """The engine's deltas for one prompt (with the adapter `lora`), feeding the metrics;
+        leaving early aborts it."""
         timer = self.metrics.request(len(prompt_ids))
         reasons: List[Optional[str]] = []
         try:
-            async with contextlib.aclosing(self.engine.generate(prompt_ids, params, random_id("req"))) as deltas:
+            async with contextlib.aclosing(self.engine.generate(prompt_ids, params, random_id("req"), lora_request=lora)) as deltas:
                 async for delta in deltas:
                     counts = [len(d.token_ids) for d in delta.outputs]
                     timer.tokens(sum(counts), max(counts, default=0))
@@ -105,14 +119,16 @@ class Serving:
         finally:
             timer.finished(reasons or ["abort"] * params.n)
 
-    async def prompt_logprobs(self, prompt_ids: List[int], top: int) -> List[Optional[StepLogprobs]]:
+    async def prompt_logprobs(self, prompt_ids: List[int], top: int,
+                              lora: Optional[LoRARequest] = None) -> List[Optional[StepLogprobs]]:
         """Each prompt token's logprob given the tokens before it, and the `top` most likely
         there, from a teacher-forced score with f32 activations (as ``ferrum.eval`` scores);
         None for the first token."""
         collector = PromptLogprobs(prompt_ids, top)
         if len(prompt_ids) > 1:
             try:
-                await self.engine.score(prompt_ids[:-1], collector)  # the last token is only predicted
+                # the last token is only predicted
+                await self.engine.score(prompt_ids[:-1], collector, lora_request=lora)
             except ValueError as e:
                 raise APIError(400, str(e)) from None
             except EngineShutDown:
