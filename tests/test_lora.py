@@ -20,7 +20,9 @@ from ferrum.tools.make_model import make_model
 TOK = f"{MODELS}/tokenizers/smollm2-135m-instruct"
 PROMPT = [int(t) for t in np.random.default_rng(0).integers(10, 40000, 37)]
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-BASES = {"llama": dict(arch="llama"), "qwen2-bias": dict(arch="qwen2"), "qwen3-qk-norm": dict(arch="qwen3")}
+BASES = {"llama": dict(arch="llama"), "qwen2-bias": dict(arch="qwen2"), "qwen3-qk-norm": dict(arch="qwen3"),
+         "mistral-window": dict(arch="mistral", sliding_window=24), "qwen3-moe": dict(arch="qwen3_moe")}
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 # name -> (base, make_lora kwargs)
 ADAPTERS = {
     "llama-r8": ("llama", dict(r=8, lora_alpha=16)),
@@ -32,6 +34,8 @@ ADAPTERS = {
     "llama-all-linear": ("llama", dict(r=4, lora_alpha=8, target_modules="all-linear", seed=5)),
     "qwen2-r8": ("qwen2-bias", dict(r=8, lora_alpha=16, seed=6)),
     "qwen3-r8": ("qwen3-qk-norm", dict(r=8, lora_alpha=16, seed=7)),
+    "mistral-r8": ("mistral-window", dict(r=8, lora_alpha=16, seed=9)),
+    "qwen3-moe-attention": ("qwen3-moe", dict(r=8, lora_alpha=16, target_modules=ATTENTION, seed=10)),
     "llama-zero": ("llama", dict(r=4, lora_alpha=8, zero_b=True, seed=8)),
 }
 
@@ -51,7 +55,8 @@ def lora_models(tmp_path_factory):
     for name, (base, kw) in ADAPTERS.items():
         held = []
         adapters[name] = make_lora(bases[base], root / f"adapter-{name}", peft_model=held, **kw)
-        model = held[0].double().eval()
+        # float64, but transformers' MoE experts run in f32 only (grouped matmuls)
+        model = (held[0] if base == "qwen3-moe" else held[0].double()).eval()
         with torch.no_grad():
             logits = model(torch.tensor([PROMPT])).logits[0].numpy()
             greedy = model.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False)[0, len(PROMPT):]
