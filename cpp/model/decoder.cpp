@@ -5,8 +5,8 @@
 
 namespace ferrum {
 
-Decoder::Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope)
-    : be_(std::move(be)), cfg_(std::move(cfg)), w_(std::move(w)), rope_(std::move(rope)) {
+Decoder::Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope, PipelineStage stage)
+    : be_(std::move(be)), cfg_(std::move(cfg)), w_(std::move(w)), rope_(std::move(rope)), stage_(stage) {
   attn_ = AttnParams{cfg_.heads, cfg_.kv_heads, cfg_.head_dim, float(1.0 / std::sqrt(double(cfg_.head_dim))),
                      cfg_.sliding_window};
 }
@@ -77,7 +77,9 @@ void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector
   const float eps = float(cfg_.rms_eps);
   Tensor attn_out = b.attn.reshape({b.tokens, cfg_.heads, cfg_.head_dim});
   const int64_t gen = b.split.gen_tokens;
-  if (b.inputs.defined()) {  // the ids' rows (whole after the sum), then each token's own input
+  if (!stage_.first()) {  // the residual stream as the previous stage left it
+    step.receive(b.x);
+  } else if (b.inputs.defined()) {  // the ids' rows (whole after the sum), then each token's own input
     const Tensor looked_up = b.inputs.slice(0, b.tokens);
     be.embedding(step.stream(), b.ids, w_.embed, looked_up);
     step.all_reduce(looked_up);
@@ -116,6 +118,11 @@ void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector
     step.all_reduce(b.down);
   }
   Stream& s = step.stream();
+  if (!stage_.last()) {  // x += the last layer's MLP output, sent on (h is not used: any norm weight does)
+    be.add_rms_norm(s, b.x, b.down, w_.layers.back().ffn_norm, eps, b.h);
+    step.send(b.x);
+    return;
+  }
   be.add_rms_norm(s, b.x, b.down, w_.final_norm, eps, b.h);
   be.gather_rows(s, b.h, b.logit_rows, b.h_rows);
   const int64_t L = b.split.logit_rows;

@@ -5,6 +5,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/pipeline_split.h"
 #include "model/recorded_step.h"
 #include "model/weights.h"
 
@@ -42,9 +43,13 @@ struct StepBuffers {
 // TensorSplit::local's: its heads, intermediate rows and vocabulary rows) and sums the partial
 // outputs of the embedding, o and the MLP's down projection (or experts) across the ranks; the
 // residual stream is then whole on every rank, and each rank's logits are its vocabulary's.
+//
+// With pipeline parallelism, a stage's decoder runs its layers only (w.layers): the first stage
+// from the embedding, the others from the hidden rows the previous stage sends; the last stage
+// ends with the final norm and the lm_head, the others send their hidden rows on.
 class Decoder {
  public:
-  Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope);
+  Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope, PipelineStage stage = {});
   const ModelConfig& config() const { return cfg_; }
   Backend& backend() const { return *be_; }
 
@@ -67,6 +72,7 @@ class Decoder {
   ModelWeights w_;
   RopeTable rope_;
   AttnParams attn_;
+  PipelineStage stage_;
 };
 
 }  // namespace ferrum

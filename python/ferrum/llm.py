@@ -50,6 +50,11 @@ class LLM:
     tensor_parallel_size: split the model between this many ranks (processes) over MPI: ranks
       started on this machine, or those of the ``mpirun -np N`` that started this script (ranks
       other than 0 serve rank 0 inside this call, then exit). docs/distributed.md.
+    pipeline_parallel_size: split the model's layers between this many stages, each of
+      ``tensor_parallel_size`` ranks (``tensor_parallel_size * pipeline_parallel_size`` ranks in
+      all); the hidden rows pass from stage to stage. pipeline_layer_partition: layers per stage
+      ("3,5" or [3, 5]; default ``FERRUM_PP_LAYER_PARTITION``, else the split of the most even
+      cost).
 
     ``generate`` runs a list of prompts concurrently; ``stream`` yields one completion's text;
     ``add_request`` / ``step`` / ``abort`` / ``has_unfinished`` serve requests that arrive at
@@ -64,7 +69,8 @@ class LLM:
                  kv_cache_memory_fraction: Optional[float] = None,
                  enable_prefix_caching: bool = True, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 512, speculative_config: Union[dict, str, None] = None,
-                 tensor_parallel_size: int = 1, enable_prompt_embeds: bool = False):
+                 tensor_parallel_size: int = 1, enable_prompt_embeds: bool = False,
+                 pipeline_parallel_size: int = 1, pipeline_layer_partition: Union[str, Sequence[int], None] = None):
         if kv_dtype not in ("f16", "f32", "int8"):
             raise ValueError(f"kv_dtype must be 'f16', 'f32' or 'int8', got {kv_dtype!r}")
         for name, v in (("num_threads", num_threads), ("max_model_len", max_model_len),
@@ -83,7 +89,9 @@ class LLM:
         if sum(v is not None for v in (kv_cache_tokens, kv_cache_memory, fraction)) > 1:
             raise ValueError("size the KV cache with one of kv_cache_tokens, kv_cache_memory, "
                              "kv_cache_memory_fraction")
-        group = dist.group(tensor_parallel_size)  # under mpirun, ranks > 0 serve rank 0 here and exit
+        partition = dist.layer_partition(pipeline_layer_partition, pipeline_parallel_size)
+        # under mpirun, ranks > 0 serve rank 0 here and exit
+        group = dist.group(tensor_parallel_size, pipeline_parallel_size)
         weakref.finalize(self, dist.release, group)
         from .models import resolve_model  # here, not at import: `python -m ferrum.models` runs it fresh
         path = resolve_model(model)
@@ -97,7 +105,8 @@ class LLM:
                 model_file, device=device, num_threads=num_threads or 0, kv_dtype=kv_dtype,
                 max_model_len=max_model_len or 0, kv_cache_tokens=kv_cache_tokens or 0,
                 kv_cache_bytes=kv_cache_memory or 0, kv_cache_fraction=float(fraction or 0),
-                prefix_cache=enable_prefix_caching, progress=progress, group=group)
+                prefix_cache=enable_prefix_caching, progress=progress, group=group,
+                pipeline_stages=pipeline_parallel_size, layer_partition=partition)
         speculative = SpeculativeConfig.parse(speculative_config)
         draft = None
         if speculative is not None and speculative.method == "draft_model":

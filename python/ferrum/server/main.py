@@ -31,6 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true", help="do not reuse earlier prompts' KV blocks")
     p.add_argument("--speculative-config", default=None,
                    help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\'')
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="split the model between this many ranks over MPI (docs/distributed.md)")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1,
+                   help="split the model's layers between this many stages over MPI, each of "
+                        "--tensor-parallel-size ranks (docs/distributed.md)")
     p.add_argument("--max-waiting-requests", type=int, default=256,
                    help="requests waiting to run before new ones get 503 (default: 256)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
@@ -57,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(args.model, device=args.device, kv_dtype=args.kv_dtype, num_threads=args.threads,
               max_model_len=args.max_model_len, kv_cache_tokens=args.kv_cache_tokens,
               enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, speculative_config=args.speculative_config)
+              max_num_batched_tokens=args.max_num_batched_tokens, speculative_config=args.speculative_config,
+              tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size)
     name = args.served_model_name or Path(llm.model_path).name
     engine = AsyncLLM(llm)
     try:
