@@ -49,6 +49,12 @@ def timeout_s() -> float:
     return value
 
 
+def check_sizes(tensor_parallel_size, pipeline_parallel_size) -> None:
+    for name, v in (("tensor_parallel_size", tensor_parallel_size), ("pipeline_parallel_size", pipeline_parallel_size)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
 def layer_partition(partition, pipeline_parallel_size: int) -> List[int]:
     """Layers per pipeline stage as given (``"3,5"`` or a sequence of ints), else from
     ``FERRUM_PP_LAYER_PARTITION`` for a model of several stages; [] for the cheapest split. The
@@ -71,9 +77,7 @@ def layer_partition(partition, pipeline_parallel_size: int) -> List[int]:
 def group(tensor_parallel_size: int, pipeline_parallel_size: int = 1):
     """The group for a model split between ``tensor_parallel_size * pipeline_parallel_size``
     ranks; None for one rank."""
-    for name, v in (("tensor_parallel_size", tensor_parallel_size), ("pipeline_parallel_size", pipeline_parallel_size)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    check_sizes(tensor_parallel_size, pipeline_parallel_size)
     n = tensor_parallel_size * pipeline_parallel_size
     launched = launched_ranks()
     if launched > 1 and launched != n:

@@ -89,6 +89,7 @@ class LLM:
         if sum(v is not None for v in (kv_cache_tokens, kv_cache_memory, fraction)) > 1:
             raise ValueError("size the KV cache with one of kv_cache_tokens, kv_cache_memory, "
                              "kv_cache_memory_fraction")
+        dist.check_sizes(tensor_parallel_size, pipeline_parallel_size)
         partition = dist.layer_partition(pipeline_layer_partition, pipeline_parallel_size)
         # under mpirun, ranks > 0 serve rank 0 here and exit
         group = dist.group(tensor_parallel_size, pipeline_parallel_size)
