@@ -39,6 +39,8 @@ MODELS = {
 }
 PARTITIONS = {"qwen3-hf": "1,3"}  # given, not the cheapest
 STORIES_MODEL = {"name": "stories260K", "path": STORIES_FORMATS["gguf"]}  # 5 layers, tied embedding
+STORIES_OPENCL = dict(STORIES_MODEL, name="stories260K-opencl", device="opencl")  # hand-offs through host memory
+EXTRA_MODELS = {m["name"]: m for m in (STORIES_MODEL, STORIES_OPENCL)}
 
 
 def write_model(d, arch, fmt, dtype, overrides):
@@ -80,7 +82,7 @@ def run_job(ranks, spec, d, timeout):
 def two_stages(models, memory_model, tmp_path_factory):
     """One mpirun job of 2 ranks, 2 stages: refused partitions, every model, the invariants."""
     spec = {"tp": 1, "pp": 2, "prompts": PROMPTS, "refused": [[STORIES_MODEL, p] for p in REFUSED],
-            "models": list(models.values()) + [STORIES_MODEL, memory_model],
+            "models": list(models.values()) + list(EXTRA_MODELS.values()) + [memory_model],
             "invariants_model": STORIES_MODEL, "invariant_prompts": INVARIANT_PROMPTS,
             "shared_prompts": SHARED_PROMPTS}
     return run_job(2, spec, tmp_path_factory.mktemp("pp2"), timeout=600)
@@ -112,9 +114,9 @@ def assert_equal_to_one_process(model, got):
             assert relative_error(have, want) <= 1e-5, key
 
 
-@pytest.mark.parametrize("name", list(MODELS) + ["stories260K"])
+@pytest.mark.parametrize("name", list(MODELS) + list(EXTRA_MODELS))
 def test_two_stages_equal_one_process(name, models, two_stages):
-    model = models.get(name, STORIES_MODEL)
+    model = models.get(name) or EXTRA_MODELS[name]
     assert_equal_to_one_process(model, two_stages)
     assert two_stages[f"{name}/pipeline_parallel_size"] == 2 and two_stages[f"{name}/all_reduces"] == 0
     # the first stage sent its hidden rows on: f32 [tokens, hidden] per step
