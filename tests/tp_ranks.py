@@ -21,11 +21,12 @@ import ferrum
 GREEDY = ferrum.SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 
-def make_llm(model, ranks, **kw):
+def make_llm(model, ranks, pp=1, **kw):
+    """ranks: tensor-parallel ranks per pipeline stage, of pp stages."""
     kw.setdefault("kv_dtype", "f32")
     kw.setdefault("max_model_len", 256)
     return ferrum.LLM(model["path"], device=model.get("device", "cpu"), tokenizer=model.get("tokenizer"),
-                      num_threads=1, tensor_parallel_size=ranks, **kw)
+                      num_threads=1, tensor_parallel_size=ranks, pipeline_parallel_size=pp, **kw)
 
 
 def generation_logits(runner, prompts):
@@ -57,17 +58,17 @@ def greedy(llm, prompts):
     return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY)]
 
 
-def engine_invariants(model, ranks, prompts, shared):
-    """Greedy tokens under tensor parallelism: each prompt alone, all together, with chunked
-    prefills, and prompts sharing prefixes with the prefix cache missing and hitting."""
-    llm = make_llm(model, ranks, enable_prefix_caching=False)
+def engine_invariants(model, ranks, prompts, shared, pp=1):
+    """Greedy tokens under tensor (and pipeline) parallelism: each prompt alone, all together,
+    with chunked prefills, and prompts sharing prefixes with the prefix cache missing and hitting."""
+    llm = make_llm(model, ranks, pp, enable_prefix_caching=False)
     out = {"alone": np.array([greedy(llm, [p])[0] for p in prompts]),
            "batch": np.array(greedy(llm, prompts))}
     del llm
-    out["chunked"] = np.array(greedy(make_llm(model, ranks, enable_prefix_caching=False,
+    out["chunked"] = np.array(greedy(make_llm(model, ranks, pp, enable_prefix_caching=False,
                                               max_num_batched_tokens=7), prompts))
-    out["prefix_miss"] = np.array(greedy(make_llm(model, ranks, enable_prefix_caching=False), shared))
-    llm = make_llm(model, ranks)
+    out["prefix_miss"] = np.array(greedy(make_llm(model, ranks, pp, enable_prefix_caching=False), shared))
+    llm = make_llm(model, ranks, pp)
     out["prefix_first"] = np.array(greedy(llm, shared))
     out["prefix_hit"] = np.array(greedy(llm, shared))
     st = llm.stats()
@@ -131,7 +132,7 @@ def embedding_table(hf_dir):
 
 def generate(spec):
     """Generates while the test kills (or stops) a rank; prints how the generation ended."""
-    llm = make_llm(spec["model"], spec["ranks"], max_model_len=512)
+    llm = make_llm(spec["model"], spec["ranks"], spec.get("pp", 1), max_model_len=512)
     print(json.dumps({"pids": [m["pid"] for m in llm.runner.rank_memory()]}), flush=True)
     params = ferrum.SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
     prompt = [1] + list(range(3, 40))

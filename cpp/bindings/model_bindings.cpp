@@ -46,7 +46,8 @@ RunnerOptions runner_options(const std::string& device, int num_threads, const s
                              int64_t max_model_len, int64_t kv_cache_tokens, int64_t kv_cache_bytes,
                              double kv_cache_fraction, bool prefix_cache, const py::object& progress,
                              std::shared_ptr<Communicator> group, int64_t max_loras = 0,
-                             int64_t max_lora_rank = 16) {
+                             int64_t max_lora_rank = 16, int pipeline_stages = 1,
+                             std::vector<int64_t> layer_partition = {}) {
   RunnerOptions o;
   o.max_loras = max_loras;
   o.max_lora_rank = max_lora_rank;
@@ -59,6 +60,8 @@ RunnerOptions runner_options(const std::string& device, int num_threads, const s
   o.kv_cache_fraction = kv_cache_fraction;
   o.prefix_cache = prefix_cache;
   o.group = std::move(group);
+  o.pipeline_stages = pipeline_stages;
+  o.layer_partition = std::move(layer_partition);
   if (!progress.is_none())
     o.load_progress = [&progress](int64_t done, int64_t total) {
       py::gil_scoped_acquire gil;
@@ -84,11 +87,13 @@ void bind_model(py::module_& m) {
       .def(py::init([](ModelFile& file, const std::string& device, int num_threads, const std::string& kv_dtype,
                        int64_t max_model_len, int64_t kv_cache_tokens, int64_t kv_cache_bytes, double kv_cache_fraction,
                        bool prefix_cache, const py::object& progress, std::shared_ptr<Communicator> group,
-                       int64_t max_loras, int64_t max_lora_rank) {
+                       int64_t max_loras, int64_t max_lora_rank, int pipeline_stages,
+                       std::vector<int64_t> layer_partition) {
              if (file.format.empty()) throw ValueError(file.path + ": this ModelFile was loaded already");
              RunnerOptions o = runner_options(device, num_threads, kv_dtype, max_model_len, kv_cache_tokens,
                                               kv_cache_bytes, kv_cache_fraction, prefix_cache, progress,
-                                              std::move(group), max_loras, max_lora_rank);
+                                              std::move(group), max_loras, max_lora_rank, pipeline_stages,
+                                              std::move(layer_partition));
              ModelFile taken = std::move(file);
              file.path = taken.path;  // what is left: a name for the error above
              file.format.clear();
@@ -99,10 +104,13 @@ void bind_model(py::module_& m) {
            py::arg("kv_dtype") = "f16", py::arg("max_model_len") = 0, py::arg("kv_cache_tokens") = 0,
            py::arg("kv_cache_bytes") = 0, py::arg("kv_cache_fraction") = 0.0, py::arg("prefix_cache") = true,
            py::arg("progress") = py::none(), py::arg("group") = nullptr, py::arg("max_loras") = 0,
-           py::arg("max_lora_rank") = 16,
+           py::arg("max_lora_rank") = 16, py::arg("pipeline_stages") = 1,
+           py::arg("layer_partition") = std::vector<int64_t>{},
            "Loads the weights of an opened ModelFile (which is then used up). group: a tensor-parallel "
            "group (ferrum.dist) whose rank 0 this process is: each rank loads its share. max_loras > 0: "
-           "steps may run up to that many LoRA adapters (of rank <= max_lora_rank) beside the base.")
+           "steps may run up to that many LoRA adapters (of rank <= max_lora_rank) beside the base. "
+           "pipeline_stages: the group's ranks form this many pipeline stages (layer_partition: layers "
+           "per stage; empty: the cheapest split), each holding its layers.")
       .def(py::init([](const std::string& path, const std::string& device, int num_threads,
                        const std::string& kv_dtype, int64_t max_model_len, int64_t kv_cache_tokens,
                        int64_t kv_cache_bytes, double kv_cache_fraction, bool prefix_cache,
@@ -191,8 +199,12 @@ void bind_model(py::module_& m) {
         d["replays"] = s.replays;
         d["weight_bytes"] = s.weight_bytes;
         d["tensor_parallel_size"] = s.ranks;
+        d["pipeline_parallel_size"] = s.stages;
         d["all_reduces"] = s.all_reduce.count;
         d["all_reduce_seconds"] = s.all_reduce.seconds;
+        d["hand_offs"] = s.hand_offs.count;
+        d["hand_off_seconds"] = s.hand_offs.seconds;
+        d["hand_off_bytes"] = s.hand_offs.bytes;
         return d;
       })
       .def("rank_memory", [](ModelRunner& r) {
@@ -210,11 +222,15 @@ void bind_model(py::module_& m) {
           d["peak_rss_bytes"] = m.peak_rss_bytes;
           d["load_rss_bytes"] = m.load_rss_bytes;
           d["pid"] = m.pid;
+          d["stage"] = m.stage;
+          d["layer0"] = m.layer0;
+          d["layers"] = m.layers;
           out.append(d);
         }
         return out;
       }, "Each tensor-parallel rank's memory (one entry without a group): weight and KV buffers' bytes, "
-         "the process's resident and peak resident bytes and what loading the weights added, its pid.");
+         "the process's resident and peak resident bytes and what loading the weights added, its pid, and "
+         "its pipeline stage and layers (stage, layer0, layers).");
 }
 
 }  // namespace ferrum::bindings

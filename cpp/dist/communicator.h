@@ -8,6 +8,7 @@
 // at once, so a group with a lost rank never hangs.
 #pragma once
 #include <cstddef>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -39,6 +40,14 @@ class Communicator {
   // data[0, bytes) = root's data, on every rank.
   virtual void broadcast(void* data, size_t bytes, int root, Wait wait = Wait::Timeout) = 0;
   virtual void barrier() = 0;
+
+  // Point to point (pipeline parallelism's hand-offs between stages): data[0, bytes) to rank
+  // `to`, which receives it with recv from this rank. Both wait up to the timeout.
+  virtual void send(const void* data, size_t bytes, int to) = 0;
+  virtual void recv(void* data, size_t bytes, int from) = 0;
+  // Collective: the ranks of this group with the same color form a new group, ordered by key.
+  // A failure in either ends both (a lost rank ends the whole group).
+  virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
 
   // False once closed: by close() (the group's work is over) or by a failed collective.
   virtual bool is_open() const = 0;

@@ -9,6 +9,9 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "core/error.h"
@@ -36,11 +39,22 @@ void init_mpi() {
   MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
 }
 
+// What the communicators of one group share (the group first made and those split from it): a
+// failure in any of them ends them all, and the processes to watch are the whole group's.
+struct GroupState {
+  bool spawned = false;
+  int rank = 0;                // this process's, in the whole group
+  std::vector<int64_t> pids;   // by rank in the whole group
+  bool failed = false;
+  std::string error;
+};
+
 class MpiCommunicator : public Communicator {
  public:
-  // inter: the intercommunicator of a spawned group (MPI_COMM_NULL for mpirun's world).
-  MpiCommunicator(MPI_Comm comm, MPI_Comm inter, double timeout_s)
-      : comm_(comm), inter_(inter), spawned_(inter != MPI_COMM_NULL), timeout_s_(timeout_s) {
+  // inter: the intercommunicator of a spawned group (MPI_COMM_NULL for mpirun's world and for a
+  // group split from another). state: the group this one was split from (null for a new group).
+  MpiCommunicator(MPI_Comm comm, MPI_Comm inter, double timeout_s, std::shared_ptr<GroupState> state = nullptr)
+      : comm_(comm), inter_(inter), timeout_s_(timeout_s), state_(std::move(state)) {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -48,9 +62,14 @@ class MpiCommunicator : public Communicator {
     MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
     MPI_Comm_size(local, &on_host_);
     MPI_Comm_free(&local);
+    if (state_) return;
+    state_ = std::make_shared<GroupState>();
+    state_->spawned = inter != MPI_COMM_NULL;
+    state_->rank = rank_;
     const int64_t pid = getpid();
-    pids_.resize(size_t(size_));
-    all_gather(&pid, sizeof pid, pids_.data(), Wait::Forever);
+    std::vector<int64_t> pids(static_cast<size_t>(size_));
+    all_gather(&pid, sizeof pid, pids.data(), Wait::Forever);
+    state_->pids = std::move(pids);
   }
   ~MpiCommunicator() override {
     try {
@@ -62,7 +81,7 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int ranks_on_this_host() const override { return on_host_; }
-  bool is_open() const override { return open_; }
+  bool is_open() const override { return open_ && !state_->failed; }
 
   void all_reduce_sum(float* data, size_t count) override {
     check(count);
@@ -94,24 +113,43 @@ class MpiCommunicator : public Communicator {
     call(MPI_Ibarrier(comm_, &r), "barrier");
     wait(r, "a barrier", Wait::Timeout);
   }
+  void send(const void* data, size_t bytes, int to) override {
+    check(bytes);
+    MPI_Request r;
+    call(MPI_Isend(data, int(bytes), MPI_BYTE, to, 0, comm_, &r), "send");
+    wait(r, "a send to the next stage", Wait::Timeout);
+  }
+  void recv(void* data, size_t bytes, int from) override {
+    check(bytes);
+    MPI_Request r;
+    call(MPI_Irecv(data, int(bytes), MPI_BYTE, from, 0, comm_, &r), "receive");
+    wait(r, "a receive from another stage", Wait::Timeout);
+  }
+  std::shared_ptr<Communicator> split(int color, int key) override {
+    check(0);
+    MPI_Comm comm;
+    call(MPI_Comm_split(comm_, color, key, &comm), "split");
+    return std::make_shared<MpiCommunicator>(comm, MPI_COMM_NULL, timeout_s_, state_);
+  }
 
   void close() override {
     if (!open_) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (finalized) {
+    if (finalized || state_->failed) {
       open_ = false;
       return;
     }
     barrier();  // every rank is here: nothing is in flight
     open_ = false;
     MPI_Comm_free(&comm_);
-    if (spawned_) MPI_Comm_disconnect(&inter_);
+    if (inter_ != MPI_COMM_NULL) MPI_Comm_disconnect(&inter_);
   }
 
  private:
   void check(size_t count) const {
-    if (!open_) throw CommError(error_.empty() ? "the tensor-parallel group is closed" : error_);
+    if (state_->failed) throw CommError(state_->error);
+    if (!open_) throw CommError("the tensor-parallel group is closed");
     if (count > size_t(INT_MAX)) throw ValueError("a collective of more than 2^31 elements");
   }
   void call(int status, const char* what) {
@@ -150,19 +188,21 @@ class MpiCommunicator : public Communicator {
   // deadline. (The request it left pending stays so: its buffers are never written once the
   // group has failed, as no rank can complete it.)
   void look_for_exited_ranks(const char* what) {
-    if (!spawned_) return;
-    for (int r = 0; r < size_; ++r)
-      if (r != rank_ && kill(pid_t(pids_[size_t(r)]), 0) != 0 && errno == ESRCH)
-        fail("tensor parallelism: rank " + std::to_string(r) + " (pid " + std::to_string(pids_[size_t(r)]) +
+    const GroupState& g = *state_;
+    if (!g.spawned) return;
+    for (size_t r = 0; r < g.pids.size(); ++r)
+      if (int(r) != g.rank && kill(pid_t(g.pids[r]), 0) != 0 && errno == ESRCH)
+        fail("tensor parallelism: rank " + std::to_string(r) + " (pid " + std::to_string(g.pids[r]) +
              ") exited during " + what + "; the group is ended");
   }
 
   [[noreturn]] void fail(const std::string& message) {
-    open_ = false;
-    error_ = message;
+    GroupState& g = *state_;
+    g.failed = true;
+    g.error = message;
     g_abandoned = true;
-    if (spawned_ && rank_ == 0)  // the followers this process started end with it
-      for (int r = 1; r < size_; ++r) kill(pid_t(pids_[size_t(r)]), SIGKILL);
+    if (g.spawned && g.rank == 0)  // the followers this process started end with it
+      for (size_t r = 1; r < g.pids.size(); ++r) kill(pid_t(g.pids[r]), SIGKILL);
     throw CommError(message);
   }
 
@@ -174,12 +214,10 @@ class MpiCommunicator : public Communicator {
   }
 
   MPI_Comm comm_, inter_;
-  bool spawned_;
   double timeout_s_;
+  std::shared_ptr<GroupState> state_;
   int rank_ = 0, size_ = 1, on_host_ = 1;
-  std::vector<int64_t> pids_;
   bool open_ = true;
-  std::string error_;
 };
 
 void check_timeout(double timeout_s) {

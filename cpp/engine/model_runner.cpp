@@ -83,7 +83,16 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
     file.tokenizer_metadata.clear();  // the tokenizer's arrays (~15 MB parsed) would add to the load's peak memory
     cfg_ = file.config;
     format_ = file.format;
-    split_ = group_ ? split_model(cfg_, group_->rank(), group_->size()) : split_model(cfg_, 0, 1);
+    // Stage s of P is ranks [s * T, (s + 1) * T): rank 0 is the first stage's first.
+    const int ranks = group_ ? group_->size() : 1, rank = group_ ? group_->rank() : 0;
+    const int stages = opt.pipeline_stages;
+    if (stages < 1 || ranks % stages != 0)
+      throw ValueError("pipeline_parallel_size " + std::to_string(stages) + " does not divide the group's " +
+                       std::to_string(ranks) + " ranks");
+    tp_size_ = ranks / stages;
+    tp_rank_ = rank % tp_size_;
+    stage_ = pipeline_stage(cfg_, rank / tp_size_, stages, opt.layer_partition);
+    split_ = split_model(cfg_, tp_rank_, tp_size_);
     max_model_len_ = opt.max_model_len > 0 ? opt.max_model_len : cfg_.max_positions;
     if (max_model_len_ > cfg_.max_positions)
       throw ValueError("max_model_len " + std::to_string(max_model_len_) + " exceeds the model's " +
@@ -97,23 +106,28 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
     max_loras_ = opt.max_loras;
     max_lora_rank_ = opt.max_lora_rank;
     const int64_t rss = proc_status_bytes("VmRSS:");
-    w = load_weights(*be_, file.weights, cfg_, split_, opt.load_progress);
+    w = load_weights(*be_, file.weights, cfg_, split_, stage_, opt.load_progress);
     file.weights = WeightSource{};  // the file stays mapped only where weights are used as stored
     load_rss_bytes_ = proc_status_bytes("VmRSS:") - rss;
-    blocks = kv_pool_blocks(opt, split_.local(cfg_), max_model_len_, *be_);
+    ModelConfig kv_cfg = split_.local(cfg_);
+    kv_cfg.layers = stage_.layers;  // a stage's pool holds its layers'
+    blocks = kv_pool_blocks(opt, kv_cfg, max_model_len_, *be_);
   } catch (...) {
     if (!group_) throw;
     failed = std::current_exception();
   }
   if (group_) blocks = agree_on_load(*group_, failed, blocks);  // every rank throws if one failed
   try {
+    // The sums of a stage's tensor-parallel ranks run among them alone.
+    if (stage_.whole()) tp_ = group_;
+    else if (tp_size_ > 1) tp_ = group_->split(stage_.stage, tp_rank_);
     const ModelConfig local = split_.local(cfg_);
     stats_.weight_bytes = weight_bytes(w);
     // No sequence outgrows the pool: tables indexed by position or block stop there.
     const int64_t positions = std::min(max_model_len_, blocks * kBlockSize);
     max_blocks_ = BlockManager::blocks_for(positions);
     RopeTable rope = make_rope_table(*be_, cfg_, positions, w.rope_freq_factors);
-    for (int64_t l = 0; l < cfg_.layers; ++l) {
+    for (int64_t l = 0; l < stage_.layers; ++l) {
       KvLayer kv;
       Shape shape{blocks, local.kv_heads, kBlockSize, local.head_dim};
       kv.k = be_->alloc(opt.kv_dtype, shape);
@@ -127,13 +141,14 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
       kv_.push_back(kv);
     }
     blocks_ = std::make_unique<BlockManager>(blocks, opt.prefix_cache);
-    decoder_ = std::make_unique<Decoder>(be_, local, std::move(w), rope, max_loras_, max_lora_rank_);
+    decoder_ = std::make_unique<Decoder>(be_, local, std::move(w), rope, stage_, max_loras_, max_lora_rank_);
   } catch (...) {
     if (leads()) send_order(*group_, OrderKind::Close, model_number_);  // the followers' runners are built: drop them
     throw;
   }
   stats_.block_size = kBlockSize;
-  stats_.ranks = group_ ? group_->size() : 1;
+  stats_.ranks = tp_size_;
+  stats_.stages = stage_.stages;
 }
 
 ModelRunner::~ModelRunner() {
@@ -158,7 +173,7 @@ ModelRunner::Graph& ModelRunner::graph_for(const StepPlan& p) {
     }
   Graph g;
   g.buffers = decoder_->alloc_step(p.tokens, p.seqs, p.rows, max_blocks_, split, p.embeds);
-  g.step = std::make_unique<RecordedStep>(*be_, group_.get());
+  g.step = std::make_unique<RecordedStep>(*be_, tp_.get(), links());
   decoder_->record(*g.step, g.buffers, kv_);
   graphs_.emplace_front(key, std::move(g));
   if (graphs_.size() > kMaxGraphs) graphs_.pop_back();
@@ -274,37 +289,61 @@ ForwardOutput ModelRunner::run(const StepPlan& p) {
     be_->upload(b.inputs.slice(p.tokens, p.tokens), p.embed_rows.data(), p.embed_rows.size() * 4);
     be_->upload(b.input_rows, p.input_rows.data(), p.input_rows.size() * 4);
   }
-  g.step->run(stats_.all_reduce);
+  g.step->run(stats_.all_reduce, &stats_.hand_offs);
   if (LoraSlots* slots = decoder_->lora_slots())  // a removed adapter's memory goes once its requests end
     std::fill(slots->slots.begin(), slots->slots.end(), nullptr);
   stats_.steps++;
   ForwardOutput out;
   const int64_t L = p.logit_rows, H = p.hidden_rows;
-  if (L > 0) gather_logits(b.logits, L, out.logits);
-  if (H > 0 && (!group_ || group_->rank() == 0)) {
-    out.hidden.resize(size_t(H * cfg_.hidden));
-    be_->download(b.h_rows.slice(L, H), out.hidden.data(), out.hidden.size() * 4);
+  if (stage_.last()) {
+    if (L > 0) gather_logits(b.logits, L, out.logits);
+    if (H > 0 && tp_rank_ == 0) {
+      out.hidden.resize(size_t(H * cfg_.hidden));
+      be_->download(b.h_rows.slice(L, H), out.hidden.data(), out.hidden.size() * 4);
+    }
   }
+  if (!stage_.whole()) rows_to_rank0(p, out);
   return out;
+}
+
+StageLinks ModelRunner::links() const {
+  if (stage_.whole()) return {};
+  const int rank = group_->rank();
+  return {group_.get(), stage_.first() ? -1 : rank - tp_size_, stage_.last() ? -1 : rank + tp_size_};
+}
+
+void ModelRunner::rows_to_rank0(const StepPlan& p, ForwardOutput& out) {
+  const int rank = group_->rank(), last = (stage_.stages - 1) * tp_size_;  // the last stage's first rank
+  const size_t logits = size_t(p.logit_rows * cfg_.vocab), hidden = size_t(p.hidden_rows * cfg_.hidden);
+  if (rank == last) {
+    if (logits > 0) group_->send(out.logits.data(), logits * 4, 0);
+    if (hidden > 0) group_->send(out.hidden.data(), hidden * 4, 0);
+    out = ForwardOutput{};
+  } else if (rank == 0) {
+    out.logits.resize(logits);
+    out.hidden.resize(hidden);
+    if (logits > 0) group_->recv(out.logits.data(), logits * 4, last);
+    if (hidden > 0) group_->recv(out.hidden.data(), hidden * 4, last);
+  }
 }
 
 void ModelRunner::gather_logits(const Tensor& logits, int64_t rows, std::vector<float>& out) {
   const int64_t V = cfg_.vocab;
-  if (!group_) {
+  if (!tp_) {
     out.resize(size_t(rows * V));
     be_->download(logits.slice(0, rows), out.data(), out.size() * 4);
     return;
   }
   // Every rank sends `chunk` columns per row (the last rank's padded); rank 0 interleaves them.
-  const int64_t chunk = split_.vocab_chunk, mine = split_.vocab, ranks = group_->size();
+  const int64_t chunk = split_.vocab_chunk, mine = split_.vocab, ranks = tp_->size();
   logits_share_.assign(size_t(rows * chunk), 0.0f);
   std::vector<float> rows_mine(size_t(rows * mine));
   be_->download(logits.slice(0, rows), rows_mine.data(), rows_mine.size() * 4);
   for (int64_t i = 0; i < rows; ++i)
     std::copy_n(rows_mine.begin() + i * mine, mine, logits_share_.begin() + i * chunk);
-  if (group_->rank() == 0) logits_gathered_.resize(size_t(ranks * rows * chunk));
-  group_->gather(logits_share_.data(), logits_share_.size() * 4, logits_gathered_.data(), 0);
-  if (group_->rank() != 0) return;
+  if (tp_->rank() == 0) logits_gathered_.resize(size_t(ranks * rows * chunk));
+  tp_->gather(logits_share_.data(), logits_share_.size() * 4, logits_gathered_.data(), 0);
+  if (tp_->rank() != 0) return;
   out.resize(size_t(rows * V));
   for (int64_t k = 0; k < ranks; ++k) {
     const int64_t v0 = k * chunk, n = std::min(chunk, V - v0);
@@ -328,6 +367,9 @@ RankMemory ModelRunner::memory() const {
   m.peak_rss_bytes = proc_status_bytes("VmHWM:");
   m.load_rss_bytes = load_rss_bytes_;
   m.pid = getpid();
+  m.stage = stage_.stage;
+  m.layer0 = stage_.layer0;
+  m.layers = stage_.layers;
   return m;
 }
 

@@ -41,6 +41,12 @@ struct RunnerOptions {
   // One process only (no group), on a backend that supports(Op::Lora).
   int64_t max_loras = 0;
   int64_t max_lora_rank = 16;
+  // Pipeline parallelism: the group's ranks form this many stages of group size / stages
+  // tensor-parallel ranks each (stage s: ranks [s * T, (s + 1) * T)), each stage holding a range
+  // of the layers and a KV pool for them (model/pipeline_split.h). layer_partition: layers per
+  // stage (empty: the cheapest split).
+  int pipeline_stages = 1;
+  std::vector<int64_t> layer_partition;
 };
 
 // One sequence's part of a forward: its tokens at positions [start, start + count), whose
@@ -106,14 +112,18 @@ struct RunnerStats {
   int64_t steps, replays;
   int64_t weight_bytes;  // this rank's
   int64_t ranks;         // tensor-parallel ranks (1: none)
+  int64_t stages;        // pipeline stages (1: none)
   ReduceTime all_reduce; // this rank's sums across the ranks
+  ReduceTime hand_offs;  // this rank's hidden rows received from / sent to the neighbouring stages
 };
 
 // One rank's memory: its weights' and KV pool's buffers, its process's resident set (now, at its
-// peak, and what loading the weights added to it), and the process.
+// peak, and what loading the weights added to it), the process, and the pipeline stage and
+// layers [layer0, layer0 + layers) it holds.
 struct RankMemory {
   int64_t weight_bytes = 0, kv_bytes = 0, rss_bytes = 0, peak_rss_bytes = 0, load_rss_bytes = 0;
   int64_t pid = 0;
+  int64_t stage = 0, layer0 = 0, layers = 0;
 };
 
 class ModelRunner {
@@ -172,8 +182,16 @@ class ModelRunner {
   RankMemory memory() const;
   // The logits rows of this rank's vocabulary, gathered into `out` [rows, vocab] on rank 0.
   void gather_logits(const Tensor& logits, int64_t rows, std::vector<float>& out);
+  // Pipeline parallelism: the last stage's rows, sent to rank 0 (which receives them into `out`).
+  void rows_to_rank0(const StepPlan& plan, ForwardOutput& out);
+  StageLinks links() const;
 
-  std::shared_ptr<Communicator> group_;
+  std::shared_ptr<Communicator> group_;  // every rank: rank 0's orders
+  // The ranks of this rank's stage, whose sums its steps take (group_ without pipeline stages;
+  // null for one rank), and its stage's layers and neighbours.
+  std::shared_ptr<Communicator> tp_;
+  PipelineStage stage_;
+  int tp_rank_ = 0, tp_size_ = 1;
   int64_t model_number_ = 0;  // rank 0's, in its orders about this model
   int64_t load_rss_bytes_ = 0;
   ModelConfig cfg_;

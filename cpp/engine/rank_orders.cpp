@@ -142,6 +142,7 @@ std::vector<char> encode_load(const std::string& path, const RunnerOptions& o) {
   Writer w;
   w.put(std::filesystem::absolute(path).string()).put(o.device).put(int64_t(o.num_threads)).put(int64_t(o.kv_dtype)).put(o.max_model_len);
   w.put(o.kv_cache_tokens).put(o.kv_cache_bytes).put(o.kv_cache_fraction).put(int64_t(o.prefix_cache));
+  w.put(int64_t(o.pipeline_stages)).put(int64_t(o.layer_partition.size())).put(o.layer_partition);
   return std::move(w.bytes);
 }
 
@@ -156,6 +157,8 @@ void decode_load(const std::vector<char>& payload, std::string* path, RunnerOpti
   o->kv_cache_bytes = r.get<int64_t>();
   o->kv_cache_fraction = r.get<double>();
   o->prefix_cache = r.get<int64_t>() != 0;
+  o->pipeline_stages = int(r.get<int64_t>());
+  r.get_into(o->layer_partition, size_t(r.get<int64_t>()));
 }
 
 std::vector<char> encode_step(const StepPlan& p) {

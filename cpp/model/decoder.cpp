@@ -5,9 +5,10 @@
 
 namespace ferrum {
 
-Decoder::Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope, int64_t max_loras,
-                 int64_t max_lora_rank)
-    : be_(std::move(be)), cfg_(std::move(cfg)), w_(std::move(w)), rope_(std::move(rope)), max_lora_rank_(max_lora_rank) {
+Decoder::Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope, PipelineStage stage,
+                 int64_t max_loras, int64_t max_lora_rank)
+    : be_(std::move(be)), cfg_(std::move(cfg)), w_(std::move(w)), rope_(std::move(rope)), max_lora_rank_(max_lora_rank),
+      stage_(stage) {
   if (max_loras > 0) {
     lora_ = std::make_shared<LoraSlots>();
     lora_->slots.resize(size_t(max_loras));
@@ -86,7 +87,9 @@ void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector
   const float eps = float(cfg_.rms_eps);
   Tensor attn_out = b.attn.reshape({b.tokens, cfg_.heads, cfg_.head_dim});
   const int64_t gen = b.split.gen_tokens;
-  if (b.inputs.defined()) {  // the ids' rows (whole after the sum), then each token's own input
+  if (!stage_.first()) {  // the residual stream as the previous stage left it
+    step.receive(b.x);
+  } else if (b.inputs.defined()) {  // the ids' rows (whole after the sum), then each token's own input
     const Tensor looked_up = b.inputs.slice(0, b.tokens);
     be.embedding(step.stream(), b.ids, w_.embed, looked_up);
     step.all_reduce(looked_up);
@@ -125,6 +128,11 @@ void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector
     step.all_reduce(b.down);
   }
   Stream& s = step.stream();
+  if (!stage_.last()) {  // x += the last layer's MLP output, sent on (h is not used: any norm weight does)
+    be.add_rms_norm(s, b.x, b.down, w_.layers.back().ffn_norm, eps, b.h);
+    step.send(b.x);
+    return;
+  }
   be.add_rms_norm(s, b.x, b.down, w_.final_norm, eps, b.h);
   be.gather_rows(s, b.h, b.logit_rows, b.h_rows);
   const int64_t L = b.split.logit_rows;

@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/lora.h"
+#include "model/pipeline_split.h"
 #include "model/recorded_step.h"
 #include "model/weights.h"
 
@@ -45,12 +46,16 @@ struct StepBuffers {
 // TensorSplit::local's: its heads, intermediate rows and vocabulary rows) and sums the partial
 // outputs of the embedding, o and the MLP's down projection (or experts) across the ranks; the
 // residual stream is then whole on every rank, and each rank's logits are its vocabulary's.
+//
+// With pipeline parallelism, a stage's decoder runs its layers only (w.layers): the first stage
+// from the embedding, the others from the hidden rows the previous stage sends; the last stage
+// ends with the final norm and the lm_head, the others send their hidden rows on.
 class Decoder {
  public:
   // max_loras > 0: steps apply LoRA adapters, up to that many different ones per step, each of
   // rank <= max_lora_rank.
-  Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope, int64_t max_loras = 0,
-          int64_t max_lora_rank = 0);
+  Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, RopeTable rope, PipelineStage stage = {},
+          int64_t max_loras = 0, int64_t max_lora_rank = 0);
   const ModelConfig& config() const { return cfg_; }
   // The adapters the rows of the next step run pick from (StepBuffers::lora_rows); null without
   // LoRA. The caller fills it before running a step.
@@ -79,6 +84,7 @@ class Decoder {
   AttnParams attn_;
   std::shared_ptr<LoraSlots> lora_;
   int64_t max_lora_rank_ = 0;
+  PipelineStage stage_;
 };
 
 }  // namespace ferrum

@@ -190,20 +190,27 @@ void Linear::record(Backend& be, Stream& s, const Tensor& x, const Tensor& out) 
 
 ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& c, const TensorSplit& split,
                           const LoadProgress& progress) {
+  return load_weights(be, src, c, split, PipelineStage{0, 1, 0, c.layers}, progress);
+}
+
+ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& c, const TensorSplit& split,
+                          const PipelineStage& stage, const LoadProgress& progress) {
   Loader L(be, src);
   ModelWeights w;
   const TensorInfo* head = L.find(kLmHead);
   const bool tied = c.tie_embeddings || !head;
   const TensorInfo& embed = L.get(kEmbed, -1);
-  if (split.whole()) {
-    w.embed = tied ? L.linear_weight(embed) : L.weight(embed);  // tied: also the lm_head
-    w.lm_head.parts.push_back(tied ? w.embed : L.linear_weight(*head));
-  } else {
-    w.embed = L.embedding_rows(embed, split.vocab0, split.vocab, tied);
-    w.lm_head.parts.push_back(tied ? w.embed.slice(0, split.vocab)
-                                   : L.linear_weight(rows_of(*head, split.vocab0, split.vocab)));
+  if (stage.first() || (tied && stage.last())) {
+    if (split.whole()) w.embed = tied ? L.linear_weight(embed) : L.weight(embed);  // tied: also the lm_head
+    else w.embed = L.embedding_rows(embed, split.vocab0, split.vocab, tied);
   }
-  w.final_norm = L.f32(L.get(kFinalNorm, -1));
+  if (stage.last()) {
+    if (split.whole()) w.lm_head.parts.push_back(tied ? w.embed : L.linear_weight(*head));
+    else
+      w.lm_head.parts.push_back(tied ? w.embed.slice(0, split.vocab)
+                                     : L.linear_weight(rows_of(*head, split.vocab0, split.vocab)));
+    w.final_norm = L.f32(L.get(kFinalNorm, -1));
+  }
   if (const TensorInfo* rf = src.find(kRopeFreqs)) {
     w.rope_freq_factors.resize(size_t(rf->shape[0]));
     quant::dequantize_row(rf->dtype, rf->data, w.rope_freq_factors.data(), rf->shape[0]);
@@ -218,7 +225,7 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
   // This rank's rows of q, and of k and v (their heads' rows, biases alike).
   const auto q_rows = [&](const TensorInfo& t) { return rows_of(t, split.head0 * hd, split.heads * hd); };
   const auto kv_rows = [&](const TensorInfo& t) { return rows_of(t, split.kv_head0 * hd, split.kv_heads * hd); };
-  for (int64_t i = 0; i < c.layers; ++i) {
+  for (int64_t i = stage.layer0; i < stage.layer0 + stage.layers; ++i) {
     LayerWeights lw;
     lw.attn_norm = L.f32(L.get(kAttnNorm, i));
     lw.ffn_norm = L.f32(L.get(kFfnNorm, i));
@@ -252,7 +259,7 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
       lw.down = L.columns(L.get(kDown, i), split.inter0, split.intermediate);
     }
     w.layers.push_back(std::move(lw));
-    if (progress) progress(i + 1, c.layers);
+    if (progress) progress(i - stage.layer0 + 1, stage.layers);
   }
   return w;
 }

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "io/weight_source.h"
 #include "model/config.h"
+#include "model/pipeline_split.h"
 #include "model/tensor_split.h"
 
 namespace ferrum {
@@ -49,6 +50,11 @@ using LoadProgress = std::function<void(int64_t done, int64_t total)>;
 // ValueError when a block-quantized weight's share of columns is not whole blocks.
 ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& cfg, const TensorSplit& split,
                           const LoadProgress& progress = {});
+// A pipeline stage's part (model/pipeline_split.h): its layers (layers[0] is the stage's first),
+// the embedding on the first stage, the final norm and the lm_head on the last (a tied
+// embedding on both); what a stage does not hold is left undefined.
+ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& cfg, const TensorSplit& split,
+                          const PipelineStage& stage, const LoadProgress& progress = {});
 // Bytes of the distinct buffers the weights hold.
 int64_t weight_bytes(const ModelWeights& w);
 

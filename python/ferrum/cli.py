@@ -22,6 +22,9 @@ def _add_engine_args(p):
                         '"num_speculative_tokens": 5}\' or \'{"model": DRAFT, "num_speculative_tokens": 5}\'')
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="split the model between this many ranks over MPI (docs/distributed.md)")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1,
+                   help="split the model's layers between this many stages over MPI, each of "
+                        "--tensor-parallel-size ranks (docs/distributed.md)")
 
 
 def _add_sampling_args(p, temperature):
@@ -49,7 +52,8 @@ def _llm(args):
     from .llm import LLM
     return LLM(args.model, device=args.device, kv_dtype=args.kv_dtype, num_threads=args.threads,
                max_model_len=args.max_model_len, speculative_config=args.speculative_config,
-               tensor_parallel_size=args.tensor_parallel_size)
+               tensor_parallel_size=args.tensor_parallel_size,
+               pipeline_parallel_size=args.pipeline_parallel_size)
 
 
 def cmd_generate(args) -> int:

@@ -1,6 +1,7 @@
-"""Tensor parallelism's groups of processes, over MPI (docs/distributed.md).
+"""Tensor and pipeline parallelism's groups of processes, over MPI (docs/distributed.md).
 
-``group(n)`` gives the ranks a model of ``tensor_parallel_size=n`` runs on:
+``group(t, p)`` gives the ranks a model of ``tensor_parallel_size=t`` and
+``pipeline_parallel_size=p`` runs on, ``n = t * p`` of them:
 
 - in a process ``mpirun -np n`` started, the job's ranks: rank 0 gets the group; every other rank
   serves rank 0's models inside this call and then ends its process (``mpirun -np 2 python
@@ -22,6 +23,7 @@ from typing import List, Optional
 from . import _core
 
 TIMEOUT_ENV = "FERRUM_TP_TIMEOUT"
+PARTITION_ENV = "FERRUM_PP_LAYER_PARTITION"
 DEFAULT_TIMEOUT_S = 60.0
 
 _world = None  # the mpirun job's group, once made
@@ -47,14 +49,41 @@ def timeout_s() -> float:
     return value
 
 
-def group(tensor_parallel_size: int):
-    """The group for a model split between ``tensor_parallel_size`` ranks; None for one rank."""
-    n = tensor_parallel_size
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"tensor_parallel_size must be a positive integer, got {n!r}")
+def check_sizes(tensor_parallel_size, pipeline_parallel_size) -> None:
+    for name, v in (("tensor_parallel_size", tensor_parallel_size), ("pipeline_parallel_size", pipeline_parallel_size)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+def layer_partition(partition, pipeline_parallel_size: int) -> List[int]:
+    """Layers per pipeline stage as given (``"3,5"`` or a sequence of ints), else from
+    ``FERRUM_PP_LAYER_PARTITION`` for a model of several stages; [] for the cheapest split. The
+    counts are checked against the model when it loads (ValueError)."""
+    source = "pipeline_layer_partition"
+    if partition is None and pipeline_parallel_size > 1:
+        partition, source = os.environ.get(PARTITION_ENV) or None, PARTITION_ENV
+    if partition is None:
+        return []
+    items = partition.split(",") if isinstance(partition, str) else partition
+    try:
+        counts = [int(x.strip()) if isinstance(x, str) else x for x in items]
+    except (TypeError, ValueError):
+        counts = None
+    if not counts or any(not isinstance(c, int) or isinstance(c, bool) for c in counts):
+        raise ValueError(f"{source} must be layer counts per stage, like \"3,5\", got {partition!r}")
+    return counts
+
+
+def group(tensor_parallel_size: int, pipeline_parallel_size: int = 1):
+    """The group for a model split between ``tensor_parallel_size * pipeline_parallel_size``
+    ranks; None for one rank."""
+    check_sizes(tensor_parallel_size, pipeline_parallel_size)
+    n = tensor_parallel_size * pipeline_parallel_size
     launched = launched_ranks()
     if launched > 1 and launched != n:
-        raise ValueError(f"mpirun started {launched} ranks, but tensor_parallel_size is {n}: they must be equal")
+        what = (f"tensor_parallel_size x pipeline_parallel_size is {tensor_parallel_size} x {pipeline_parallel_size}"
+                if pipeline_parallel_size > 1 else f"tensor_parallel_size is {n}")
+        raise ValueError(f"mpirun started {launched} ranks, but {what}: they must be equal")
     if n == 1:
         return None
     _at_exit_end_groups()  # (without MPI in this build, the group's making raises ValueError)

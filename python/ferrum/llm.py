@@ -58,6 +58,11 @@ class LLM:
       one step (requests on others wait), each of rank <= max_lora_rank, and max_cpu_loras
       (default max_loras) stay loaded in host memory, least recently used dropped first.
       docs/lora.md.
+    pipeline_parallel_size: split the model's layers between this many stages, each of
+      ``tensor_parallel_size`` ranks (``tensor_parallel_size * pipeline_parallel_size`` ranks in
+      all); the hidden rows pass from stage to stage. pipeline_layer_partition: layers per stage
+      ("3,5" or [3, 5]; default ``FERRUM_PP_LAYER_PARTITION``, else the split of the most even
+      cost).
 
     ``generate`` runs a list of prompts concurrently; ``stream`` yields one completion's text;
     ``add_request`` / ``step`` / ``abort`` / ``has_unfinished`` serve requests that arrive at
@@ -73,7 +78,8 @@ class LLM:
                  enable_prefix_caching: bool = True, max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 512, speculative_config: Union[dict, str, None] = None,
                  tensor_parallel_size: int = 1, enable_prompt_embeds: bool = False, enable_lora: bool = False,
-                 max_loras: int = 1, max_lora_rank: int = 16, max_cpu_loras: Optional[int] = None):
+                 max_loras: int = 1, max_lora_rank: int = 16, max_cpu_loras: Optional[int] = None,
+                 pipeline_parallel_size: int = 1, pipeline_layer_partition: Union[str, Sequence[int], None] = None):
         if kv_dtype not in ("f16", "f32", "int8"):
             raise ValueError(f"kv_dtype must be 'f16', 'f32' or 'int8', got {kv_dtype!r}")
         for name, v in (("num_threads", num_threads), ("max_model_len", max_model_len),
@@ -94,7 +100,10 @@ class LLM:
         if sum(v is not None for v in (kv_cache_tokens, kv_cache_memory, fraction)) > 1:
             raise ValueError("size the KV cache with one of kv_cache_tokens, kv_cache_memory, "
                              "kv_cache_memory_fraction")
-        group = dist.group(tensor_parallel_size)  # under mpirun, ranks > 0 serve rank 0 here and exit
+        dist.check_sizes(tensor_parallel_size, pipeline_parallel_size)
+        partition = dist.layer_partition(pipeline_layer_partition, pipeline_parallel_size)
+        # under mpirun, ranks > 0 serve rank 0 here and exit
+        group = dist.group(tensor_parallel_size, pipeline_parallel_size)
         weakref.finalize(self, dist.release, group)
         from .models import resolve_model  # here, not at import: `python -m ferrum.models` runs it fresh
         path = resolve_model(model)
@@ -109,7 +118,8 @@ class LLM:
                 max_model_len=max_model_len or 0, kv_cache_tokens=kv_cache_tokens or 0,
                 kv_cache_bytes=kv_cache_memory or 0, kv_cache_fraction=float(fraction or 0),
                 prefix_cache=enable_prefix_caching, progress=progress, group=group,
-                max_loras=max_loras if enable_lora else 0, max_lora_rank=max_lora_rank)
+                max_loras=max_loras if enable_lora else 0, max_lora_rank=max_lora_rank,
+                pipeline_stages=pipeline_parallel_size, layer_partition=partition)
         self._loras = LoraCache(self._runner, max_cpu_loras or max_loras) if enable_lora else None
         speculative = SpeculativeConfig.parse(speculative_config)
         draft = None
