@@ -13,8 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import load_file as load_np, save_file as save_np
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import ferrum
 from conftest import MODELS
@@ -112,9 +111,9 @@ def _edited(src, dst, config=None, tensors=None):
         c["quantization_config"].update(config)
         (dst / "config.json").write_text(json.dumps(c))
     if tensors:
-        st = load_np(dst / "model.safetensors")
+        st = load_file(dst / "model.safetensors")
         tensors(st)
-        save_np(st, dst / "model.safetensors")
+        save_file(st, dst / "model.safetensors")
     return str(dst)
 
 
@@ -122,7 +121,7 @@ L0 = "model.layers.0.self_attn.q_proj"
 
 
 def _bad_g_idx(st):
-    st[L0 + ".g_idx"] = st[L0 + ".g_idx"].copy()
+    st[L0 + ".g_idx"] = st[L0 + ".g_idx"].clone()
     st[L0 + ".g_idx"][5] = 99
 
 
@@ -132,11 +131,11 @@ def _bad_g_idx(st):
     (dict(config={"bits": 3}), "'bits' is 3"),
     (dict(config={"group_size": 16}), "'group_size' is 16"),
     (dict(config={"dynamic": {"-:.*down_proj.*": {}}}), "'dynamic'"),
-    (dict(config={"group_size": 64}), f"'{L0}.scales' has shape"),
-    (dict(tensors=lambda st: st.__setitem__(L0 + ".qzeros", st[L0 + ".qzeros"][:, :-1].copy())),
+    (dict(config={"group_size": 64}), ".scales' has shape [8, 128], expected [4, 128]"),
+    (dict(tensors=lambda st: st.__setitem__(L0 + ".qzeros", st[L0 + ".qzeros"][:, :-1].clone())),
      f"'{L0}.qzeros' has shape"),
     (dict(tensors=_bad_g_idx), f"'{L0}.g_idx' entry 5 is 99"),
-    (dict(tensors=lambda st: st.__setitem__(L0 + ".g_idx", st[L0 + ".g_idx"][::-1].copy())), "act-order"),
+    (dict(tensors=lambda st: st.__setitem__(L0 + ".g_idx", st[L0 + ".g_idx"].flip(0).clone())), "act-order"),
     (dict(tensors=lambda st: st.pop(L0 + ".scales")), f"'{L0}.scales' is missing"),
 ])
 def test_bad_checkpoint_refused_by_name(checkpoints, tmp_path, edit, message):
