@@ -127,12 +127,14 @@ def streamed(client, **kw):
             content += c.delta.content or ""
             reasoning += (c.delta.model_extra or {}).get("reasoning_content") or ""
             for t in c.delta.tool_calls or ():
-                entry = calls.setdefault(t.index, {"id": None, "name": "", "arguments": ""})
+                entry = calls.setdefault(t.index, {"id": None, "name": "", "arguments": "", "pieces": 0})
                 if t.id:
                     assert entry["id"] is None and not entry["arguments"]  # id and name come first
                     entry["id"] = t.id
                 entry["name"] += (t.function.name or "") if t.function else ""
-                entry["arguments"] += (t.function.arguments or "") if t.function else ""
+                piece = (t.function.arguments or "") if t.function else ""
+                entry["arguments"] += piece
+                entry["pieces"] += bool(piece)
             reason = c.finish_reason or reason
     return content, reasoning, [calls[k] for k in sorted(calls)], reason
 
@@ -155,7 +157,9 @@ def test_streamed_calls_assemble_to_the_non_streamed_reply(server, client):
         for seed in range(3):
             kw = dict(model=MODEL, messages=ask(QUESTIONS[seed]), tools=TOOLS, tool_choice=choice, max_tokens=80,
                       temperature=1.0, seed=seed, extra_body=NO_THINKING)
-            same_reply(client.chat.completions.create(**kw), streamed(client, **kw))
+            stream = streamed(client, **kw)
+            same_reply(client.chat.completions.create(**kw), stream)
+            assert max(c["pieces"] for c in stream[2]) > 1  # the arguments stream as they are written
     script = tokens(engine, "Let me check that.\n<tool_call>\n")  # then the model, under the grammar
     with scripted(engine, script):
         for seed in range(3):
@@ -189,13 +193,24 @@ def test_auto_engages_the_grammar_at_the_call_and_leaves_text_free(server, clien
     assert reply.choices[0].message.tool_calls is None and reply.choices[0].finish_reason == "length"
     assert MASK_COST.snapshot()["steps"] == before
 
-    # A call cut by max_tokens is malformed: it comes back as text, streamed the same.
+    # A call cut by max_tokens before its name is whole comes back as text, streamed the same.
     with scripted(engine, tokens(engine, "<tool_call>\n")):
         kw = dict(model=MODEL, messages=ask("Weather?"), tools=TOOLS, max_tokens=6, temperature=1.0, seed=0,
                   extra_body=NO_THINKING)
         whole = client.chat.completions.create(**kw)
         assert whole.choices[0].message.tool_calls is None and whole.choices[0].finish_reason == "length"
         assert whole.choices[0].message.content.startswith('<tool_call>\n{"name":')
+        same_reply(whole, streamed(client, **kw))
+    # Cut once the call's name is written: the call begun, its arguments so far, streamed the same.
+    script = tokens(engine, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "')
+    with scripted(engine, script):
+        kw = dict(model=MODEL, messages=ask("Weather?"), tools=TOOLS, max_tokens=len(script) + 1, temperature=1.0,
+                  seed=0, extra_body=NO_THINKING)
+        whole = client.chat.completions.create(**kw)
+        c = whole.choices[0]
+        assert c.finish_reason == "length" and c.message.content is None
+        assert [t.function.name for t in c.message.tool_calls] == ["get_weather"]
+        assert c.message.tool_calls[0].function.arguments.startswith("{")
         same_reply(whole, streamed(client, **kw))
     # The marker spelled in other tokens than its own: the grammar cannot follow, the text stays free.
     pieces = [t for piece in ("<", "tool", "_call", ">") for t in tokens(engine, piece)]

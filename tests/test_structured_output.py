@@ -132,3 +132,43 @@ def test_bad_constraints_are_value_errors(bad):
 def test_structured_outputs_must_be_the_params_type():
     with pytest.raises(ValueError, match="StructuredOutputsParams"):
         ferrum.SamplingParams(structured_outputs={"json": PERSON})
+
+
+def test_a_greedy_row_takes_the_masked_argmax_whether_or_not_the_grammar_allows_its_own(smollm2):
+    """The greedy shortcut (the row's own argmax when the grammar allows it, one token checked)
+    picks what the whole mask's argmax picks, on rows whose own argmax is allowed and on rows
+    where it is not; a sampler batch of such rows matches too."""
+    import numpy as np
+    from ferrum.sampling import Sampler, SamplingState
+    from ferrum.structured import GrammarConstraint
+
+    tok, vocab = smollm2.tokenizer, smollm2.tokenizer.vocab_size
+    params = constrained(json=PERSON)
+    rng = np.random.default_rng(0)
+    shortcut, masked = GrammarConstraint(params.structured_outputs, tok, vocab), \
+        GrammarConstraint(params.structured_outputs, tok, vocab)
+    ids, own_allowed = [], []
+    while len(ids) < 60:
+        logits = rng.standard_normal(vocab).astype(np.float32)
+        row = logits.astype(np.float64)
+        masked.apply(row, ids)
+        allowed = np.flatnonzero(np.isfinite(row))
+        if rng.random() < 0.5:  # make an allowed token the row's own argmax
+            logits[rng.choice(allowed)] = logits.max() + 1.0
+            row = logits.astype(np.float64)
+            masked.apply(row, ids)
+        want = int(np.argmax(row))
+        top = int(np.argmax(logits))
+        own_allowed.append(top == want)
+        assert shortcut.greedy(logits, top, ids) == want
+        if want in tok.eos_token_ids:
+            break
+        ids.append(want)
+    assert any(own_allowed) and not all(own_allowed)
+
+    states = [SamplingState(params, constraint=GrammarConstraint(params.structured_outputs, tok, vocab))
+              for _ in range(3)] + [SamplingState(ferrum.SamplingParams(temperature=0.0))]
+    logits = rng.standard_normal((4, vocab)).astype(np.float32)
+    work = Sampler().process_logits(logits, [SamplingState(s.params, constraint=GrammarConstraint(
+        params.structured_outputs, tok, vocab) if s.constraint else None) for s in states])
+    assert list(Sampler().sample(logits, states).token_ids) == list(np.argmax(work, axis=1))

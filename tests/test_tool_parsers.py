@@ -150,11 +150,14 @@ SCHEMAS = {
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in SCHEMAS.items()]
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_each_formats_grammar_writes_calls_its_parser_reads(fmt):
-    """Random walks through the grammar (any allowed token, uniformly) end in text the format's
-    parser reads back as calls of the tools, with arguments that match their schemas."""
-    import jsonschema
+_WALKS = {}
+
+
+def grammar_walks(fmt):
+    """Replies as token pieces: random walks through the format's grammar for the tools (any
+    allowed token, uniformly), made once per format."""
+    if fmt in _WALKS:
+        return _WALKS[fmt]
     import llguidance
     import numpy as np
     from ferrum.server.chat_tools import plan_tools
@@ -163,10 +166,10 @@ def test_each_formats_grammar_writes_calls_its_parser_reads(fmt):
 
     tok = Tokenizer.from_dir(f"{MODELS}/tokenizers/qwen3-0.6b")
     lt = llguidance_tokenizer(tok)
-    tool = FORMATS[fmt]
-    grammar = plan_tools(TOOLS, "required", True, tool, tok, None, "closed").constraint.llguidance_grammar()
+    grammar = plan_tools(TOOLS, "required", True, FORMATS[fmt], tok, None, "closed").constraint.llguidance_grammar()
     rng = np.random.default_rng(0)
     mask = np.zeros((lt.vocab_size + 31) // 32, dtype=np.int32)
+    walks = []
     for walk in range(12):
         matcher = llguidance.LLMatcher(lt, grammar, log_level=0)
         ids = []
@@ -179,11 +182,66 @@ def test_each_formats_grammar_writes_calls_its_parser_reads(fmt):
             assert matcher.consume_token(token), matcher.get_error()
             ids.append(token)
             assert len(ids) < 400, tok.decode(ids, skip_special_tokens=False)
-        text = tok.decode(ids, skip_special_tokens=False)
+        texts = [tok.decode(ids[:k], skip_special_tokens=False) for k in range(len(ids) + 1)]
+        walks.append([b[len(a):] for a, b in zip(texts, texts[1:])])
+    _WALKS[fmt] = walks
+    return walks
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_each_formats_grammar_writes_calls_its_parser_reads(fmt):
+    """What the grammar writes, the format's parser reads back as calls of the tools, with
+    arguments that match their schemas."""
+    import jsonschema
+    tool = FORMATS[fmt]
+    for pieces_ in grammar_walks(fmt):
+        text = "".join(pieces_)
         content, calls = tool.parse(text, list(SCHEMAS))
         assert calls and content.strip() == "", text
         for c in calls:
             jsonschema.validate(json.loads(c.arguments), SCHEMAS[c.name])
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_held_calls_stream_their_name_then_their_arguments_as_written(fmt):
+    """Fed token by token, calls the grammar wrote stream as OpenAI streams them: a call's id and
+    name first, then its arguments in pieces while it is written, joining to the parser's calls;
+    and at every token the calls begun so far extend those before (so a reply cut anywhere is
+    the stream's prefix)."""
+    tool = FORMATS[fmt]
+    split = ReplySplitter(None, False, tool, tool.triggers_for(NAMES), NAMES, held_calls=True)
+    for pieces_ in grammar_walks(fmt):
+        text = "".join(pieces_)
+        _, parsed = tool.parse(text, NAMES)
+        stream, calls, before, written = split.stream(), {}, [], ""
+        arguments_during = cut_in_a_call = 0
+        for piece in pieces_:
+            assert stream.feed(piece) == []  # no text outside the calls
+            written += piece
+            for d in stream.call_deltas():
+                (t,) = d["tool_calls"]
+                entry = calls.setdefault(t["index"], {"name": None, "arguments": ""})
+                if "id" in t:
+                    assert entry["name"] is None and t["function"]["arguments"] == ""
+                    entry["name"] = t["function"]["name"]
+                else:
+                    assert entry["name"] is not None
+                    entry["arguments"] += t["function"]["arguments"]
+                    arguments_during += written != text
+            cut = split.whole(written)
+            now = cut.tool_calls
+            cut_in_a_call += bool(now) and not cut.calls_complete
+            assert len(now) >= len(before)
+            assert all(n.name == b.name and n.arguments.startswith(b.arguments) for n, b in zip(now, before))
+            before = now
+        final, message = stream.finish()
+        assert final == [] and message.calls_complete
+        for d in stream.finish_calls(message):
+            calls[d["tool_calls"][0]["index"]]["arguments"] += d["tool_calls"][0]["function"]["arguments"]
+        assert message.tool_calls == parsed and message.content is None
+        assert [ToolCall(calls[k]["name"], calls[k]["arguments"]) for k in sorted(calls)] == parsed
+        assert arguments_during > 0  # pieces of arguments came before the reply's end
+        assert cut_in_a_call > 0  # a reply cut inside a call has it begun, not complete
 
 
 def test_a_forced_call_may_follow_the_reasoning():

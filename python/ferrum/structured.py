@@ -150,19 +150,42 @@ class GrammarConstraint:
     def apply(self, logits: np.ndarray, output_token_ids: Sequence[int]) -> None:
         """Sets to -inf, in place, the logits (one row of the model's vocabulary) of every token
         the grammar forbids after ``output_token_ids``."""
-        if self.matcher is None and (self.free or not self._engage(output_token_ids)):
-            return
         start = time.perf_counter()
+        if not self._caught_up(output_token_ids):
+            return
+        self._mask(logits)
+        MASK_COST.add(time.perf_counter() - start)
+
+    def greedy(self, logits: np.ndarray, top: int, output_token_ids: Sequence[int]) -> int:
+        """The argmax of the masked row, given `top`, the row's own (first) argmax: `top` itself
+        when the grammar allows it, which one token's check tells without a mask."""
+        start = time.perf_counter()
+        if not self._caught_up(output_token_ids):
+            return top
+        if not (top < self._ll_tokenizer.vocab_size and self.matcher.validate_tokens([top]) == 1):
+            row = np.array(logits, dtype=np.float64)
+            self._mask(row)
+            top = int(np.argmax(row))
+        MASK_COST.add(time.perf_counter() - start)
+        return top
+
+    def _caught_up(self, output_token_ids: Sequence[int]) -> bool:
+        """Whether the grammar holds the next token (lazy: not before the trigger); if so, the
+        matcher has taken every token generated so far."""
+        if self.matcher is None and (self.free or not self._engage(output_token_ids)):
+            return False
         new = list(output_token_ids[self._consumed:])
         if new and not self.matcher.consume_tokens(new):
             raise RuntimeError(f"a constrained completion left its grammar: {self.matcher.get_error()}")
         self._consumed = len(output_token_ids)
+        return True
+
+    def _mask(self, logits: np.ndarray) -> None:
         self.matcher.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
         allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
         n = min(len(allowed), self.vocab_size)
         logits[:n][allowed[:n] == 0] = -np.inf
         logits[n:] = -np.inf  # ids the tokenizer does not have
-        MASK_COST.add(time.perf_counter() - start)
 
 
 class MaskCost:

@@ -71,7 +71,7 @@ def _message(m: Message, split: ReplySplitter) -> dict:
 
 
 def _finish_reason(m: Message, reason):
-    return "tool_calls" if m.tool_calls and reason in ("stop", "length") else reason
+    return "tool_calls" if m.tool_calls and m.calls_complete and reason in ("stop", "length") else reason
 
 
 async def _complete(serving: Serving, body: ChatCompletionRequest, split: ReplySplitter, prompt_ids, params,
@@ -96,7 +96,8 @@ async def _complete(serving: Serving, body: ChatCompletionRequest, split: ReplyS
 async def _stream(serving: Serving, body: ChatCompletionRequest, split: ReplySplitter, prompt_ids, params,
                   header: dict):
     """OpenAI's chunks: the role first; text and reasoning as they are sure; each tool call's id
-    and name, then its arguments, once the reply has ended; the finish reason last."""
+    and name, then pieces of its arguments (as they are written when a grammar holds the calls,
+    else once the reply has ended); the finish reason last."""
     event = Chunks(header, "chat.completion.chunk", body.include_usage)
     yield event([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                   "finish_reason": None} for i in range(body.n)])
@@ -108,16 +109,12 @@ async def _stream(serving: Serving, body: ChatCompletionRequest, split: ReplySpl
             logprobs = None
             if body.logprobs:
                 logprobs = {"content": serving.chat_logprobs(d.token_ids, d.logprobs or [], body.top_logprobs or 0)}
-            parts = streams[d.index].feed(d.text)
+            stream = streams[d.index]
+            parts = stream.feed(d.text) + stream.call_deltas()
             reason = None
             if d.finish_reason:
-                more, message = streams[d.index].finish()
-                parts += more
-                calls = tool_calls_json(message.tool_calls, split.tools) if message.tool_calls else []
-                for k, call in enumerate(calls):
-                    parts.append({"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                                  "function": {"name": call["function"]["name"], "arguments": ""}}]})
-                    parts.append({"tool_calls": [{"index": k, "function": {"arguments": call["function"]["arguments"]}}]})
+                more, message = stream.finish()
+                parts += more + stream.finish_calls(message)
                 reason = _finish_reason(message, d.finish_reason)
             if not parts and (logprobs is not None or reason is not None):
                 parts = [{}]

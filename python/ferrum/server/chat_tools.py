@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
-import string
 from dataclasses import dataclass
 from typing import List, Optional
 
 from ..structured import StructuredOutputsParams, llguidance_tokenizer
 from .reply import ReasoningFormat, ReplySplitter
-from .tool_calls import ToolCall, ToolFormat
+from .tool_calls import ToolCall, ToolFormat, call_id
 
 
 @dataclass
@@ -88,16 +86,6 @@ def _after_reasoning(grammar: str, r: ReasoningFormat, marker, inside: bool) -> 
     return calls + f"start: think{'' if inside else '?'} {ws} calls\n" + think
 
 
-_ID_CHARS = string.ascii_letters + string.digits
-
-
-def call_id(fmt: ToolFormat) -> str:
-    """A new call's id: Mistral's templates want nine letters and digits."""
-    if fmt.name == "mistral":
-        return "".join(secrets.choice(_ID_CHARS) for _ in range(9))
-    return "call_" + secrets.token_hex(12)
-
-
 def tool_calls_json(calls: List[ToolCall], fmt: ToolFormat) -> List[dict]:
     return [{"id": call_id(fmt), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in calls]
@@ -105,4 +93,4 @@ def tool_calls_json(calls: List[ToolCall], fmt: ToolFormat) -> List[dict]:
 
 def splitter(plan: ToolPlan, reasoning: Optional[ReasoningFormat], inside: bool) -> ReplySplitter:
     triggers = plan.format.triggers_for(plan.names) if plan.format else []
-    return ReplySplitter(reasoning, inside, plan.format, triggers, plan.names)
+    return ReplySplitter(reasoning, inside, plan.format, triggers, plan.names, held_calls=plan.constraint is not None)

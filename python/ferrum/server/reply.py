@@ -2,9 +2,12 @@
 whole or as it streams.
 
 Streaming sends only what the whole reply's split is sure to begin with: reasoning up to a
-possible end marker, text up to where a call could start; the rest, and the calls, once the
-reply has ended. So a stream joins to exactly the non-streamed message, a malformed call
-included (it comes back as text in both).
+possible end marker, text up to where a call could start; the rest once the reply has ended.
+Calls held to well-formed ones by the tools' grammar stream as they are written (each call's name,
+then its arguments as far as they are sure); others, once the reply has ended. So a stream joins
+to exactly the non-streamed message: a malformed call comes back as text in both, and a call the
+grammar held but ``max_tokens`` cut off as the call begun, with its arguments so far (finish
+reason ``length``), in both.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .tool_calls import ToolCall, ToolFormat
+from .tool_calls import PartialCall, ToolCall, ToolFormat, call_id
 
 
 @dataclass
@@ -52,15 +55,18 @@ class Message:
     reasoning: Optional[str]
     content: Optional[str]
     tool_calls: List[ToolCall] = field(default_factory=list)
+    calls_complete: bool = True  # False: the reply ended inside its last call
 
 
 class ReplySplitter:
     """How one request's replies split: ``reasoning`` (None: no reasoning parser) that may begin
-    inside the block (``inside``), then text and ``tools`` calls (None: no call parsing)."""
+    inside the block (``inside``), then text and ``tools`` calls (None: no call parsing);
+    ``held_calls``: a grammar holds the calls to the format (they stream as they are written)."""
 
     def __init__(self, reasoning: Optional[ReasoningFormat], inside: bool, tools: Optional[ToolFormat],
-                 triggers: List[str], names: List[str]):
+                 triggers: List[str], names: List[str], held_calls: bool = False):
         self.reasoning, self.inside, self.tools = reasoning, inside, tools
+        self.held_calls = held_calls and tools is not None
         self.names = names  # the tools' names
         self.triggers = triggers
         self._starts = re.compile("|".join(re.escape(t) for t in triggers)) if triggers else None
@@ -74,11 +80,21 @@ class ReplySplitter:
             return Message(None, text)
         reasoning, rest = self.reasoning.split(text, self.inside) if self.reasoning else (None, text)
         calls: List[ToolCall] = []
-        if self.tools is not None:
+        complete = True
+        begun = self.begun(rest)
+        if begun:
+            rest, calls = rest[:self._starts.search(rest).start()], [ToolCall(c.name, c.arguments) for c in begun]
+            complete = begun[-1].complete
+        elif self.tools is not None:
             rest, calls = self.tools.parse(rest, self.names)
         content = rest.strip()
         return Message(None if reasoning is None else reasoning.strip(),
-                       content or (None if calls else ""), calls)
+                       content or (None if calls else ""), calls, complete)
+
+    def begun(self, text: str) -> List[PartialCall]:
+        """With ``held_calls``, the calls `text` (after any reasoning) has begun."""
+        found = self._starts.search(text) if self.held_calls and self._starts else None
+        return self.tools.begun(text[found.start():]) if found else []
 
     def call_start(self, text: str) -> int:
         """Where a call could start in `text` (its length when nowhere): the first trigger, or an
@@ -110,6 +126,8 @@ class ReplyStream:
         self.s = splitter
         self.text = ""
         self.sent: Dict[str, str] = {"reasoning": "", "content": ""}
+        self.call_ids: List[str] = []  # of the calls whose name was sent
+        self.sent_arguments: List[str] = []
 
     def feed(self, piece: str) -> List[dict]:
         if self.s.plain:
@@ -126,6 +144,32 @@ class ReplyStream:
         if self.s.plain:
             return [], message
         return self._deltas(message.reasoning or "", message.content or "", final=True), message
+
+    def call_deltas(self) -> List[dict]:
+        """The chat chunks' ``tool_calls`` deltas for what the calls have gained since the last
+        call: a call's id and name once its name is written, then pieces of its arguments."""
+        if not self.s.held_calls:
+            return []
+        _, rest, reasoning_done = self._sure_parts()
+        return self._call_parts(self.s.begun(rest)) if reasoning_done else []
+
+    def finish_calls(self, message: Message) -> List[dict]:
+        """After ``finish``: the deltas that complete the message's calls."""
+        return self._call_parts(message.tool_calls)
+
+    def _call_parts(self, calls) -> List[dict]:
+        out = []
+        for k, call in enumerate(calls):
+            if k == len(self.call_ids):
+                self.call_ids.append(call_id(self.s.tools))
+                self.sent_arguments.append("")
+                out.append({"tool_calls": [{"index": k, "id": self.call_ids[k], "type": "function",
+                                            "function": {"name": call.name, "arguments": ""}}]})
+            sent = self.sent_arguments[k]
+            if len(call.arguments) > len(sent) and call.arguments.startswith(sent):
+                out.append({"tool_calls": [{"index": k, "function": {"arguments": call.arguments[len(sent):]}}]})
+                self.sent_arguments[k] = call.arguments
+        return out
 
     def _sure_parts(self) -> Tuple[str, str, bool]:
         """(reasoning so far, text after it, whether the reasoning is over) of a reply in flight."""

@@ -16,12 +16,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from .chat import prepare
-from .chat_tools import call_id
 from .errors import APIError
 from .protocol import ChatCompletionRequest, ResponsesRequest
 from .reply import Message, ReplySplitter
 from .serving import Serving, unless_disconnected
 from .streaming import sse_typed_response
+from .tool_calls import call_id
 
 router = APIRouter()
 
@@ -220,7 +220,7 @@ class _Run:
                  "name": c.name, "arguments": c.arguments, "status": "completed"} for c in m.tool_calls]
 
     def finish(self, store: ResponseStore, m: Message, calls: List[dict], reason: str) -> dict:
-        status = "incomplete" if reason == "length" and not calls else "completed"
+        status = "incomplete" if reason == "length" and not (calls and m.calls_complete) else "completed"
         response = self.response(status, self.items(m, calls), reason)
         if self.body.store:
             reply = {"role": "assistant", "content": m.content or ""}

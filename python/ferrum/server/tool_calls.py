@@ -9,13 +9,17 @@ Formats (``--tool-call-parser`` names, vLLM's): ``hermes`` (Hermes, Qwen2.5, Qwe
 template's text, as llama.cpp does.
 
 A call whose text does not parse (bad JSON, no name, cut off) stays in the reply's text.
+``begun`` reads the calls of a reply in flight, as far as they are written: what streams a call's
+name and then its arguments as they come (for replies the grammar holds to well-formed calls).
 """
 from __future__ import annotations
 
 import ast
 import json
 import re
-from dataclasses import dataclass
+import secrets
+import string
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 # The JSON a format's grammar writes: one space after ':' and ',', as the models write it.
@@ -26,6 +30,19 @@ _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator
 class ToolCall:
     name: str
     arguments: str  # JSON object text
+
+
+@dataclass
+class PartialCall:
+    """A call as far as a reply in flight has written it: its name, the JSON text its arguments
+    surely begin with (as ``ToolCall.arguments`` will), and whether the call is whole."""
+    name: str
+    arguments: str
+    complete: bool
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _call_from(obj: Any, argument_keys: Sequence[str] = ("arguments", "parameters")) -> Optional[ToolCall]:
@@ -44,7 +61,7 @@ def _call_from(obj: Any, argument_keys: Sequence[str] = ("arguments", "parameter
             return None
     if not isinstance(args, dict):
         return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+    return ToolCall(obj["name"], _dumps(args))
 
 
 def _json_values(text: str) -> Tuple[List[Any], str]:
@@ -63,6 +80,98 @@ def _json_values(text: str) -> Tuple[List[Any], str]:
         values.append(value)
 
 
+_WS = " \t\r\n"
+
+
+def _skip(text: str, i: int, chars: str = _WS) -> int:
+    while i < len(text) and text[i] in chars:
+        i += 1
+    return i
+
+
+@dataclass
+class _ObjectScan:
+    """A JSON object as far as it is written: its whole key / value pairs, the key whose value is
+    being written (and where that value starts), and the index after its ``}`` (-1: open)."""
+    pairs: List[Tuple[str, Any]] = field(default_factory=list)
+    open_key: Optional[str] = None
+    open_at: int = -1
+    end: int = -1
+
+
+def _scan_object(text: str, i: int) -> _ObjectScan:
+    """The object starting at ``text[i] == "{"``. A value counts as whole once the ``,`` or ``}``
+    after it is written (a number could go on before that)."""
+    decoder, scan = json.JSONDecoder(), _ObjectScan()
+    i = _skip(text, i + 1)
+    if text.startswith("}", i):
+        scan.end = i + 1
+        return scan
+    while True:
+        try:
+            key, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return scan
+        i = _skip(text, i)
+        if not isinstance(key, str) or not text.startswith(":", i):
+            return scan
+        scan.open_key, scan.open_at = key, _skip(text, i + 1)
+        try:
+            value, i = decoder.raw_decode(text, scan.open_at)
+        except ValueError:
+            return scan
+        i = _skip(text, i)
+        if i >= len(text) or text[i] not in ",}":
+            return scan
+        scan.pairs.append((key, value))
+        scan.open_key = None
+        if text[i] == "}":
+            scan.end = i + 1
+            return scan
+        i = _skip(text, i + 1)
+
+
+def _arguments_text(pairs: Sequence[Tuple[str, Any]], closed: bool) -> str:
+    """The arguments' JSON as ``_dumps`` writes the whole object, for the pairs written so far."""
+    return "{" + ", ".join(f"{_dumps(k)}: {_dumps(v)}" for k, v in pairs) + ("}" if closed else "")
+
+
+def _begun_json_call(text: str, i: int, argument_keys: Sequence[str]) -> Tuple[Optional[PartialCall], int]:
+    """The ``{"name": ..., "arguments": {...}}`` call at ``text[i] == "{"`` (None until its name
+    is written) and the index after it (-1 while it is open)."""
+    outer = _scan_object(text, i)
+    fields = dict(outer.pairs)
+    name = fields.get("name")
+    if not isinstance(name, str) or not name:
+        return None, outer.end
+    whole = _call_from(fields, argument_keys) if outer.end >= 0 else None
+    if whole is not None:
+        return PartialCall(name, whole.arguments, True), outer.end
+    arguments = ""
+    written = next((fields[k] for k in argument_keys if k in fields), None)
+    if isinstance(written, dict):
+        arguments = _dumps(written)
+    elif outer.open_key in argument_keys and text.startswith("{", outer.open_at):
+        inner = _scan_object(text, outer.open_at)
+        arguments = _arguments_text(inner.pairs, inner.end >= 0)
+    return PartialCall(name, arguments, False), outer.end
+
+
+def _begun_json_calls(text: str, i: int, argument_keys: Sequence[str], separators: str,
+                      end: str = "") -> List[PartialCall]:
+    """Call objects from ``text[i]`` on, separated by whitespace and `separators`, up to `end`."""
+    calls = []
+    while True:
+        i = _skip(text, i, _WS + separators)
+        if not text.startswith("{", i):
+            return calls
+        call, i = _begun_json_call(text, i, argument_keys)
+        if call is not None:
+            calls.append(call)
+        if call is None or i < 0:
+            return calls
+
+
 class ToolFormat:
     """One format: ``triggers`` (text that starts a call), ``parse`` (a reply into its text and
     calls) and ``grammar`` (Lark for llguidance, from the first trigger on)."""
@@ -77,6 +186,11 @@ class ToolFormat:
     def triggers_for(self, names: Sequence[str]) -> List[str]:
         """The text that starts a call of one of these tools."""
         return list(self.triggers)
+
+    def begun(self, text: str) -> List[PartialCall]:
+        """The calls of a reply in flight that begins with a trigger, as far as they are written
+        the way this format's grammar writes them; once whole, each as ``parse`` reads it."""
+        return []
 
     def grammar(self, tools: Sequence[dict], parallel: bool, marker) -> str:
         """Lark text whose ``start`` is the calls as this format writes them; ``marker(text)``
@@ -128,6 +242,16 @@ class Hermes(ToolFormat):
         content.append(text[last:])
         return "".join(content), calls
 
+    def begun(self, text):
+        calls, at = [], text.find("<tool_call>")
+        while at >= 0:
+            found = _begun_json_calls(text, at + len("<tool_call>"), ("arguments", "parameters"), "")
+            calls += found[:1]
+            if not found or not found[0].complete:
+                return calls
+            at = text.find("<tool_call>", at + 1)
+        return calls
+
     def grammar(self, tools, parallel, marker):
         block = f'{marker("<tool_call>")} "\\n" call "\\n" {marker("</tool_call>")}'
         more = ' ("\\n" block)*' if parallel else ""
@@ -149,6 +273,13 @@ class Llama3Json(ToolFormat):
         if not calls or None in calls or after.strip():
             return text, []
         return text[:m.start()], calls
+
+    def begun(self, text):
+        m = self._START.match(text)
+        if m is None:
+            return []
+        start = m.end() if m.group(0) == "<|python_tag|>" else 0
+        return _begun_json_calls(text, start, ("parameters", "arguments"), ";,")
 
     def grammar(self, tools, parallel, marker):
         more = ' ("; " call)*' if parallel else ""
@@ -179,6 +310,12 @@ class Mistral(ToolFormat):
             return text, []
         return text[:at], calls
 
+    def begun(self, text):
+        if not text.startswith("[TOOL_CALLS]"):
+            return []
+        i = _skip(text, len("[TOOL_CALLS]"))
+        return _begun_json_calls(text, i + 1, ("arguments", "parameters"), ",") if text.startswith("[", i) else []
+
     def grammar(self, tools, parallel, marker):
         more = ' (", " call)*' if parallel else ""
         return f'start: {marker("[TOOL_CALLS]")} "[" call{more} "]"\n' + _json_call_rules(tools)
@@ -197,6 +334,44 @@ class Pythonic(ToolFormat):
         calls = self._calls(text[min(starts):].strip()) if starts else None
         return (text[:min(starts)], calls) if calls else (text, [])
 
+    _NAME = re.compile(r"\s*([A-Za-z_][\w.]*)\(")
+    _KEY = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*")
+
+    def begun(self, text):
+        """Keyword values as the grammar writes them: JSON."""
+        if not text.startswith("["):
+            return []
+        calls, i, decoder = [], 1, json.JSONDecoder()
+        while True:
+            m = self._NAME.match(text, i)
+            if m is None:
+                return calls
+            pairs, i, closed = [], m.end(), False
+            while True:
+                i = _skip(text, i)
+                if text.startswith(")", i):
+                    closed = True
+                    break
+                key = self._KEY.match(text, i)
+                if key is None:
+                    break
+                try:
+                    value, i = decoder.raw_decode(text, key.end())
+                except ValueError:
+                    break
+                i = _skip(text, i)
+                if i >= len(text) or text[i] not in ",)":
+                    break
+                pairs.append((key.group(1), value))
+                i += text[i] == ","
+            calls.append(PartialCall(m.group(1), _arguments_text(pairs, closed) if closed or pairs else "{", closed))
+            if not closed:
+                return calls
+            i = _skip(text, i + 1)
+            if not text.startswith(",", i):
+                return calls
+            i += 1
+
     def _calls(self, text: str) -> Optional[List[ToolCall]]:
         try:
             tree = ast.parse(text, mode="eval").body
@@ -214,7 +389,7 @@ class Pythonic(ToolFormat):
                 return None
             if None in args:  # **kwargs
                 return None
-            calls.append(ToolCall(ast.unparse(node.func), json.dumps(args, ensure_ascii=False)))
+            calls.append(ToolCall(ast.unparse(node.func), _dumps(args)))
         return calls
 
     def _value(self, node):
@@ -270,3 +445,13 @@ def detect_format(chat_template: Optional[str]) -> Optional[ToolFormat]:
     if "<|start_header_id|>" in t and ("<|python_tag|>" in t or "ipython" in t):
         return FORMATS["llama3_json"]
     return None
+
+
+_ID_CHARS = string.ascii_letters + string.digits
+
+
+def call_id(fmt: ToolFormat) -> str:
+    """A new call's id: Mistral's templates want nine letters and digits."""
+    if fmt.name == "mistral":
+        return "".join(secrets.choice(_ID_CHARS) for _ in range(9))
+    return "call_" + secrets.token_hex(12)
