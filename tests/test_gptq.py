@@ -50,7 +50,7 @@ def checkpoints(tmp_path_factory):
     src = make_model("llama", "tiny", "hf", "f32", seed=0, tokenizer=TOK, out=d / "float", **SHAPE)
     jobs = {str(d / name): list(v[:4]) for name, v in VARIANTS.items()}
     env = dict(os.environ, GPTQMODEL_CPU_WORKERS="2", CUDA_VISIBLE_DEVICES="")
-    subprocess.run([sys.executable, "-c", QUANTIZE, str(src), json.dumps(jobs)], check=True, env=env,
+    subprocess.run([sys.executable, "-c", QUANTIZE, str(src), json.dumps(jobs)], check=True, env=env, cwd=d,
                    stdout=subprocess.DEVNULL)
     return {name: d / name for name in VARIANTS}
 
