@@ -1,12 +1,15 @@
 // File readers exposed for the Python layer (an opened model file, whose GGUF metadata feeds the
 // tokenizer) and tests.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "core/error.h"
 #include "io/gguf.h"
 #include "io/llama2c.h"
 #include "io/safetensors.h"
 #include "model/model_file.h"
+#include "quant/quant.h"
 
 namespace py = pybind11;
 
@@ -60,6 +63,18 @@ void bind_io(py::module_& m) {
       .def_readonly("path", &ModelFile::path)
       .def_readonly("format", &ModelFile::format)
       .def_property_readonly("vocab_size", [](const ModelFile& f) { return f.config.vocab; })
+      .def_property_readonly("tensors", [](const ModelFile& f) { return tensor_table(f.weights); },
+                             "{name: (dtype, shape)} of the weights as ferrum holds them (a quantized checkpoint's "
+                             "modules translated to block types).")
+      .def("dequantized", [](const ModelFile& f, const std::string& name) {
+        const TensorInfo* t = f.weights.find(name);
+        if (!t) throw ValueError("no tensor '" + name + "' in " + f.path);
+        int64_t n = 1;
+        for (int64_t d : t->shape) n *= d;
+        py::array_t<float> out(std::vector<py::ssize_t>(t->shape.begin(), t->shape.end()));
+        quant::dequantize_row(t->dtype, t->data, out.mutable_data(), n);
+        return out;
+      }, py::arg("name"), "A weight as f32, dequantized from the type ferrum holds it in.")
       .def_property_readonly("file_bytes", [](const ModelFile& f) { return f.weights.file_bytes(); },
                              "The sizes of the files the weights live in, added up.")
       .def("pop_tokenizer_metadata", [](ModelFile& f) {

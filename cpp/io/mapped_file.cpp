@@ -40,6 +40,18 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   return f;
 }
 
+std::shared_ptr<MappedFile> MappedFile::anonymous(const std::string& name, size_t bytes) {
+  std::shared_ptr<MappedFile> f(new MappedFile());
+  f->path_ = name;
+  f->size_ = bytes;
+  if (bytes > 0) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw ResourceError(name + ": cannot map " + std::to_string(bytes) + " bytes");
+    f->data_ = static_cast<const char*>(p);
+  }
+  return f;
+}
+
 MappedFile::~MappedFile() {
   if (data_) munmap(const_cast<char*>(data_), size_);
 }

@@ -10,6 +10,10 @@ namespace ferrum {
 class MappedFile {
  public:
   static std::shared_ptr<MappedFile> open(const std::string& path);  // FormatError if unreadable
+  // Zeroed anonymous memory standing in for a file: the home of tensors made at load (a quantized
+  // checkpoint's modules translated to a block type), released page by page as a file's are.
+  static std::shared_ptr<MappedFile> anonymous(const std::string& name, size_t bytes);
+  char* writable() { return const_cast<char*>(data_); }
   ~MappedFile();
   const char* data() const { return data_; }
   size_t size() const { return size_; }

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/gptq.h"
 #include "io/llama2c.h"
 #include "io/safetensors.h"
 #include "model/weight_names.h"
@@ -35,6 +36,7 @@ ModelFile open_model_file(const std::string& path) {
     m.format = "safetensors";
     m.config = config_from_hf(path);
     m.weights = open_safetensors_dir(path);
+    translate_quantized_weights(path, m.weights);
   } else if (has_gguf_magic(path)) {
     m.format = "gguf";
     GgufFile g = GgufFile::open(path);

@@ -1,0 +1,144 @@
+"""GPTQ checkpoints written by GPTQModel itself (quantizing a generated model on CPU), kept
+compressed by ferrum: its weights equal GPTQModel's own dequantization exactly, its logits match
+transformers running those dequantized weights in f32, and files that do not fit their config
+are refused by name."""
+import json
+import re
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import ferrum
+from conftest import MODELS
+from ferrum.tools.make_model import make_model
+
+TOK = f"{MODELS}/tokenizers/llama2"
+SHAPE = dict(hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2, num_layers=2)
+# name: (bits, group_size, sym, checkpoint format) -> the block type ferrum holds it in.
+VARIANTS = {
+    "sym4-g32-v1": (4, 32, True, "gptq", "q4_0"),
+    "asym4-g64-v2": (4, 64, False, "gptq_v2", "q5_0"),
+}
+PROMPT = [int(t) for t in np.random.default_rng(0).integers(10, 30000, 23)]
+
+QUANTIZE = textwrap.dedent("""
+    import json, sys
+    from gptqmodel import GPTQModel, QuantizeConfig
+    from transformers import AutoTokenizer
+    src, jobs = sys.argv[1], json.loads(sys.argv[2])
+    tok = AutoTokenizer.from_pretrained(src)
+    texts = ["Once upon a time there was a little girl who lived in a village near the forest.",
+             "The quick brown fox jumps over the lazy dog, again and again, until it was tired."] * 4
+    calib = [dict(tok(t)) for t in texts]
+    for out, (bits, group, sym, fmt) in jobs.items():
+        m = GPTQModel.load(src, QuantizeConfig(bits=bits, group_size=group, sym=sym, desc_act=False, format=fmt))
+        m.quantize(calib, batch_size=1)
+        m.save(out)
+""")
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gptq")
+    src = make_model("llama", "tiny", "hf", "f32", seed=0, tokenizer=TOK, out=d / "float", **SHAPE)
+    jobs = {str(d / name): list(v[:4]) for name, v in VARIANTS.items()}
+    env = dict(os.environ, GPTQMODEL_CPU_WORKERS="2", CUDA_VISIBLE_DEVICES="")
+    subprocess.run([sys.executable, "-c", QUANTIZE, str(src), json.dumps(jobs)], check=True, env=env, cwd=d,
+                   stdout=subprocess.DEVNULL)
+    return {name: d / name for name in VARIANTS}
+
+
+def library_dequantized(path):
+    """Every tensor of the checkpoint as f32, the quantized modules dequantized by GPTQModel's own
+    torch kernel (v1 zeros converted by its own v1 -> v2 step; scales widened to f32 first, exactly)."""
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
+    q = json.loads((path / "config.json").read_text())["quantization_config"]
+    st = load_file(path / "model.safetensors")
+    out = {k: v.float() for k, v in st.items() if not k.endswith((".qweight", ".qzeros", ".scales", ".g_idx"))}
+    for name in [k[:-len(".qweight")] for k in st if k.endswith(".qweight")]:
+        K, N = st[name + ".g_idx"].shape[0], st[name + ".scales"].shape[1]
+        m = TorchLinear(bits=q["bits"], group_size=q["group_size"], sym=q["sym"], desc_act=q["desc_act"],
+                        in_features=K, out_features=N, bias=False, pack_dtype=torch.int32)
+        for k in ("qweight", "qzeros", "scales", "g_idx"):
+            getattr(m, k).data.copy_(st[f"{name}.{k}"])
+        if q["checkpoint_format"] == "gptq":
+            convert_gptq_v1_to_v2_format_module(m, bits=q["bits"], pack_dtype=torch.int32)
+        m.scales.data = m.scales.data.float()
+        m.post_init()
+        out[name + ".weight"] = m.dequantize_weight().T.float().contiguous()
+    return out
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_weights_equal_gptqmodel_dequantization(checkpoints, variant):
+    path = checkpoints[variant]
+    mf = ferrum._core.ModelFile(str(path))
+    ref = library_dequantized(path)
+    quantized = [k for k in ref if k.endswith("proj.weight")]
+    assert len(quantized) == 7 * SHAPE["num_layers"]
+    for name in quantized:
+        assert mf.tensors[name][0] == VARIANTS[variant][4], name
+        np.testing.assert_array_equal(mf.dequantized(name), ref[name].numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_logits_match_transformers_on_dequantized_weights(checkpoints, variant):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    path = checkpoints[variant]
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.pop("quantization_config")
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**cfg), dtype=torch.float32)
+    model.load_state_dict(library_dequantized(path), strict=False)
+    with torch.no_grad():
+        ref = model(torch.tensor([PROMPT])).logits[0].numpy()
+    llm = ferrum.LLM(str(path), kv_dtype="f32", num_threads=2)
+    got = llm.score(PROMPT)
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def _edited(src, dst, config=None, tensors=None):
+    shutil.copytree(src, dst)
+    if config:
+        c = json.loads((dst / "config.json").read_text())
+        c["quantization_config"].update(config)
+        (dst / "config.json").write_text(json.dumps(c))
+    if tensors:
+        st = load_file(dst / "model.safetensors")
+        tensors(st)
+        save_file(st, dst / "model.safetensors")
+    return str(dst)
+
+
+L0 = "model.layers.0.self_attn.q_proj"
+
+
+def _bad_g_idx(st):
+    st[L0 + ".g_idx"] = st[L0 + ".g_idx"].clone()
+    st[L0 + ".g_idx"][5] = 99
+
+
+@pytest.mark.parametrize("edit, message", [
+    (dict(config={"quant_method": "awq"}), "'quant_method' is 'awq'"),
+    (dict(config={"checkpoint_format": "marlin"}), "checkpoint format 'marlin'"),
+    (dict(config={"bits": 3}), "'bits' is 3"),
+    (dict(config={"group_size": 16}), "'group_size' is 16"),
+    (dict(config={"dynamic": {"-:.*down_proj.*": {}}}), "'dynamic'"),
+    (dict(config={"group_size": 64}), ".scales' has shape [8, 128], expected [4, 128]"),
+    (dict(tensors=lambda st: st.__setitem__(L0 + ".qzeros", st[L0 + ".qzeros"][:, :-1].clone())),
+     f"'{L0}.qzeros' has shape"),
+    (dict(tensors=_bad_g_idx), f"'{L0}.g_idx' entry 5 is 99"),
+    (dict(tensors=lambda st: st.__setitem__(L0 + ".g_idx", st[L0 + ".g_idx"].flip(0).clone())), "act-order"),
+    (dict(tensors=lambda st: st.pop(L0 + ".scales")), f"'{L0}.scales' is missing"),
+])
+def test_bad_checkpoint_refused_by_name(checkpoints, tmp_path, edit, message):
+    bad = _edited(checkpoints["sym4-g32-v1"], tmp_path / "bad", **edit)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ferrum._core.ModelFile(bad)
