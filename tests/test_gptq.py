@@ -58,8 +58,19 @@ def checkpoints(tmp_path_factory):
 def library_dequantized(path):
     """Every tensor of the checkpoint as f32, the quantized modules dequantized by GPTQModel's own
     torch kernel (v1 zeros converted by its own v1 -> v2 step; scales widened to f32 first, exactly)."""
-    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
-    from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
+    # GPTQModel's tokenizer package sets the hub's cache variables for the whole process on
+    # import (later tests read the hub cache from them): put them back.
+    cache_vars = ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_MODULES_CACHE")
+    before = {k: os.environ.get(k) for k in cache_vars}
+    try:
+        from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+        from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     q = json.loads((path / "config.json").read_text())["quantization_config"]
     st = load_file(path / "model.safetensors")
     out = {k: v.float() for k, v in st.items() if not k.endswith((".qweight", ".qzeros", ".scales", ".g_idx"))}
