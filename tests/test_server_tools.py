@@ -105,9 +105,9 @@ def scripted(engine, token_ids):
     text giving one); the model's own part comes after."""
     original = engine.generate
 
-    def generate(prompt, params=None, request_id=None):
+    def generate(prompt, params=None, request_id=None, **kw):
         script = token_ids(engine.tokenizer.decode(prompt, skip_special_tokens=False)) if callable(token_ids) else token_ids
-        return original(prompt, dataclasses.replace(params, logits_processors=[forcing(script)]), request_id)
+        return original(prompt, dataclasses.replace(params, logits_processors=[forcing(script)]), request_id, **kw)
     engine.generate = generate
     try:
         yield
