@@ -20,12 +20,10 @@ import ferrum
 import tp_ranks
 from conftest import STORIES, STORIES_FORMATS
 from ferrum.tools.make_model import make_model
-from test_tensor_parallel import (ENV, HERE, INVARIANT_PROMPTS, PROMPTS, SHARED_PROMPTS, alive, finish,
-                                  relative_error, wait_for_line)
+from test_tensor_parallel import (ENV, HERE, INVARIANT_PROMPTS, MPI, PROMPTS, SHARED_PROMPTS, alive, finish,
+                                  relative_error, start_generating, wait_for_line)
 
 STORIES_TOK = os.path.join(STORIES, "tok512.bin")
-MPI = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,tcp",
-       "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
 
 # 4 layers of the tiny shapes (hidden 64, 4 heads of 16, 2 KV heads, intermediate 128, 8 experts
 # of 64 rows), which also divide between 2 tensor-parallel ranks.
@@ -245,29 +243,10 @@ def test_partition_from_the_environment(monkeypatch):
         ferrum.LLM(STORIES_FORMATS["gguf"], pipeline_layer_partition="3,2")
 
 
-def start_generating(spawn, pp=2, tp=1):
-    spec = {"ranks": tp, "pp": pp, "model": STORIES_MODEL}
-    path = os.path.join(HERE, f".pp-generate-{os.getpid()}.json")
-    with open(path, "w") as f:
-        json.dump(spec, f)
-    cmd = [sys.executable, os.path.join(HERE, "tp_ranks.py"), "generate", path]
-    p = subprocess.Popen(cmd if spawn else MPI + ["-np", str(pp * tp)] + cmd, env=ENV, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        pids = wait_for_line(p, "pids", 120)["pids"]
-        time.sleep(1.0)  # mid-generation
-    except BaseException:
-        os.killpg(p.pid, signal.SIGKILL)
-        raise
-    finally:
-        os.unlink(path)
-    return p, pids
-
-
 def test_killed_stage_is_an_error_on_rank_0():
     """The last stage, killed while rank 0 waits for its logits: rank 0's call raises
     RuntimeError at once and every later call too."""
-    p, pids = start_generating(spawn=True)
+    p, pids = start_generating(spawn=True, ranks=1, pp=2)
     lost = time.time()
     os.kill(pids[1], signal.SIGKILL)
     first = wait_for_line(p, "error", 60)
@@ -279,7 +258,7 @@ def test_killed_stage_is_an_error_on_rank_0():
 
 
 def test_killed_rank_ends_the_mpirun_job():
-    p, pids = start_generating(spawn=False, pp=2, tp=2)
+    p, pids = start_generating(spawn=False, ranks=2, pp=2)
     killed = time.time()
     os.kill(pids[3], signal.SIGKILL)
     finish(p, timeout=60)

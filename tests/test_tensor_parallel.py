@@ -25,8 +25,9 @@ STORIES_TOK = os.path.join(STORIES, "tok512.bin")
 TOK = os.path.join(SHARED_MODELS, "tokenizers", "smollm2-135m-instruct")  # 49152 tokens
 # Over TCP on the loopback interface, as ranks on separate machines talk; not pinned to cores (on a
 # busy machine a pinned rank waits for its core, and the other rank for it).
-MPIRUN = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(RANKS), "--mca", "btl", "self,tcp",
-          "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
+MPI = ["mpirun", "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,tcp",
+       "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
+MPIRUN = MPI + ["-np", str(RANKS)]
 # The collectives' deadline: a lost rank ends a test's processes well within its timeout.
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", FERRUM_TP_TIMEOUT="10",
            PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -231,13 +232,15 @@ def wait_for_line(p, key, timeout):
     raise AssertionError(f"no {key!r} from the ranks")
 
 
-def start_generating(spawn):
-    spec = {"ranks": RANKS, "model": STORIES_MODEL}
-    path = os.path.join(HERE, f".tp-generate-{os.getpid()}.json")
+def start_generating(spawn, ranks=RANKS, pp=1):
+    """Ranks generating (`pp` stages of `ranks` tensor-parallel ranks), mid-generation: the process
+    (mpirun's, or rank 0's that spawns the others) and the ranks' pids."""
+    spec = {"ranks": ranks, "pp": pp, "model": STORIES_MODEL}
+    path = os.path.join(HERE, f".mpi-generate-{os.getpid()}.json")
     with open(path, "w") as f:
         json.dump(spec, f)
     cmd = [sys.executable, os.path.join(HERE, "tp_ranks.py"), "generate", path]
-    p = subprocess.Popen(cmd if spawn else MPIRUN + cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    p = subprocess.Popen(cmd if spawn else MPI + ["-np", str(ranks * pp)] + cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True)
     try:
         pids = wait_for_line(p, "pids", 120)["pids"]
