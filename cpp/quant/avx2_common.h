@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "quant/formats.h"
 
@@ -48,6 +49,32 @@ FERRUM_AVX2_INLINE static __m256i iq4_levels(const uint8_t* qs) {
 // within +-127 (the activation quantizers never give -128), so no pair saturates.
 FERRUM_AVX2_INLINE static __m256i signed_pairs(__m256i w, __m256i a) {
   return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+// Per activation row and block of Q8_0 activations, what the legacy types' float chain needs
+// besides the products: d_a, and where `with_sums` sum(a) (the min formats' term, or the zero
+// point's: -zero * sum(a)).
+struct LegacyActTerms {
+  std::vector<float> d;      // [T][nb]
+  std::vector<int32_t> sum;  // [T][nb]
+};
+
+FERRUM_AVX2_INLINE static void prepare_legacy_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T,
+                                                   bool with_sums, LegacyActTerms& acts) {
+  acts.d.resize(size_t(T * nb));
+  acts.sum.resize(size_t(T * nb));
+  for (int64_t t = 0; t < T; ++t) {
+    const BlockQ8_0* y = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
+    for (int64_t i = 0; i < nb; ++i) {
+      const size_t k = size_t(t * nb + i);
+      acts.d[k] = h2f(y[i].d);
+      if (with_sums) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
+        const __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
+        acts.sum[k] = _mm_cvtsi128_si32(lane_sums(sa, sa, sa, sa));
+      }
+    }
+  }
 }
 
 }  // namespace ferrum::quant::detail

@@ -27,9 +27,10 @@ bool isa_supported(int isa) {
   }
 }
 
-// One ISA's row kernel for (type, layout), or nullptr; the R16 layout has AVX-512 kernels only.
+// One ISA's row kernel for (type, layout), or nullptr; the R16 layout has no scalar kernels.
 detail::DotRowsFn isa_dot_rows(int isa, DType type, WeightLayout layout) {
-  if (layout == WeightLayout::R16) return isa == 0 ? detail::avx512_r16_dot_rows(type) : nullptr;
+  if (layout == WeightLayout::R16)
+    return isa == 0 ? detail::avx512_r16_dot_rows(type) : isa == 1 ? detail::avx2_r16_dot_rows(type) : nullptr;
   switch (isa) {
     case 0: return detail::avx512_dot_rows(type);
     case 1: return detail::avx2_dot_rows(type);
@@ -106,7 +107,10 @@ DotBatchFn decode_batch_kernel(DType weight_type, WeightLayout layout, int64_t T
   // Below AVX-512: the AVX2 GEMM (the row kernel's bits) unpacks each weight block once for all
   // rows; over the row kernel's passes on L1-resident tiles that pays from 4 rows, for Q8_0,
   // whose row kernel unpacks nothing, from 8 (interleaved runs, docs/performance.md).
-  if (!avx2 || T < (weight_type == DType::Q8_0 ? 8 : 4)) return nullptr;
+  // In the R16 layout the GEMM reads each block once for every row from 2 on.
+  if (!avx2) return nullptr;
+  if (layout == WeightLayout::R16) return gemm_kernel(weight_type, layout);
+  if (T < (weight_type == DType::Q8_0 ? 8 : 4)) return nullptr;
   return gemm_kernel(weight_type, layout);
 }
 
@@ -130,7 +134,7 @@ bool float_gemm_supported() {
 }
 
 // One ISA's GEMM for (type, layout), or nullptr. Float weights have AVX512_BF16 GEMMs only; the
-// quantized types have one on every ISA (file layout; R16: AVX-512 only), except IQ4_NL / IQ4_XS,
+// quantized types have one on every ISA (file layout; R16: AVX-512, and AVX2 for the legacy types), except IQ4_NL / IQ4_XS,
 // whose AVX-512 GEMMs are the R16 layout's only.
 bool is_float(DType t) { return t == DType::BF16 || t == DType::F16 || t == DType::F32; }
 
@@ -140,7 +144,7 @@ DotBatchFn isa_gemm(int isa, DType type, WeightLayout layout) {
     return isa == 0 && supported ? detail::avx512_float_gemm(type, layout) : nullptr;
   }
   if (isa == 0) return layout == WeightLayout::R16 ? detail::avx512_r16_gemm(type) : detail::avx512_gemm(type);
-  if (layout == WeightLayout::R16) return nullptr;
+  if (layout == WeightLayout::R16) return isa == 1 ? detail::avx2_r16_gemm(type) : nullptr;
   return isa == 1 ? detail::avx2_gemm(type) : detail::scalar_gemm(type);
 }
 }  // namespace

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
-#include <vector>
 
 #include "quant/avx2_common.h"
 #include "quant/formats.h"
@@ -77,37 +76,11 @@ FERRUM_AVX2_INLINE __m128 halves4(const Block* const b[kRows], size_t at) {
   return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h)));
 }
 
-// Per activation row and block, what the float chain needs besides the products: d_a, and for
-// the unsigned formats sum(a) (the min formats' term, or the zero point's: -zero * sum(a)).
-struct ActTerms {
-  std::vector<float> d;        // [T][nb]
-  std::vector<int32_t> sum;    // [T][nb]
-};
-
-template <class F>
-FERRUM_AVX2 void prepare_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T, ActTerms& acts) {
-  acts.d.resize(size_t(T * nb));
-  acts.sum.resize(size_t(T * nb));
-  for (int64_t t = 0; t < T; ++t) {
-    const BlockQ8_0* y = reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
-    for (int64_t i = 0; i < nb; ++i) {
-      const size_t k = size_t(t * nb + i);
-      acts.d[k] = h2f(y[i].d);
-      if constexpr (!F::kSigned) {
-        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[i].qs));
-        const __m256i sa = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
-        const __m128i s4 = lane_sums(sa, sa, sa, sa);
-        acts.sum[k] = _mm_cvtsi128_si32(s4);
-      }
-    }
-  }
-}
-
 // Activation rows t0 .. t0 + N - 1 against the 4 weight rows x over nb blocks; result j's lane r
 // to out[j * ldo + r] for the first `live` rows.
 template <class F, int N>
 FERRUM_AVX2 void gemm_block(int64_t nb, const typename F::Block* const x[kRows], const BlockQ8_0* const y[N],
-                            const ActTerms& acts, int64_t t0, float* out, int64_t ldo, int live) {
+                            const LegacyActTerms& acts, int64_t t0, float* out, int64_t ldo, int live) {
   using Block = typename F::Block;
   const __m256i ones16 = _mm256_set1_epi16(1);
   __m128 sum[N];
@@ -147,8 +120,8 @@ FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows
                       int64_t T, float* out, int64_t ldo) {
   using Block = typename F::Block;
   const int64_t nb = n / kQK;
-  thread_local ActTerms acts;
-  prepare_acts<F>(nb, act, act_row_bytes, T, acts);
+  thread_local LegacyActTerms acts;
+  prepare_legacy_acts(nb, act, act_row_bytes, T, !F::kSigned, acts);
   const auto act_row = [&](int64_t t) {
     return reinterpret_cast<const BlockQ8_0*>(static_cast<const char*>(act) + t * act_row_bytes);
   };

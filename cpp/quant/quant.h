@@ -39,7 +39,7 @@ struct DotKernel {
 };
 
 // The fastest kernel this CPU supports for weights of type t in that layout; throws ValueError
-// when there is none (the R16 layout has AVX-512 kernels only).
+// when there is none (the R16 layout has AVX-512 kernels, and AVX2 ones for the legacy types).
 const DotKernel& dot_kernel(DType weight_type, WeightLayout layout = WeightLayout::Plain);
 // The portable scalar kernel (the reference the SIMD kernels are tested against).
 const DotKernel& dot_kernel_scalar(DType weight_type);
@@ -73,7 +73,7 @@ bool has_dot_batch(DType weight_type);
 // below AVX-512 VNNI it does for every quantized type (the GEMM of the row kernel's ISA).
 // nullptr when this CPU / weight type / layout has none (AVX-512 VNNI: the legacy formats and
 // Q2_K .. Q6_K, in either layout, and the IQ4 types in R16; AVX2 and scalar: every quantized type
-// in the file layout; AVX512_BF16: BF16, with vdpbf16ps on bf16 activations, and F16 / F32, with
+// in the file layout, and AVX2 the legacy types and IQ4_NL in R16 too; AVX512_BF16: BF16, with vdpbf16ps on bf16 activations, and F16 / F32, with
 // f32 FMAs on f32 ones). Faster than dequantize + sgemm for prefill on AVX-512 and near it on
 // AVX2; linear() uses it there but not for scoring steps (Stream::float_activations), where
 // 8-bit activations would move a model's perplexity away from a float reference's.

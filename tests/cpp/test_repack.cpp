@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -74,19 +75,24 @@ TEST(Repack, RoundTripsEveryRowAndDequantizesAsTheFileType) {
   EXPECT_FALSE(has_r16_layout(DType::Q8_K));
 }
 
-// The R16 row kernel from any group start and the R16 GEMM / batched kernel at every T equal
+// Every ISA's R16 row kernel from any group start and R16 GEMM / batched kernel at every T equal
 // the file type's row kernel bit for bit (the k-quants: its GEMM, which has another float order
-// than its row kernel).
+// than its row kernel). AVX2 has R16 kernels for the types dotted with Q8_0 activations, which
+// give the scalar kernel's bits.
 TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
   const CpuFeatures& f = cpu_features();
   const bool vnni = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni;
-  ASSERT_EQ(gemm_kernel(DType::Q4_0, WeightLayout::R16) != nullptr, vnni);
-  if (!vnni) return;  // without the kernels the CPU backend never repacks
+  ASSERT_EQ(gemm_kernel(DType::Q4_0, WeightLayout::R16) != nullptr, vnni || (f.avx2 && f.fma && f.f16c));
+  ASSERT_EQ(gemm_kernel(DType::Q4_K, WeightLayout::R16) != nullptr, vnni);
   std::mt19937 rng(9);
+  for (const char* isa : {"avx512", "avx2"})
   for (DType t : kFileTypes) {
+    const DotKernel* r16_kernel = dot_kernel_for_isa(t, isa, WeightLayout::R16);
+    if (!r16_kernel) continue;  // without the kernels the CPU backend never repacks
+    const bool avx2 = std::string(isa) == "avx2";
     for (int64_t blocks : {1, 3, 18}) {
       const int64_t n = blocks * block_elems(t);
-      SCOPED_TRACE(std::string(dtype_name(t)) + " n=" + std::to_string(n));
+      SCOPED_TRACE(std::string(isa) + " " + dtype_name(t) + " n=" + std::to_string(n));
       const int64_t rows = 48, T = 37;
       const DType act_type = dot_kernel(t).act_type;
       const size_t row_bytes = dtype_bytes(t, n), act_bytes = dtype_bytes(act_type, n);
@@ -99,10 +105,13 @@ TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
         for (float& v : a) v = u(rng);
         quantize_row(act_type, a.data(), act.data() + i * act_bytes, n);
       }
-      const DotKernel& r16 = dot_kernel(t, WeightLayout::R16);
+      const DotKernel& r16 = *r16_kernel;
       EXPECT_EQ(r16.act_type, act_type);
       std::vector<float> want(size_t(T * rows));
-      if (!has_file_layout_kernel(t)) {
+      if (avx2) {
+        for (int64_t i = 0; i < T; ++i)
+          dot_kernel_scalar(t).dot_rows(n, w.data(), row_bytes, rows, act.data() + i * act_bytes, want.data() + i * rows);
+      } else if (!has_file_layout_kernel(t)) {
         std::vector<float> wf(static_cast<size_t>(n)), af(static_cast<size_t>(n));
         for (int64_t i = 0; i < T; ++i) {
           r16.dot_rows(n, packed.data(), row_bytes, rows, act.data() + i * act_bytes, want.data() + i * rows);
@@ -134,7 +143,8 @@ TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
         for (int64_t r = 0; r < 24; ++r) EXPECT_EQ(part[size_t(r)], want[size_t(i * rows + 16 + r)]) << "t " << i << " r " << r;
         EXPECT_EQ(part[24], -7.0f);
       }
-      for (DotBatchFn fn : {gemm_kernel(t, WeightLayout::R16), dot_batch_kernel(t, WeightLayout::R16)}) {
+      for (DotBatchFn fn : {gemm_kernel_for_isa(t, isa, WeightLayout::R16),
+                            avx2 ? gemm_kernel_for_isa(t, isa, WeightLayout::R16) : dot_batch_kernel(t, WeightLayout::R16)}) {
         ASSERT_NE(fn, nullptr);
         for (int64_t T1 = 1; T1 <= T; ++T1) {
           for (int64_t r0 : {int64_t(0), int64_t(16)}) {
