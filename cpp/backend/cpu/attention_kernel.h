@@ -179,20 +179,33 @@ void prefetch_block(const KvLayer& kv, const int32_t* table, int64_t j0, int64_t
   }
 }
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__))
+#define FERRUM_KV_BLOCK_ROWS 1
 // A pool's element type, and 16 of its elements from p as f32 (int8 ones times `scale`).
 template <DType kType>
 using KvElem = std::conditional_t<kType == DType::F16, uint16_t, std::conditional_t<kType == DType::F32, float, int8_t>>;
 
 template <DType kType>
-inline __m512 kv16(const KvElem<kType>* p, __m512 scale) {
-  if constexpr (kType == DType::F16)
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  else if constexpr (kType == DType::F32)
-    return _mm512_loadu_ps(p);
-  else
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))),
-                         scale);
+inline f32x16 kv16(const KvElem<kType>* p, f32x16 scale) {
+  if constexpr (kType == DType::F32) {
+    return load16(p);
+  } else {
+#if defined(__AVX512F__)
+    const __m512 v = kType == DType::F16
+                         ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))
+                         : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+    const f32x16 f = f32x16(v);
+#else
+    __m256 half[2];
+    for (int h = 0; h < 2; ++h)
+      half[h] = kType == DType::F16
+                    ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * h)))
+                    : _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * h))));
+    f32x16 f;
+    std::memcpy(&f, half, sizeof f);
+#endif
+    return kType == DType::I8 ? f * scale : f;
+  }
 }
 
 // Keys j0 .. j0 + n - 1 at consecutive pool rows from `first` (a panel's first row), head_dim a
@@ -203,18 +216,20 @@ inline __m512 kv16(const KvElem<kType>* p, __m512 scale) {
 template <DType kType>
 void load_block_rows(const KvLayer& kv, int64_t first, int64_t n, int64_t hd, TileScratch& s) {
   constexpr bool kScaled = kType == DType::I8;
-  const __mmask16 live = n >= kKeyBlock ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
+  const i32x16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const i32x16 live = lane < int32_t(n);  // all bits set in the lanes of keys that exist
   const KvElem<kType>* k = host_ptr<KvElem<kType>>(kv.k) + row_start(first, hd, true);
   const KvElem<kType>* v = host_ptr<KvElem<kType>>(kv.v) + first * hd;
   const float* v_scale = kScaled ? host_ptr<float>(kv.v_scale) + first : nullptr;
-  const __m512 k_scales = kScaled ? _mm512_loadu_ps(host_ptr<float>(kv.k_scale) + first) : _mm512_set1_ps(1.0f);
+  f32x16 k_scales = splat(1.0f);
+  if (kScaled) k_scales = load16(host_ptr<float>(kv.k_scale) + first);
   f32x16* keys = s.keys;
   float* vals = s.vals;
-  for (int64_t d = 0; d < hd; ++d) keys[d] = f32x16(_mm512_maskz_mov_ps(live, kv16<kType>(k + d * kKeyBlock, k_scales)));
+  for (int64_t d = 0; d < hd; ++d) keys[d] = f32x16(i32x16(kv16<kType>(k + d * kKeyBlock, k_scales)) & live);
   for (int64_t r = 0; r < kKeyBlock; ++r) {
-    const __m512 scale = _mm512_set1_ps(kScaled && r < n ? v_scale[r] : 1.0f);
+    const f32x16 scale = splat(kScaled && r < n ? v_scale[r] : 1.0f);
     for (int64_t c = 0; c < hd; c += 16)
-      _mm512_storeu_ps(vals + r * hd + c, r < n ? kv16<kType>(v + r * hd + c, scale) : _mm512_setzero_ps());
+      store16(vals + r * hd + c, r < n ? kv16<kType>(v + r * hd + c, scale) : splat(0.0f));
   }
 }
 #endif
@@ -225,7 +240,7 @@ f32x16 load_key_block(const KvLayer& kv, const int32_t* table, int64_t j0, int64
                       TileScratch& s) {
   const int64_t n = std::min(kKeyBlock, hi - j0 + 1);
   f32x16 mapped = {};
-#if defined(__AVX512F__)
+#if defined(FERRUM_KV_BLOCK_ROWS)
   const int64_t first = hd % 16 == 0 ? block_rows(kv, table, j0, kvh) : -1;
   auto (*load)(const KvLayer&, int64_t, int64_t, int64_t, TileScratch&) -> void =
       kv.k.dtype == DType::F16   ? load_block_rows<DType::F16>
@@ -306,7 +321,7 @@ bool attend_rows(const BlockRows& r, float scale, int64_t hd, const TileScratch&
         for (int i = 0; i < kRows; ++i) acc[i][0] = fmadd(splat(r.q[i][d]), s.keys[d], acc[i][0]);
     for (int i = 0; i < kRows; ++i) {
       score[i] = (acc[i][0] + acc[i][1]) + (acc[i][2] + acc[i][3]);
-      score[i] = r.seen[i] ? score[i] * scale : kNegInf;
+      score[i] = select(r.seen[i], score[i] * scale, splat(kNegInf));
     }
   }
   float block_max[kRows];
@@ -319,7 +334,7 @@ bool attend_rows(const BlockRows& r, float scale, int64_t hd, const TileScratch&
   for (int i = 0; i < kRows; ++i) {
     const float new_max = std::max(max[i], block_max[i]);
     rescale[i] = fast_exp(max[i] - new_max);  // ~0 for the first block
-    weight[i] = r.seen[i] ? fast_exp(score[i] - new_max) : 0.0f;
+    weight[i] = select(r.seen[i], fast_exp(score[i] - new_max), splat(0.0f));
     max[i] = new_max;
     sum[i] = sum[i] * rescale[i] + hsum(weight[i]);
   }
@@ -412,7 +427,8 @@ void attend_tile(const AttnCall& v, const KvLayer& kv, const AttnParams& p, cons
       int64_t first, last;
       if (!visible(v, p, t, &first, &last) || last < j0 || first >= j0 + kKeyBlock) continue;
       const f32x16 seen_lo = key_pos - float(first), seen_hi = float(last) - key_pos;  // both >= 0: seen
-      const i32x16 seen = (mapped > 0.0f) & (seen_lo >= 0.0f) & (seen_hi >= 0.0f);
+      const f32x16 zero = splat(0.0f);
+      const i32x16 seen = lanes_lt(zero, mapped) & lanes_ge(seen_lo, zero) & lanes_ge(seen_hi, zero);
       for (int64_t g = 0; g < group; ++g) {
         const int64_t r = (t - tile.t0) * group + g;
         if (rows_in.n == 0) rows_in.first = r;
