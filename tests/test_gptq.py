@@ -2,6 +2,7 @@
 compressed by ferrum: its weights equal GPTQModel's own dequantization exactly, its logits match
 transformers running those dequantized weights in f32, and files that do not fit their config
 are refused by name."""
+import contextlib
 import json
 import re
 import os
@@ -37,40 +38,52 @@ QUANTIZE = textwrap.dedent("""
     texts = ["Once upon a time there was a little girl who lived in a village near the forest.",
              "The quick brown fox jumps over the lazy dog, again and again, until it was tired."] * 4
     calib = [dict(tok(t)) for t in texts]
-    for out, (bits, group, sym, fmt) in jobs.items():
-        m = GPTQModel.load(src, QuantizeConfig(bits=bits, group_size=group, sym=sym, desc_act=False, format=fmt))
-        m.quantize(calib, batch_size=1)
+    for out, (config, quantize) in jobs.items():
+        m = GPTQModel.load(src, QuantizeConfig(**config))
+        m.quantize(calib, batch_size=1, **quantize)
         m.save(out)
 """)
 
 
+def quantize_with_gptqmodel(d, jobs):
+    """A generated float model under d/float, quantized by GPTQModel on CPU into each job's
+    directory: jobs maps a name to (QuantizeConfig keywords, quantize() keywords)."""
+    src = make_model("llama", "tiny", "hf", "f32", seed=0, tokenizer=TOK, out=d / "float", **SHAPE)
+    env = dict(os.environ, GPTQMODEL_CPU_WORKERS="2", CUDA_VISIBLE_DEVICES="")
+    subprocess.run([sys.executable, "-c", QUANTIZE, str(src), json.dumps({str(d / n): j for n, j in jobs.items()})],
+                   check=True, env=env, cwd=d, stdout=subprocess.DEVNULL)
+    return {name: d / name for name in jobs}
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gptq")
-    src = make_model("llama", "tiny", "hf", "f32", seed=0, tokenizer=TOK, out=d / "float", **SHAPE)
-    jobs = {str(d / name): list(v[:4]) for name, v in VARIANTS.items()}
-    env = dict(os.environ, GPTQMODEL_CPU_WORKERS="2", CUDA_VISIBLE_DEVICES="")
-    subprocess.run([sys.executable, "-c", QUANTIZE, str(src), json.dumps(jobs)], check=True, env=env, cwd=d,
-                   stdout=subprocess.DEVNULL)
-    return {name: d / name for name in VARIANTS}
+    jobs = {name: (dict(bits=bits, group_size=group, sym=sym, desc_act=False, format=fmt), {})
+            for name, (bits, group, sym, fmt, _) in VARIANTS.items()}
+    return quantize_with_gptqmodel(tmp_path_factory.mktemp("gptq"), jobs)
 
 
-def library_dequantized(path):
-    """Every tensor of the checkpoint as f32, the quantized modules dequantized by GPTQModel's own
-    torch kernel (v1 zeros converted by its own v1 -> v2 step; scales widened to f32 first, exactly)."""
-    # GPTQModel's tokenizer package sets the hub's cache variables for the whole process on
-    # import (later tests read the hub cache from them): put them back.
+@contextlib.contextmanager
+def gptqmodel_imports():
+    """GPTQModel's tokenizer package sets the hub's cache variables for the whole process on
+    import (later tests read the hub cache from them): put them back."""
     cache_vars = ("HF_HOME", "HF_HUB_CACHE", "TRANSFORMERS_CACHE", "HF_MODULES_CACHE")
     before = {k: os.environ.get(k) for k in cache_vars}
     try:
-        from gptqmodel.nn_modules.qlinear.torch import TorchLinear
-        from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
+        yield
     finally:
         for k, v in before.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def library_dequantized(path):
+    """Every tensor of the checkpoint as f32, the quantized modules dequantized by GPTQModel's own
+    torch kernel (v1 zeros converted by its own v1 -> v2 step; scales widened to f32 first, exactly)."""
+    with gptqmodel_imports():
+        from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+        from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
     q = json.loads((path / "config.json").read_text())["quantization_config"]
     st = load_file(path / "model.safetensors")
     out = {k: v.float() for k, v in st.items() if not k.endswith((".qweight", ".qzeros", ".scales", ".g_idx"))}
@@ -88,6 +101,17 @@ def library_dequantized(path):
     return out
 
 
+def transformers_on(path, weights):
+    """transformers' Llama in f32 with the checkpoint's config (its quantization_config dropped)
+    and these weights."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.pop("quantization_config")
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**cfg), dtype=torch.float32)
+    model.load_state_dict(weights, strict=False)
+    return model
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_weights_equal_gptqmodel_dequantization(checkpoints, variant):
     path = checkpoints[variant]
@@ -102,12 +126,8 @@ def test_weights_equal_gptqmodel_dequantization(checkpoints, variant):
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_logits_match_transformers_on_dequantized_weights(checkpoints, variant):
-    from transformers import AutoModelForCausalLM, LlamaConfig
     path = checkpoints[variant]
-    cfg = json.loads((path / "config.json").read_text())
-    cfg.pop("quantization_config")
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**cfg), dtype=torch.float32)
-    model.load_state_dict(library_dequantized(path), strict=False)
+    model = transformers_on(path, library_dequantized(path))
     with torch.no_grad():
         ref = model(torch.tensor([PROMPT])).logits[0].numpy()
     llm = ferrum.LLM(str(path), kv_dtype="f32", num_threads=2)
@@ -137,7 +157,7 @@ def _bad_g_idx(st):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (dict(config={"quant_method": "awq"}), "'quant_method' is 'awq'"),
+    (dict(config={"quant_method": "compressed-tensors"}), "'quant_method' is 'compressed-tensors'"),
     (dict(config={"checkpoint_format": "marlin"}), "checkpoint format 'marlin'"),
     (dict(config={"bits": 3}), "'bits' is 3"),
     (dict(config={"group_size": 16}), "'group_size' is 16"),

@@ -1,0 +1,125 @@
+#include "io/group_quant.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "quant/formats.h"
+
+namespace ferrum {
+
+using json = nlohmann::json;
+
+namespace {
+constexpr int kBlock = quant::kQK;
+}
+
+const TensorInfo& packed_tensor(const WeightSource& ws, const std::string& name, DType dtype, const Shape& shape,
+                                const std::string& why, const char* method) {
+  const std::string what = ws.path + ": " + method + " tensor '" + name + "'";
+  const TensorInfo* t = ws.find(name);
+  if (!t) throw ValueError(what + " is missing");
+  if (t->dtype != dtype)
+    throw ValueError(what + " has dtype " + dtype_name(t->dtype) + ", expected " + dtype_name(dtype));
+  if (t->shape != shape)
+    throw ValueError(what + " has shape " + shape_str(t->shape) + ", expected " + shape_str(shape) + " (" + why + ")");
+  return *t;
+}
+
+uint32_t packed_word(const TensorInfo& t, int64_t i) {
+  uint32_t w;
+  std::memcpy(&w, t.data + 4 * i, 4);
+  return w;
+}
+
+const json* config_field(const json& q, const char* key) {
+  auto it = q.find(key);
+  return it == q.end() || it->is_null() ? nullptr : &*it;
+}
+
+int64_t config_int(const json& q, const char* key, int64_t fallback, const std::string& where) {
+  const json* v = config_field(q, key);
+  if (!v) return fallback;
+  if (!v->is_number_integer()) throw ValueError(where + " '" + key + "' must be an integer, not " + v->dump());
+  return v->get<int64_t>();
+}
+
+std::string config_string(const json& q, const char* key, const std::string& fallback, const std::string& where) {
+  const json* v = config_field(q, key);
+  if (!v) return fallback;
+  if (!v->is_string()) throw ValueError(where + " '" + key + "' must be a string, not " + v->dump());
+  return v->get<std::string>();
+}
+
+bool config_bool(const json& q, const char* key, bool fallback, const std::string& where) {
+  const json* v = config_field(q, key);
+  if (!v) return fallback;
+  if (!v->is_boolean()) throw ValueError(where + " '" + key + "' must be true or false, not " + v->dump());
+  return v->get<bool>();
+}
+
+void store_as_blocks(WeightSource& ws, const std::string& module, const GroupCodes& c, const char* method,
+                     const std::vector<std::string>& packed_suffixes) {
+  const int64_t N = c.N, K = c.K, G = c.groups(), gs = c.group_size;
+  const int mid = 1 << (c.bits - 1);
+  bool symmetric = true;
+  for (uint8_t z : c.zeros) symmetric = symmetric && z == mid;
+  if (c.bits == 8 && !symmetric)
+    throw ValueError(ws.path + ": " + method + " module '" + module +
+                     "' is asymmetric 8-bit (a zero other than 128 in qzeros), which ferrum does not read yet");
+  const std::string out_name = module + ".weight";
+  const DType dtype = c.bits == 8 ? DType::Q8_0 : symmetric ? DType::Q4_0 : DType::Q5_0;
+  const int64_t blocks = K / kBlock;
+  const size_t row_bytes = dtype_bytes(dtype, K);
+  auto home = MappedFile::anonymous(ws.path + ": " + out_name + " (from " + method + ")", row_bytes * size_t(N));
+  char* out = home->writable();
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* qn = c.q.data() + n * K;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t g = b * kBlock / gs;
+      const uint16_t d = c.scales[size_t(n * G + g)];
+      const int z = c.zeros[size_t(n * G + g)];
+      const uint8_t* v = qn + b * kBlock;
+      char* dst = out + size_t(n) * row_bytes + size_t(b) * dtype_bytes(dtype, kBlock);
+      if (dtype == DType::Q4_0) {
+        quant::BlockQ4_0 blk;
+        blk.d = d;
+        for (int j = 0; j < kBlock / 2; ++j) blk.qs[j] = uint8_t(v[j] | (v[j + kBlock / 2] << 4));
+        std::memcpy(dst, &blk, sizeof blk);
+      } else if (dtype == DType::Q5_0) {
+        quant::BlockQ5_0 blk;
+        blk.d = d;
+        uint32_t qh = 0;
+        uint8_t u[kBlock];
+        for (int j = 0; j < kBlock; ++j) {
+          u[j] = uint8_t(int(v[j]) - z + 16);  // 1..31
+          qh |= uint32_t(u[j] >> 4) << j;
+        }
+        for (int j = 0; j < kBlock / 2; ++j) blk.qs[j] = uint8_t((u[j] & 15) | ((u[j + kBlock / 2] & 15) << 4));
+        std::memcpy(blk.qh, &qh, 4);
+        std::memcpy(dst, &blk, sizeof blk);
+      } else {
+        quant::BlockQ8_0 blk;
+        blk.d = d;
+        for (int j = 0; j < kBlock; ++j) blk.qs[j] = int8_t(int(v[j]) - 128);
+        std::memcpy(dst, &blk, sizeof blk);
+      }
+    }
+  }
+
+  for (const std::string& suffix : packed_suffixes) {
+    auto it = ws.tensors.find(module + suffix);
+    if (it == ws.tensors.end()) continue;
+    it->second.file->release_pages(it->second.data, it->second.nbytes);
+    ws.tensors.erase(it);
+  }
+  TensorInfo t;
+  t.name = out_name;
+  t.dtype = dtype;
+  t.shape = {N, K};
+  t.data = home->data();
+  t.nbytes = home->size();
+  t.file = home;
+  ws.tensors[out_name] = std::move(t);
+}
+
+}  // namespace ferrum

@@ -1,0 +1,48 @@
+// What GPTQ and AWQ checkpoints share once unpacked: per-group integer codes with a zero and an
+// f16 scale per (output, group), w = s * (q - z). store_as_blocks turns a module's codes into
+// one `<module>.weight` of the GGUF block type that holds exactly those values:
+//   4-bit, every zero 8:     Q4_0, w = s * (q - 8)
+//   4-bit, other zeros:      Q5_0, w = s * ((q - z + 16) - 16)
+//   8-bit, every zero 128:   Q8_0, w = s * (q - 128)
+// A group is whole 32-column blocks, each block taking its group's scale as its own.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/weight_source.h"
+#include <nlohmann/json.hpp>
+
+namespace ferrum {
+
+struct GroupCodes {
+  int bits = 4;
+  int64_t N = 0, K = 0;        // outputs, inputs
+  int64_t group_size = 0;      // inputs per group (K for one group per row)
+  std::vector<uint8_t> q;      // [N, K]
+  std::vector<uint8_t> zeros;  // [N, G]
+  std::vector<uint16_t> scales;  // [N, G], f16 bits
+  int64_t groups() const { return (K + group_size - 1) / group_size; }
+};
+
+// Replaces the module's packed tensors (those of `packed_suffixes` present) with
+// `<module>.weight`. ValueError (naming the module, `method` saying whose) for asymmetric 8-bit.
+void store_as_blocks(WeightSource& ws, const std::string& module, const GroupCodes& c, const char* method,
+                     const std::vector<std::string>& packed_suffixes);
+
+// The tensor `name` as a packed tensor must be: present, of dtype `dtype` and shape `shape`
+// (ValueError "<path>: <method> tensor '<name>' ..." otherwise; `why` explains the shape).
+const TensorInfo& packed_tensor(const WeightSource& ws, const std::string& name, DType dtype, const Shape& shape,
+                                const std::string& why, const char* method);
+
+uint32_t packed_word(const TensorInfo& t, int64_t i);
+
+// quantization_config fields: absent or null gives the fallback, another JSON type a ValueError
+// naming `where` and the key.
+const nlohmann::json* config_field(const nlohmann::json& q, const char* key);
+int64_t config_int(const nlohmann::json& q, const char* key, int64_t fallback, const std::string& where);
+std::string config_string(const nlohmann::json& q, const char* key, const std::string& fallback,
+                          const std::string& where);
+bool config_bool(const nlohmann::json& q, const char* key, bool fallback, const std::string& where);
+
+}  // namespace ferrum
