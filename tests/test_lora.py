@@ -16,7 +16,7 @@ import ferrum
 from conftest import MODELS
 from ferrum import LoRARequest, SamplingParams
 from ferrum.lora import read_safetensors
-from ferrum.tools.lora_to_gguf import convert
+from ferrum.tools.lora_to_gguf import convert_all
 from ferrum.tools.make_lora import make_lora
 from ferrum.tools.make_model import make_model
 
@@ -321,8 +321,9 @@ GGUF_ADAPTERS = {"llama-r8": ("llama-r8", "f32"), "qwen3-r8": ("qwen3-r8", "f32"
 @pytest.fixture(scope="session")
 def gguf_adapters(lora_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora-gguf")
-    return {name: convert(lora_models["adapters"][src], lora_models["bases"][ADAPTERS[src][0]], root / f"{name}.gguf",
-                          outtype) for name, (src, outtype) in GGUF_ADAPTERS.items()}
+    files = convert_all([(lora_models["adapters"][src], lora_models["bases"][ADAPTERS[src][0]], root / f"{name}.gguf",
+                          outtype) for name, (src, outtype) in GGUF_ADAPTERS.items()])
+    return dict(zip(GGUF_ADAPTERS, files))
 
 
 def gguf_request(gguf_adapters, name):

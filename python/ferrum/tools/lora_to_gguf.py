@@ -12,13 +12,14 @@ for its config.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 from ..models import cache_dir, pip_download
 
@@ -58,19 +59,34 @@ def converter(fetch: bool = True) -> Path:
     return script
 
 
-def convert(adapter: Union[str, Path], base: Union[str, Path], out: Union[str, Path], outtype: str = "f32") -> Path:
-    """Writes the GGUF adapter of the PEFT directory `adapter` (for the HF model directory `base`)
-    to `out` with llama.cpp's converter; returns `out`. RuntimeError with the converter's output
-    when it fails."""
-    if outtype not in OUTTYPES:
-        raise ValueError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
-    cmd = [sys.executable, str(converter()), "--base", str(base), "--outfile", str(out), "--outtype", outtype,
-           str(adapter)]
+# Runs the script once per job in one interpreter: torch and the model classes import once.
+_DRIVER = """import json, os, runpy, sys
+jobs = json.loads(sys.argv[1])
+sys.path.insert(0, os.path.dirname(jobs[0][0]))  # as for the script itself: its conversion package
+for argv in jobs:
+    sys.argv = argv
+    runpy.run_path(argv[0], run_name="__main__")
+"""
+
+
+def convert_all(jobs: Sequence[Tuple[Union[str, Path], Union[str, Path], Union[str, Path], str]]) -> List[Path]:
+    """Writes the GGUF adapter of each (PEFT directory, base HF directory, out file, outtype) with
+    llama.cpp's converter; returns the out files. RuntimeError with its output when it fails."""
+    argvs = []
+    for adapter, base, out, outtype in jobs:
+        if outtype not in OUTTYPES:
+            raise ValueError(f"outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
+        argvs.append([str(converter()), "--base", str(base), "--outfile", str(out), "--outtype", outtype, str(adapter)])
     env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}  # the gguf-py it ships
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(argvs)], env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{SCRIPT} failed on {adapter}:\n{proc.stderr[-4000:]}")
-    return Path(out)
+        raise RuntimeError(f"{SCRIPT} failed:\n{proc.stderr[-4000:]}")
+    return [Path(job[2]) for job in jobs]
+
+
+def convert(adapter: Union[str, Path], base: Union[str, Path], out: Union[str, Path], outtype: str = "f32") -> Path:
+    """The GGUF adapter `out` of the PEFT directory `adapter` for the HF model directory `base`."""
+    return convert_all([(adapter, base, out, outtype)])[0]
 
 
 def main(argv: Optional[list] = None) -> int:
