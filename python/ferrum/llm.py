@@ -54,7 +54,7 @@ class LLM:
       started on this machine, or those of the ``mpirun -np N`` that started this script (ranks
       other than 0 serve rank 0 inside this call, then exit). docs/distributed.md.
     enable_lora: requests may name a LoRA adapter (``lora_request=ferrum.LoRARequest(name, id,
-      path)``, a PEFT directory), loaded on first use; up to max_loras different adapters run in
+      path)``, a PEFT directory or a llama.cpp .gguf adapter), loaded on first use; up to max_loras different adapters run in
       one step (requests on others wait), each of rank <= max_lora_rank, and max_cpu_loras
       (default max_loras) stay loaded in host memory, least recently used dropped first.
       docs/lora.md.
