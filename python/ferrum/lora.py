@@ -330,7 +330,7 @@ def read_peft_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
         found.setdefault(module, {})[part] = value
 
     pairs = []
-    for name, (kind, layer, proj) in modules.items():
+    for name, (kind, _, _) in modules.items():
         hit = targeted(name, kind)
         if not hit:
             if name in found:
