@@ -470,3 +470,27 @@ def test_gguf_that_is_not_an_adapter(lora_models, gguf_adapters, tmp_path):
         llm.add_lora(LoRARequest("junk", 701, str(tmp_path / "x.gguf")))
     with pytest.raises(ValueError, match="rank 8 is more than max_lora_rank 4"):
         llm.add_lora(gguf_request(gguf_adapters, "llama-r8"))
+
+
+def test_damaged_gguf_adapter_is_refused_or_unchanged(lora_models, gguf_adapters, tmp_path):
+    """One header field of the converter's file damaged (test_damaged_files' strategy): a
+    ValueError, or the same updates (but for alpha 0, which llama.cpp reads as scale 1)."""
+    from hypothesis import assume, given
+    from test_damaged_files import PROPERTY, gguf_damage
+    from ferrum import _core
+    from ferrum.lora import cache_key, read_adapter
+    cfg = llm_for(lora_models["bases"]["llama"]).config
+    reference = cache_key(read_adapter(gguf_adapters["llama-r8"], cfg, 8))
+
+    @PROPERTY
+    @given(damaged=gguf_damage(gguf_adapters["llama-r8"].read_bytes()))
+    def check(damaged):
+        path = tmp_path / "damaged.gguf"
+        path.write_bytes(damaged)
+        try:
+            updates = read_adapter(path, cfg, 8)
+        except ValueError:
+            return
+        assume(_core.gguf_metadata(str(path)).get("adapter.lora.alpha") != 0)
+        assert cache_key(updates) == reference
+    check()
