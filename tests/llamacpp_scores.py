@@ -25,8 +25,8 @@ def scores(model, prompt, adapter=None):
                         "venv", "bin", "python")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "scores.npy")
-        cmd = [peer, __file__, str(model), out, json.dumps([int(t) for t in prompt])] + ([str(adapter)] if adapter else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        cmd = [peer, __file__, str(model), out, json.dumps([int(t) for t in prompt])]
+        proc = subprocess.run(cmd + ([str(adapter)] if adapter else []), capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
         return np.load(out)
 

@@ -343,7 +343,8 @@ def test_gguf_adapter_scores_as_its_peft_directory(lora_models, gguf_adapters, n
         llm = llm_for(path)
         peft = llm.score(PROMPT, lora_request=request(lora_models, name))
         assert np.array_equal(llm.score(PROMPT, lora_request=gguf_request(gguf_adapters, name)), peft)
-    out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY, lora_request=gguf_request(gguf_adapters, name))
+    req = gguf_request(gguf_adapters, name)
+    out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY, lora_request=req)
     assert out[0].outputs[0].token_ids == lora_models["refs"][name][1]
 
 
@@ -366,7 +367,8 @@ def test_gguf_adapter_types_decode_as_gguf_py(lora_models, gguf_adapters, tmp_pa
         module, part = key.removeprefix("base_model.model.").rsplit(".lora_", 1)
         qtype = types[names.get_name(module + ".weight", try_suffixes=(".weight",)) + ".lora_" + part[0].lower()]
         rounded[key] = gguf.quants.dequantize(gguf.quants.quantize(value, qtype), qtype).reshape(value.shape)
-    assert {t.name for t in types.values()} == {"f16": {"F16"}, "bf16": {"BF16"}, "q8_0": {"F16", "Q8_0"}}[GGUF_ADAPTERS[name][1]]
+    written = {"f16": {"F16"}, "bf16": {"BF16"}, "q8_0": {"F16", "Q8_0"}}[GGUF_ADAPTERS[name][1]]
+    assert {t.name for t in types.values()} == written
     save_file(rounded, str(d / "adapter_model.safetensors"))
     llm = llm_for(base)
     got = llm.score(PROMPT, lora_request=gguf_request(gguf_adapters, name))
@@ -379,7 +381,8 @@ def gguf_bases(lora_models, tmp_path_factory):
     """f32 GGUF bases of the same seed as the HF ones, for llama.cpp."""
     root = tmp_path_factory.mktemp("lora-gguf-bases")
     return {"llama": lora_models["gguf"],
-            "qwen3-qk-norm": make_model("qwen3", "tiny", "gguf", "f32", seed=11, tokenizer=TOK, out=root / "qwen3.gguf")}
+            "qwen3-qk-norm": make_model("qwen3", "tiny", "gguf", "f32", seed=11, tokenizer=TOK,
+                                        out=root / "qwen3.gguf")}
 
 
 @pytest.mark.parametrize("name", ["llama-r8", "qwen3-r8"])
@@ -440,7 +443,8 @@ BAD_GGUFS = {
     "norm": (_set("blk.0.attn_norm.weight", np.ones(64, np.float32)), {}, "unexpected tensor 'blk.0.attn_norm.weight'"),
     "embedding": (_set("token_embd.weight.lora_a", np.zeros((64, 8), np.float32)), {}, "embedding targets"),
     "lm-head": (_set("output.weight.lora_b", np.zeros((64, 8), np.float32)), {}, "lm_head targets"),
-    "shape": (_set(QA, np.zeros((8, 65), np.float32)), {}, rf"tensor {QA} is \[8, 65\], the base model needs \[8, 64\]"),
+    "shape": (_set(QA, np.zeros((8, 65), np.float32)), {},
+              rf"tensor {QA} is \[8, 65\], the base model needs \[8, 64\]"),
     "rank-mismatch": (_set(QA, np.zeros((4, 64), np.float32)), {}, rf"tensor {QA} is \[4, 64\]"),
     "nan": (_set(QB, np.full((64, 8), np.nan, np.float32)), {}, f"tensor {QB} has non-finite values"),
     "q4_0": (lambda t: {**t, QA: (t[QA], _q4_0())}, {}, f"tensor '{QA}' has type q4_0"),
