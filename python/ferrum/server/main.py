@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-config", default=None,
                    help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 5}\'')
     p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
-                   help="LoRA adapters (PEFT directories) served beside the model, a request's `model` choosing one: "
+                   help="LoRA adapters (PEFT directories or llama.cpp .gguf files) served beside the model, a request's `model` choosing one: "
                         "name=path, or vLLM's JSON {\"name\": ..., \"path\": ...}; implies --enable-lora")
     p.add_argument("--enable-lora", action="store_true", help="let requests run LoRA adapters")
     p.add_argument("--max-loras", type=int, default=1, help="different adapters in one step (default: 1)")
