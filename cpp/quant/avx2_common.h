@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "quant/formats.h"
+#include "quant/kernels.h"
 
 #define FERRUM_AVX2 __attribute__((target("avx2,fma,f16c")))
 // For helpers called in kernel loops: an out-of-line call there spills every vector register.
@@ -49,6 +50,17 @@ FERRUM_AVX2_INLINE static __m256i iq4_levels(const uint8_t* qs) {
 // within +-127 (the activation quantizers never give -128), so no pair saturates.
 FERRUM_AVX2_INLINE static __m256i signed_pairs(__m256i w, __m256i a) {
   return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+// A GEMM and its single-activation-row case as a row kernel.
+template <DotBatchFn kGemm>
+FERRUM_AVX2 void dot_rows_by_gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
+                                  float* out) {
+  kGemm(n, w, w_row_bytes, rows, act, 0, 1, out, 0);
+}
+template <DotBatchFn kGemm>
+Avx2Kernels kernels_from_gemm() {
+  return {dot_rows_by_gemm<kGemm>, kGemm};
 }
 
 // Per activation row and block of Q8_0 activations, what the legacy types' float chain needs

@@ -35,13 +35,18 @@ FERRUM_AVX2_INLINE __m256i load(const uint8_t* p) { return _mm256_loadu_si256(re
 // one block, for activation rows j (their block's quants at a[j]) and the halves v of the pass
 // (dword k of half v at q + 64k + 32v).
 
-// Q4_0 / Q4_1: 4 dwords of nibbles; dword k's low nibbles are elements 4k..4k+3, its high ones
-// 16 + 4k... Products of 0..15 and +-127 stay within int16 over the whole block.
+// What the kernels know of a 4- or 5-bit type: its fields and zero point.
 template <class B, int kZero, bool kMin>
-struct Q4 {
+struct NibbleTraits {
   using Block = B;
   static constexpr int kFields = kMin ? 2 : 1, kOffset = kZero;
   static constexpr bool kHasMin = kMin;
+};
+
+// Q4_0 / Q4_1: 4 dwords of nibbles; dword k's low nibbles are elements 4k..4k+3, its high ones
+// 16 + 4k... Products of 0..15 and +-127 stay within int16 over the whole block.
+template <class B, int kZero, bool kMin>
+struct Q4 : NibbleTraits<B, kZero, kMin> {
   template <int N, int V>
   FERRUM_AVX2_INLINE static void add_products(const uint8_t* q, const int8_t* const a[N], __m256i (&isum)[N][V]) {
     const __m256i low4 = _mm256_set1_epi8(15);
@@ -82,10 +87,7 @@ FERRUM_AVX2_INLINE __m256i fifth_bits(__m256i qh, int b, int s) {
 // Q5_0 / Q5_1: dword 0 is qh (bit j: the fifth bit of element j), dwords 1..4 the nibbles as in
 // Q4. Products of 0..31 stay within int16 over two dwords.
 template <class B, int kZero, bool kMin>
-struct Q5 {
-  using Block = B;
-  static constexpr int kFields = kMin ? 2 : 1, kOffset = kZero;
-  static constexpr bool kHasMin = kMin;
+struct Q5 : NibbleTraits<B, kZero, kMin> {
   template <int N, int V>
   FERRUM_AVX2_INLINE static void add_products(const uint8_t* q, const int8_t* const a[N], __m256i (&isum)[N][V]) {
     const __m256i low4 = _mm256_set1_epi8(15), ones16 = _mm256_set1_epi16(1);
@@ -249,13 +251,8 @@ FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows
 }
 
 template <class F>
-FERRUM_AVX2 void dot_rows(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act, float* out) {
-  gemm<F>(n, w, w_row_bytes, rows, act, 0, 1, out, 0);
-}
-
-template <class F>
 Avx2Kernels kernels_of() {
-  return {dot_rows<F>, gemm<F>};
+  return kernels_from_gemm<gemm<F>>();
 }
 
 Avx2Kernels r16_kernels(DType t) {

@@ -143,15 +143,10 @@ FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows
   }
 }
 
-// The row kernel: the GEMM for one activation row.
-template <class F>
-FERRUM_AVX2 void dot_rows(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act, float* out) {
-  gemm<F>(n, w, w_row_bytes, rows, act, 0, 1, out, 0);
-}
-
+// The row kernel is the GEMM for one activation row.
 template <class F>
 Avx2Kernels kernels_of() {
-  return {dot_rows<F>, gemm<F>};
+  return kernels_from_gemm<gemm<F>>();
 }
 
 }  // namespace
