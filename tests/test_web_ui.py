@@ -9,6 +9,7 @@ import pytest
 import requests
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 
 from server_harness import serve, stop, wait_until
@@ -88,6 +89,16 @@ def reply_to(driver, action):
     return settle(driver)
 
 
+def last_content(driver):
+    """The last message's text, found afresh: the page may render a reply anew (another element)
+    just after it ends, so an element found before that is stale."""
+    try:
+        found = messages(driver)
+        return found[-1].find_element(By.CSS_SELECTOR, ".content").text.strip() if found else None
+    except StaleElementReferenceException:
+        return None
+
+
 def set_settings(driver, **fields):
     driver.find_element(By.ID, "open-settings").click()
     for id_, value in fields.items():
@@ -132,7 +143,8 @@ def test_conversation_stop_regenerate_reload_edit_export(server, browser, tmp_pa
     seeded = chat_api(url, [{"role": "system", "content": "You are terse."},
                             {"role": "user", "content": "What is the capital of France?"}],
                       temperature=0.9, top_p=0.95, max_tokens=24, seed=7)
-    assert reply.find_element(By.CSS_SELECTOR, ".content").text.strip() == seeded.strip()
+    wait_until(lambda: last_content(browser) == seeded.strip(), 30, "the regenerated reply to be the server's")
+    reply = messages(browser)[-1]
 
     # A long reply stopped midway: the server aborts the request (its running count drops to 0).
     set_settings(browser, **{"max-tokens": "400", "seed": "", "temperature": "0",
