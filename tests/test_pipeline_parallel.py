@@ -202,6 +202,10 @@ def test_engine_invariants_hold_under_pipeline_parallelism(two_stages, two_by_tw
         assert inv["prefix_miss"].tolist() == shared
         assert inv["prefix_first"].tolist() == shared and inv["prefix_hit"].tolist() == shared  # hit == miss
         assert inv["prefix_hit_tokens"] > 0 and inv["blocks_used_after"] == 0
+        assert inv["preempted"].tolist() == alone[:n] and inv["preemptions"] > 0  # preempted == uninterrupted
+        assert inv["speculative"].tolist() == alone[:n] and inv["spec_proposed"] > 0  # verified == plain
+        # one forward per stage in flight: while the second stage computes one, the first computes the next
+        assert inv["max_forwards_in_flight"] == 2
 
 
 def test_cli_generate_under_mpirun_equals_one_process():

@@ -60,11 +60,24 @@ def greedy(llm, prompts):
 
 def engine_invariants(model, ranks, prompts, shared, pp=1):
     """Greedy tokens under tensor (and pipeline) parallelism: each prompt alone, all together,
-    with chunked prefills, and prompts sharing prefixes with the prefix cache missing and hitting."""
+    with chunked prefills, and prompts sharing prefixes with the prefix cache missing and hitting;
+    with pipeline stages also preempted and recomputed, and verifying prompt-lookup proposals."""
     llm = make_llm(model, ranks, pp, enable_prefix_caching=False)
     out = {"alone": np.array([greedy(llm, [p])[0] for p in prompts]),
            "batch": np.array(greedy(llm, prompts))}
+    out["max_forwards_in_flight"] = np.array(llm.stats()["max_forwards_in_flight"])
     del llm
+    if pp > 1:
+        # 7 blocks of 16 tokens cannot hold every sequence at once: preemption is forced
+        llm = make_llm(model, ranks, pp, enable_prefix_caching=False, kv_cache_tokens=112)
+        out["preempted"] = np.array(greedy(llm, prompts))
+        out["preemptions"] = np.array(llm.stats()["preemptions"])
+        del llm
+        spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+        llm = make_llm(model, ranks, pp, enable_prefix_caching=False, speculative_config=spec)
+        out["speculative"] = np.array(greedy(llm, prompts))
+        out["spec_proposed"] = np.array(llm.stats()["spec_proposed_tokens"])
+        del llm
     out["chunked"] = np.array(greedy(make_llm(model, ranks, pp, enable_prefix_caching=False,
                                               max_num_batched_tokens=7), prompts))
     out["prefix_miss"] = np.array(greedy(make_llm(model, ranks, pp, enable_prefix_caching=False), shared))

@@ -106,6 +106,7 @@ void bind_engine(py::module_& m) {
         d["generated_tokens"] = s.generated_tokens;
         d["computed_tokens"] = s.computed_tokens;
         d["busy_seconds"] = s.busy_seconds;
+        d["max_forwards_in_flight"] = s.max_in_flight;
         return d;
       });
 }

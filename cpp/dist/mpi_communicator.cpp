@@ -125,6 +125,18 @@ class MpiCommunicator : public Communicator {
     call(MPI_Irecv(data, int(bytes), MPI_BYTE, from, 0, comm_, &r), "receive");
     wait(r, "a receive from another stage", Wait::Timeout);
   }
+  std::unique_ptr<Pending> start_broadcast(const void* data, size_t bytes) override {
+    check(bytes);
+    auto p = std::make_unique<MpiPending>(*this, "a broadcast");
+    call(MPI_Ibcast(const_cast<void*>(data), int(bytes), MPI_BYTE, rank_, comm_, &p->request), "broadcast");
+    return p;
+  }
+  std::unique_ptr<Pending> start_recv(void* data, size_t bytes, int from) override {
+    check(bytes);
+    auto p = std::make_unique<MpiPending>(*this, "a receive from another stage");
+    call(MPI_Irecv(data, int(bytes), MPI_BYTE, from, 0, comm_, &p->request), "receive");
+    return p;
+  }
   std::shared_ptr<Communicator> split(int color, int key) override {
     check(0);
     MPI_Comm comm;
@@ -147,6 +159,24 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
+  struct MpiPending : Pending {
+    MpiPending(MpiCommunicator& c, const char* w) : comm(c), what(w) {}
+    ~MpiPending() override {
+      try {
+        wait();
+      } catch (...) {  // the group has failed: its requests are abandoned with it
+      }
+    }
+    void wait() override {
+      if (request == MPI_REQUEST_NULL) return;
+      if (comm.state_->failed) throw CommError(comm.state_->error);
+      comm.wait(request, what, Wait::Timeout);
+    }
+    MpiCommunicator& comm;
+    const char* what;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
   void check(size_t count) const {
     if (state_->failed) throw CommError(state_->error);
     if (!open_) throw CommError("the tensor-parallel group is closed");

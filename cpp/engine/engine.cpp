@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -98,60 +99,88 @@ void Engine::abort(int64_t seq) {
 
 EngineStep Engine::step() {
   std::lock_guard<std::mutex> lock(mu_);
-  EngineStep result;
-  SchedulerOutput plan = sched_.schedule();
-  result.ended = plan.ended;
-  result.num_preempted = int64_t(plan.preempted.size());
-  if (!plan.chunks.empty()) {
-    // In kind order (generations, scores, embeddings): the runner computes each group with its
-    // own numerics, and returns logits rows before hidden-state rows.
-    std::stable_sort(plan.chunks.begin(), plan.chunks.end(),
-                     [](const ScheduledChunk& a, const ScheduledChunk& b) { return a.kind < b.kind; });
-    std::vector<ForwardItem> items;
-    items.reserve(plan.chunks.size());
-    verify_tokens_.resize(plan.chunks.size());
-    for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      const ScheduledChunk& c = plan.chunks[i];
-      const Sequence& s = sched_.sequence(c.seq);
-      ForwardItem f;
-      f.kv = c.kv;
-      f.tokens = s.tokens.data() + c.start;
-      if (c.drafted > 0) {  // the sequence's last token, then the proposals it verifies
-        std::vector<int32_t>& v = verify_tokens_[i];
-        v.assign(s.tokens.begin() + c.start, s.tokens.end());
-        v.insert(v.end(), s.draft.begin(), s.draft.begin() + c.drafted);
-        f.tokens = v.data();
-      }
-      if (s.embeds) {
-        f.embeds = s.embeds->data();
-        f.embeds_len = s.prompt_len;
-      }
-      f.lora = s.lora;
-      f.kind = c.kind;
-      f.decode = c.decode;
-      f.start = c.start;
-      f.count = c.count;
-      f.rows_from = c.rows_from;
-      f.rows = c.rows;
-      items.push_back(f);
-      const int64_t first_row = int64_t(result.row_seqs.size());
-      for (int64_t p = c.rows_from; p < c.rows_from + c.rows; ++p) {
-        result.row_seqs.push_back(c.seq);
-        result.row_positions.push_back(p);
-      }
-      // The last token's row; the proposals' rows follow it.
-      if (c.sample) result.sample_rows.push_back(first_row + c.rows - c.drafted - 1);
-    }
-    ForwardOutput rows = runner_.forward(items);
-    result.logits = std::move(rows.logits);
-    result.hidden = std::move(rows.hidden);
-    result.scored = sched_.computed(plan);
-    result.num_tokens = plan.num_tokens;
-    computed_ += plan.num_tokens;
-    steps_++;
+  // With pipeline stages, one forward per stage is kept in flight, each on its share of the
+  // sequences (those in flight are not scheduled again until their rows are back), so that every
+  // stage computes one of them at a time.
+  const int64_t depth = runner_.pipeline_depth();
+  while (int64_t(in_flight_.size()) < depth) {
+    const int64_t share = depth == 1 ? INT64_MAX : (sched_.num_sequences() + depth - 1) / depth;
+    SchedulerOutput plan = sched_.schedule(share);
+    ended_.insert(ended_.end(), plan.ended.begin(), plan.ended.end());
+    preempted_ += int64_t(plan.preempted.size());
+    if (plan.chunks.empty()) break;
+    launch(std::move(plan));
   }
+  EngineStep result;
+  result.ended = std::move(ended_);
+  ended_.clear();
+  result.num_preempted = preempted_;
+  preempted_ = 0;
+  if (!in_flight_.empty()) finish_oldest(result);
   note_busy();
   return result;
+}
+
+void Engine::launch(SchedulerOutput plan) {
+  // In kind order (generations, scores, embeddings): the runner computes each group with its
+  // own numerics, and returns logits rows before hidden-state rows.
+  std::stable_sort(plan.chunks.begin(), plan.chunks.end(),
+                   [](const ScheduledChunk& a, const ScheduledChunk& b) { return a.kind < b.kind; });
+  Launched l;
+  std::vector<ForwardItem> items;
+  items.reserve(plan.chunks.size());
+  std::vector<std::vector<int32_t>> verify_tokens(plan.chunks.size());  // a last token + its proposals
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    const Sequence& s = sched_.sequence(c.seq);
+    ForwardItem f;
+    f.kv = c.kv;
+    f.tokens = s.tokens.data() + c.start;
+    if (c.drafted > 0) {  // the sequence's last token, then the proposals it verifies
+      std::vector<int32_t>& v = verify_tokens[i];
+      v.assign(s.tokens.begin() + c.start, s.tokens.end());
+      v.insert(v.end(), s.draft.begin(), s.draft.begin() + c.drafted);
+      f.tokens = v.data();
+    }
+    if (s.embeds) {
+      f.embeds = s.embeds->data();
+      f.embeds_len = s.prompt_len;
+    }
+    f.lora = s.lora;
+    f.kind = c.kind;
+    f.decode = c.decode;
+    f.start = c.start;
+    f.count = c.count;
+    f.rows_from = c.rows_from;
+    f.rows = c.rows;
+    items.push_back(f);
+    const int64_t first_row = int64_t(l.row_seqs.size());
+    for (int64_t p = c.rows_from; p < c.rows_from + c.rows; ++p) {
+      l.row_seqs.push_back(c.seq);
+      l.row_positions.push_back(p);
+    }
+    // The last token's row; the proposals' rows follow it.
+    if (c.sample) l.sample_rows.push_back(first_row + c.rows - c.drafted - 1);
+  }
+  runner_.begin(items);
+  l.plan = std::move(plan);
+  in_flight_.push_back(std::move(l));
+  max_in_flight_ = std::max(max_in_flight_, int64_t(in_flight_.size()));
+}
+
+void Engine::finish_oldest(EngineStep& result) {
+  Launched l = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  ForwardOutput rows = runner_.end();
+  result.row_seqs = std::move(l.row_seqs);
+  result.row_positions = std::move(l.row_positions);
+  result.sample_rows = std::move(l.sample_rows);
+  result.logits = std::move(rows.logits);
+  result.hidden = std::move(rows.hidden);
+  result.scored = sched_.computed(l.plan);
+  result.num_tokens = l.plan.num_tokens;
+  computed_ += l.plan.num_tokens;
+  steps_++;
 }
 
 std::vector<int64_t> Engine::commit(const std::vector<int64_t>& seqs, const std::vector<int64_t>& sampled,
@@ -190,7 +219,7 @@ void Engine::rewind(int64_t seq, int64_t keep, const std::vector<int64_t>& token
 
 bool Engine::has_unfinished() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return sched_.has_unfinished();
+  return sched_.has_unfinished() || !in_flight_.empty();
 }
 
 EngineStats Engine::stats() const {
@@ -202,6 +231,7 @@ EngineStats Engine::stats() const {
   s.steps = steps_;
   s.generated_tokens = generated_;
   s.computed_tokens = computed_;
+  s.max_in_flight = max_in_flight_;
   s.busy_seconds = busy_seconds_ + (busy_ ? std::chrono::duration<double>(Clock::now() - busy_since_).count() : 0.0);
   return s;
 }

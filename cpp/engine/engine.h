@@ -6,9 +6,13 @@
 // tokens back with commit(), saying which sequences are finished so their blocks return to the
 // pool (and, full ones, to the prefix cache); a score ends by itself with its last rows.
 // Every method locks, so a server thread may add or abort meanwhile.
+//
+// With pipeline stages, a step begins forwards until one per stage is in flight and returns the
+// oldest's rows: its sequences are sampled and committed while the others are computed.
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -44,6 +48,7 @@ struct EngineStats {
   int64_t running = 0, waiting = 0, preemptions = 0, steps = 0;
   int64_t generated_tokens = 0, computed_tokens = 0;
   double busy_seconds = 0;  // wall time with unfinished sequences in the engine
+  int64_t max_in_flight = 0;  // the most forwards in flight at once (pipeline stages)
 };
 
 class Engine {
@@ -89,11 +94,22 @@ class Engine {
   // ValueError for an adapter on a runner without LoRA.
   void check_lora(const LoraRef& lora) const;
 
+  // A forward begun and not yet returned: its schedule and its rows' tags.
+  struct Launched {
+    SchedulerOutput plan;
+    std::vector<int64_t> row_seqs, row_positions, sample_rows;
+  };
+  void launch(SchedulerOutput plan);
+  void finish_oldest(EngineStep& result);  // its rows into result
+
   mutable std::mutex mu_;
   ModelRunner& runner_;
   Scheduler sched_;
   int64_t steps_ = 0, generated_ = 0, computed_ = 0;
-  std::vector<std::vector<int32_t>> verify_tokens_;  // a step's last tokens + proposals, per chunk
+  std::deque<Launched> in_flight_;   // oldest first
+  std::vector<int64_t> ended_;       // by schedules since the last step returned
+  int64_t preempted_ = 0;
+  int64_t max_in_flight_ = 0;
   bool busy_ = false;
   Clock::time_point busy_since_{};
   double busy_seconds_ = 0;

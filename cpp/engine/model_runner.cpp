@@ -154,6 +154,7 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
 ModelRunner::~ModelRunner() {
   if (!leads() || !group_->is_open()) return;
   try {
+    while (!in_flight_.empty()) end();  // the other ranks finish them before they close the model
     send_order(*group_, OrderKind::Close, model_number_);
   } catch (...) {  // a group that failed has ended its ranks already
   }
@@ -181,6 +182,37 @@ ModelRunner::Graph& ModelRunner::graph_for(const StepPlan& p) {
 }
 
 ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
+  if (!in_flight_.empty()) throw std::logic_error("ModelRunner::forward: forwards are in flight");
+  begin(items);
+  return end();
+}
+
+void ModelRunner::begin(const std::vector<ForwardItem>& items) {
+  plan(items);
+  const StepPlan& p = plan_;
+  InFlight f;
+  if (group_) f.order = std::make_unique<SentOrder>(*group_, OrderKind::Step, model_number_, encode_step(p));
+  compute(p, f.out);
+  if (!stage_.whole()) {  // rank 0 is the first stage: the last stage's first rank sends the rows
+    const int last = (stage_.stages - 1) * tp_size_;
+    f.out.logits.resize(size_t(p.logit_rows * cfg_.vocab));
+    f.out.hidden.resize(size_t(p.hidden_rows * cfg_.hidden));
+    for (std::vector<float>* rows : {&f.out.logits, &f.out.hidden})
+      if (!rows->empty()) f.rows.push_back(group_->start_recv(rows->data(), rows->size() * 4, last));
+  }
+  in_flight_.push_back(std::move(f));
+}
+
+ForwardOutput ModelRunner::end() {
+  if (in_flight_.empty()) throw std::logic_error("ModelRunner::end: no forward in flight");
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  for (auto& r : f.rows) r->wait();
+  if (f.order) f.order->wait();
+  return std::move(f.out);
+}
+
+void ModelRunner::plan(const std::vector<ForwardItem>& items) {
   const BlockManager& bm = *blocks_;
   if (items.empty()) throw ValueError("a forward needs at least one item");
   int64_t T = 0, R = 0, G = 0, Rg = 0, L = 0;
@@ -258,11 +290,15 @@ ForwardOutput ModelRunner::forward(const std::vector<ForwardItem>& items) {
       }
     }
   }
-  if (group_) send_order(*group_, OrderKind::Step, model_number_, encode_step(p));
-  return run(p);
 }
 
-ForwardOutput ModelRunner::run(const StepPlan& p) {
+void ModelRunner::run(const StepPlan& p) {
+  ForwardOutput out;
+  compute(p, out);
+  if (!stage_.whole()) rows_to_rank0(p, out);
+}
+
+void ModelRunner::compute(const StepPlan& p, ForwardOutput& out) {
   if (p.replay != replay_) set_replay(p.replay);
   Graph& g = replay_ ? graph_for(p) : (graphs_.clear(), graph_for(p));
   const StepBuffers& b = g.buffers;
@@ -293,7 +329,6 @@ ForwardOutput ModelRunner::run(const StepPlan& p) {
   if (LoraSlots* slots = decoder_->lora_slots())  // a removed adapter's memory goes once its requests end
     std::fill(slots->slots.begin(), slots->slots.end(), nullptr);
   stats_.steps++;
-  ForwardOutput out;
   const int64_t L = p.logit_rows, H = p.hidden_rows;
   if (stage_.last()) {
     if (L > 0) gather_logits(b.logits, L, out.logits);
@@ -302,8 +337,6 @@ ForwardOutput ModelRunner::run(const StepPlan& p) {
       be_->download(b.h_rows.slice(L, H), out.hidden.data(), out.hidden.size() * 4);
     }
   }
-  if (!stage_.whole()) rows_to_rank0(p, out);
-  return out;
 }
 
 StageLinks ModelRunner::links() const {
@@ -312,19 +345,11 @@ StageLinks ModelRunner::links() const {
   return {group_.get(), stage_.first() ? -1 : rank - tp_size_, stage_.last() ? -1 : rank + tp_size_};
 }
 
-void ModelRunner::rows_to_rank0(const StepPlan& p, ForwardOutput& out) {
-  const int rank = group_->rank(), last = (stage_.stages - 1) * tp_size_;  // the last stage's first rank
+void ModelRunner::rows_to_rank0(const StepPlan& p, const ForwardOutput& out) {
+  if (group_->rank() != (stage_.stages - 1) * tp_size_) return;
   const size_t logits = size_t(p.logit_rows * cfg_.vocab), hidden = size_t(p.hidden_rows * cfg_.hidden);
-  if (rank == last) {
-    if (logits > 0) group_->send(out.logits.data(), logits * 4, 0);
-    if (hidden > 0) group_->send(out.hidden.data(), hidden * 4, 0);
-    out = ForwardOutput{};
-  } else if (rank == 0) {
-    out.logits.resize(logits);
-    out.hidden.resize(hidden);
-    if (logits > 0) group_->recv(out.logits.data(), logits * 4, last);
-    if (hidden > 0) group_->recv(out.hidden.data(), hidden * 4, last);
-  }
+  if (logits > 0) group_->send(out.logits.data(), logits * 4, 0);
+  if (hidden > 0) group_->send(out.hidden.data(), hidden * 4, 0);
 }
 
 void ModelRunner::gather_logits(const Tensor& logits, int64_t rows, std::vector<float>& out) {

@@ -9,6 +9,7 @@
 // arrays and the graph key), which they all run through the same recorded steps
 // (engine/follower.h, engine/rank_orders.h); the logits come together on rank 0.
 #pragma once
+#include <deque>
 #include <list>
 #include <memory>
 #include <string>
@@ -22,6 +23,8 @@
 #include "model/tensor_split.h"
 
 namespace ferrum {
+
+class SentOrder;
 
 struct RunnerOptions {
   std::string device = "cpu";
@@ -149,11 +152,21 @@ class ModelRunner {
   BlockManager& blocks() { return *blocks_; }
   const BlockManager& blocks() const { return *blocks_; }
 
-  // One forward as planned; returns the rows asked for.
+  // One forward as planned; returns the rows asked for. Nothing may be in flight.
   ForwardOutput forward(const std::vector<ForwardItem>& items);
-  // Runs a planned forward: what forward() does once it has planned it, and what the other ranks
-  // of a group do with rank 0's plan. The rows come back on rank 0.
-  ForwardOutput run(const StepPlan& plan);
+  // A forward in two halves, so that with pipeline stages several are in flight: begin() plans
+  // it, sends it on its way and runs rank 0's stage (without stages: all of it); end() returns
+  // the rows of the oldest begun, once the last stage has sent them. While the later stages run
+  // one forward, rank 0 runs the next; every stage takes them in the order begun, so a KV block
+  // freed and reused between two of them is written in that order on every stage.
+  void begin(const std::vector<ForwardItem>& items);
+  ForwardOutput end();
+  int64_t in_flight() const { return int64_t(in_flight_.size()); }
+  // Forwards worth keeping in flight: one per pipeline stage.
+  int64_t pipeline_depth() const { return stage_.stages; }
+  // Runs a planned forward as the other ranks of a group do with rank 0's plan (the last stage
+  // sends its rows to rank 0).
+  void run(const StepPlan& plan);
 
   // Each rank's memory, gathered on rank 0 (one entry without a group). Rank 0 calls it; the
   // others answer in the follower's loop (report_memory).
@@ -182,8 +195,18 @@ class ModelRunner {
   RankMemory memory() const;
   // The logits rows of this rank's vocabulary, gathered into `out` [rows, vocab] on rank 0.
   void gather_logits(const Tensor& logits, int64_t rows, std::vector<float>& out);
-  // Pipeline parallelism: the last stage's rows, sent to rank 0 (which receives them into `out`).
-  void rows_to_rank0(const StepPlan& plan, ForwardOutput& out);
+  // Fills plan_ from the items.
+  void plan(const std::vector<ForwardItem>& items);
+  // Runs this rank's share of a planned forward; on the last stage `out` gets its rows.
+  void compute(const StepPlan& plan, ForwardOutput& out);
+  // Pipeline parallelism: the last stage's first rank sends its rows to rank 0.
+  void rows_to_rank0(const StepPlan& plan, const ForwardOutput& out);
+  // A begun forward: its order to the other ranks and its rows, on their way.
+  struct InFlight {
+    std::unique_ptr<SentOrder> order;
+    ForwardOutput out;
+    std::vector<std::unique_ptr<Communicator::Pending>> rows;
+  };
   StageLinks links() const;
 
   std::shared_ptr<Communicator> group_;  // every rank: rank 0's orders
@@ -206,7 +229,8 @@ class ModelRunner {
   bool replay_ = true;
   std::list<std::pair<std::string, Graph>> graphs_;  // most recently used first
   RunnerStats stats_{};
-  StepPlan plan_;                          // forward()'s, reused
+  StepPlan plan_;                          // begin()'s, reused
+  std::deque<InFlight> in_flight_;         // oldest first
   std::vector<int32_t> local_ids_;         // a rank's ids into its share of the embedding
   std::vector<float> logits_share_, logits_gathered_;
 };

@@ -117,6 +117,18 @@ void send_order(Communicator& group, OrderKind kind, int64_t model, const std::v
   if (!payload.empty()) group.broadcast(const_cast<char*>(payload.data()), payload.size(), 0);
 }
 
+SentOrder::SentOrder(Communicator& group, OrderKind kind, int64_t model, std::vector<char> payload)
+    : header_{int64_t(kind), model, int64_t(payload.size())}, payload_(std::move(payload)) {
+  static_assert(sizeof header_ == sizeof(OrderHeader), "an order's header as receive_order reads it");
+  header_sent_ = group.start_broadcast(header_, sizeof header_);
+  if (!payload_.empty()) payload_sent_ = group.start_broadcast(payload_.data(), payload_.size());
+}
+
+void SentOrder::wait() {
+  header_sent_->wait();
+  if (payload_sent_) payload_sent_->wait();
+}
+
 Order receive_order(Communicator& group) {
   OrderHeader h{};
   group.broadcast(&h, sizeof h, 0, Communicator::Wait::Forever);

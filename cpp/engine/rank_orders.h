@@ -27,6 +27,18 @@ struct Order {
 
 // Rank 0.
 void send_order(Communicator& group, OrderKind kind, int64_t model, const std::vector<char>& payload = {});
+// Rank 0, without waiting for the others to take it: an order on its way, whose wait() returns
+// once it is delivered (it holds the order's bytes until then).
+class SentOrder {
+ public:
+  SentOrder(Communicator& group, OrderKind kind, int64_t model, std::vector<char> payload);
+  void wait();
+
+ private:
+  int64_t header_[3];
+  std::vector<char> payload_;
+  std::unique_ptr<Communicator::Pending> header_sent_, payload_sent_;
+};
 // A number for a model rank 0 loads, unique in this process.
 int64_t next_model_number();
 // The others: waits for rank 0 without a deadline (it may have nothing to run for a long time).

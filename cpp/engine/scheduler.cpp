@@ -103,6 +103,7 @@ int64_t Scheduler::add_score(const std::vector<int32_t>& tokens, int64_t rows_fr
 void Scheduler::finish(int64_t id) {
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return;
+  if (it->second.in_flight) in_flight_--;
   if (it->second.kv >= 0) blocks_.release_sequence(it->second.kv);
   running_.erase(id);
   waiting_.erase(id);
@@ -138,20 +139,29 @@ void Scheduler::schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out,
   }
   out->chunks.push_back(c);
   out->num_tokens += count;
+  s.in_flight = true;
+  in_flight_++;
 }
 
 bool Scheduler::preempt_younger(int64_t than, SchedulerOutput* out, int64_t* budget) {
-  if (running_.empty() || *running_.rbegin() <= than) return false;
-  const int64_t victim = *running_.rbegin();
+  // In this step's chunks, or in no step: not in a forward begun before.
+  const auto in_this_step = [&](int64_t id) {
+    return std::find_if(out->chunks.begin(), out->chunks.end(), [&](const ScheduledChunk& c) { return c.seq == id; });
+  };
+  int64_t victim = -1;
+  for (auto it = running_.rbegin(); it != running_.rend() && *it > than && victim < 0; ++it)
+    if (!seq(*it).in_flight || in_this_step(*it) != out->chunks.end()) victim = *it;
+  if (victim < 0) return false;
   Sequence& v = seq(victim);
   // It may already have a chunk in this step: take it back.
-  for (auto it = out->chunks.begin(); it != out->chunks.end(); ++it)
-    if (it->seq == victim) {
-      *budget += it->count;
-      out->num_tokens -= it->count;
-      out->chunks.erase(it);
-      break;
-    }
+  const auto mine = in_this_step(victim);
+  if (mine != out->chunks.end()) {
+    *budget += mine->count;
+    out->num_tokens -= mine->count;
+    out->chunks.erase(mine);
+    v.in_flight = false;
+    in_flight_--;
+  }
   blocks_.release_sequence(v.kv);
   v.kv = -1;
   v.computed = 0;
@@ -187,8 +197,9 @@ bool Scheduler::try_admit(Sequence& s, int64_t budget, SchedulerOutput* out) {
   return true;
 }
 
-SchedulerOutput Scheduler::schedule() {
+SchedulerOutput Scheduler::schedule(int64_t max_seqs) {
   SchedulerOutput out;
+  const auto full = [&] { return int64_t(out.chunks.size()) >= max_seqs; };
   int64_t budget = opt_.max_num_batched_tokens;
   std::vector<const LoraAdapter*> loras;  // this step's
   bool hold_admission = false;
@@ -197,9 +208,10 @@ SchedulerOutput Scheduler::schedule() {
     for (int64_t id : order) {
       if (!running_.count(id)) continue;  // preempted earlier in this step
       Sequence& s = seq(id);
+      if (s.in_flight) continue;  // in this step already, or in one begun before
       const bool decode = s.generates() && s.remaining() == 1;
       if (s.remaining() == 0 || decode != decodes) continue;  // awaiting a sample, or other pass
-      if (budget == 0) {
+      if (budget == 0 || full()) {
         hold_admission = true;
         break;
       }
@@ -212,8 +224,9 @@ SchedulerOutput Scheduler::schedule() {
       if (take > 0) {
         schedule_chunk(s, take, &out, decode);
         budget -= take;
-      } else if (id == *running_.begin()) {
-        // Oldest, nobody younger left to preempt, and still no block: it fills the pool alone.
+      } else if (id == *running_.begin() && in_flight_ == int64_t(out.chunks.size())) {
+        // Oldest, nobody younger left to preempt, none in flight to wait for, and still no
+        // block: it fills the pool alone.
         out.ended.push_back(id);
         finish(id);
       } else {
@@ -222,7 +235,8 @@ SchedulerOutput Scheduler::schedule() {
     }
   }
   if (!out.preempted.empty()) hold_admission = true;
-  while (!hold_admission && budget > 0 && !waiting_.empty() && int64_t(running_.size()) < opt_.max_num_seqs) {
+  while (!hold_admission && budget > 0 && !full() && !waiting_.empty() &&
+         int64_t(running_.size()) < opt_.max_num_seqs) {
     Sequence& s = seq(*waiting_.begin());
     if (!lora_fits(s, &loras) || !try_admit(s, budget, &out)) break;
     budget -= out.chunks.back().count;
@@ -233,7 +247,10 @@ SchedulerOutput Scheduler::schedule() {
 std::vector<int64_t> Scheduler::computed(const SchedulerOutput& out) {
   std::vector<int64_t> scored;
   for (const ScheduledChunk& c : out.chunks) {
+    if (!contains(c.seq)) continue;  // aborted, or ended by a later schedule, while in flight
     Sequence& s = seq(c.seq);
+    s.in_flight = false;
+    in_flight_--;
     if (s.kv != c.kv || s.computed != c.start)
       throw std::logic_error("Scheduler: sequence " + std::to_string(c.seq) + " lost track of its cache");
     s.computed += c.count - c.drafted;  // proposals count once sampling accepts them

@@ -14,6 +14,7 @@
 // for the whole sequence (plus one generated token for a generation), and is held in any step
 // that had to preempt or defer, so new work does not push out running work.
 #pragma once
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -77,9 +78,12 @@ class Scheduler {
   // cache. Unknown ids are ignored, so aborting twice is harmless.
   void finish(int64_t seq);
 
-  SchedulerOutput schedule();
-  // The forward of `out` ran: every chunk's tokens now have K/V in the cache. Returns the scores
-  // and embeddings whose last rows it computed: they are finished.
+  // The next step, of at most max_seqs sequences. Its sequences are in flight until computed():
+  // no later step takes them (and none preempts them) before, so several steps may be in flight.
+  SchedulerOutput schedule(int64_t max_seqs = INT64_MAX);
+  // The forward of `out` ran: every chunk's tokens now have K/V in the cache (chunks of sequences
+  // ended meanwhile are passed over). Returns the scores and embeddings whose last rows it
+  // computed: they are finished.
   std::vector<int64_t> computed(const SchedulerOutput& out);
   // Appends a token sampled for generation `seq` (which must be waiting for one); true when the
   // sequence now holds max_model_len tokens and has to end.
@@ -99,6 +103,7 @@ class Scheduler {
   const std::set<int64_t>& running() const { return running_; }
   const std::set<int64_t>& waiting() const { return waiting_; }
   bool has_unfinished() const { return !seqs_.empty(); }
+  int64_t num_sequences() const { return int64_t(seqs_.size()); }
   int64_t num_preemptions() const { return preemptions_; }
   const SchedulerOptions& options() const { return opt_; }
 
@@ -108,7 +113,8 @@ class Scheduler {
   // Most of `want` next tokens of s whose blocks fit in what is free now.
   int64_t fitting_tokens(const Sequence& s, int64_t want) const;
   void schedule_chunk(Sequence& s, int64_t count, SchedulerOutput* out, bool decode = false);
-  // Preempts the youngest running sequence younger than `than`; false when there is none.
+  // Preempts the youngest running sequence younger than `than` and not in flight; false when
+  // there is none.
   bool preempt_younger(int64_t than, SchedulerOutput* out, int64_t* budget);
   bool try_admit(Sequence& s, int64_t budget, SchedulerOutput* out);
   // Whether s's adapter may join this step's (`loras`, which it then joins): within max_loras.
@@ -121,6 +127,7 @@ class Scheduler {
   std::set<int64_t> waiting_;         // no blocks: new, or preempted (then older than any new)
   int64_t next_id_ = 1;
   int64_t preemptions_ = 0;
+  int64_t in_flight_ = 0;             // sequences in flight
 };
 
 }  // namespace ferrum

@@ -35,6 +35,7 @@ struct Sequence {
   // prompt's logits, when asked for) besides the row it samples from; each row comes out once.
   int64_t rows_from = 0;
   int64_t kv = -1;               // BlockManager sequence while it holds blocks, else -1
+  bool in_flight = false;        // in a forward whose rows are not back yet (pipeline stages)
   int64_t preemptions = 0;
   // Speculative decoding: tokens proposed to follow a generation's last token, verified by the
   // step that computes it; `verified` of them have K/V written after the computed tokens since,

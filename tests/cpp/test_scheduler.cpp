@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <random>
 #include <set>
@@ -540,4 +541,54 @@ TEST(Scheduler, RewindReplacesTheTailAndNeverWritesACachedBlock) {
   EXPECT_THROW(h.sched.rewind(a, 10, {}), ValueError);
   h.sched.finish(a);
   EXPECT_EQ(h.blocks.num_used(), 0);
+}
+
+TEST(Scheduler, StepsInFlightTakeDisjointSequencesThatNoneOtherPreempts) {
+  // Two steps in flight at a time, as with two pipeline stages, on a pool small enough to
+  // preempt; some sequences are aborted while their step is in flight.
+  Harness h(6, 8, 48);
+  std::mt19937 rng(7);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 10; ++i) ids.push_back(h.add(1 + int64_t(rng() % 30), 1 + int64_t(rng() % 25), 1 + i));
+  std::deque<SchedulerOutput> in_flight;
+  std::set<int64_t> aborted;
+  int64_t preempted = 0;
+  for (int step = 0; step < 2000 && h.sched.has_unfinished(); ++step) {
+    while (in_flight.size() < 2) {
+      const int64_t share = (h.sched.num_sequences() + 1) / 2;
+      SchedulerOutput out = h.sched.schedule(share);
+      EXPECT_LE(int64_t(out.chunks.size()), share);
+      std::set<int64_t> flying;
+      for (const SchedulerOutput& f : in_flight)
+        for (const ScheduledChunk& c : f.chunks) flying.insert(c.seq);
+      for (const ScheduledChunk& c : out.chunks) EXPECT_FALSE(flying.count(c.seq)) << "scheduled twice";
+      for (int64_t v : out.preempted) EXPECT_FALSE(flying.count(v)) << "preempted in flight";
+      for (int64_t e : out.ended) EXPECT_FALSE(flying.count(e)) << "ended in flight";
+      preempted += int64_t(out.preempted.size());
+      if (out.chunks.empty()) break;
+      in_flight.push_back(std::move(out));
+    }
+    if (in_flight.empty()) continue;
+    if (rng() % 40 == 0 && !in_flight.back().chunks.empty()) {  // aborted while its step is in flight
+      const int64_t victim = in_flight.back().chunks.front().seq;
+      h.sched.finish(victim);
+      aborted.insert(victim);
+    }
+    SchedulerOutput done = std::move(in_flight.front());
+    in_flight.pop_front();
+    h.sched.computed(done);
+    for (const ScheduledChunk& c : done.chunks) {
+      if (!c.sample || !h.sched.contains(c.seq)) continue;
+      const Sequence& s = h.sched.sequence(c.seq);
+      const int32_t token = int32_t((c.seq * 31 + s.length()) % 500 + 3);
+      if (++h.generated[c.seq] >= h.max_tokens[c.seq] || h.sched.append_token(c.seq, token)) h.sched.finish(c.seq);
+    }
+  }
+  EXPECT_TRUE(in_flight.empty());
+  EXPECT_FALSE(h.sched.has_unfinished());
+  EXPECT_GT(preempted, 0);
+  for (int64_t id : ids)
+    if (!aborted.count(id)) EXPECT_EQ(h.generated[id], h.max_tokens[id]) << id;
+  EXPECT_EQ(h.blocks.num_used(), 0);
+  EXPECT_EQ(h.blocks.num_sequences(), 0);
 }
