@@ -11,11 +11,14 @@ disturbed one): --requests prompts of -p tokens (all different), -n greedy token
 together; tokens/s is the generated tokens over the wall time of the generate() call. A
 1-thread single process is measured too: its step time is what one machine computes.
 
-The prediction for N machines of one stage each (one batch in flight: the stages of a step run one
-after another): a step is the 1-thread process's step (each stage computes 1/N of the layers,
-in turn), plus N - 1 hand-offs of the batch's hidden rows (a latency and tokens x hidden x 4
-bytes each) and the logits rows sent back to rank 0 from the last stage (a latency and rows x
-vocab x 4 bytes).
+The prediction for N machines of one stage each, N forwards in flight (each stage computes 1/N
+of the layers for each of N micro-batches of requests / N sequences): a 1-thread process's step
+costs a + b x rows (the weights it reads, and each row's compute), fitted to its step times at
+--requests and --requests / P sequences (both measured); a round in which every request gains a
+token then costs N micro-batches of (a + b x requests / N) / N each, plus per micro-batch N - 1
+hand-offs of its hidden rows (a latency and rows x hidden x 4 bytes each) and its logits rows sent
+back to rank 0 from the last stage (a latency and rows x vocab x 4 bytes), the link's time
+overlapping no compute (the worst case).
 """
 import argparse
 import json
@@ -54,12 +57,13 @@ def one_run(model, stages, threads, requests, prompt_tokens, new_tokens):
             "hand_off_bytes_per_token": (after["hand_off_bytes"] - before["hand_off_bytes"]) / computed,
             "hand_off_ms_per_step": 1e3 * (after["hand_off_seconds"] - before["hand_off_seconds"]) / steps,
             "memory": llm.runner.rank_memory(), "hidden": cfg["hidden_size"], "layers": cfg["num_layers"],
-            "vocab": cfg["vocab_size"], "requests": requests}
+            "vocab": cfg["vocab_size"], "requests": requests,
+            "max_forwards_in_flight": after["max_forwards_in_flight"]}
 
 
-def measure(args, stages, threads):
+def measure(args, stages, threads, requests):
     cmd = [sys.executable, os.path.abspath(__file__), "--run", args.model, "--stages", str(stages),
-           "--threads", str(threads), "--requests", str(args.requests), "-p", str(args.p), "-n", str(args.n)]
+           "--threads", str(threads), "--requests", str(requests), "-p", str(args.p), "-n", str(args.n)]
     if stages > 1:
         cmd = tp_bench.MPIRUN + ["-np", str(stages)] + cmd
     out = subprocess.run(cmd, env=tp_bench.ENV, capture_output=True, text=True, timeout=1800)
@@ -68,16 +72,24 @@ def measure(args, stages, threads):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def predict(one, link, machines):
-    """Aggregate tokens/s of `machines` stages over a link (latency in us, Gbit/s), one batch in
-    flight: the 1-thread run's wall time plus each of its steps' link time."""
+def step_cost(full, part):
+    """a, b of a 1-thread step costing a + b x rows (seconds), from its runs at two request counts."""
+    b = (full["step_ms"] - part["step_ms"]) / 1e3 / (full["requests"] - part["requests"])
+    return full["step_ms"] / 1e3 - b * full["requests"], b
+
+
+def predict(full, part, link, machines):
+    """Aggregate tokens/s of `machines` stages over a link (latency in us, Gbit/s), as many
+    micro-batches in flight, and the link time per round."""
     name, latency_us, gbps = link.split(":")
     alpha, beta = float(latency_us) * 1e-6, float(gbps) * 1e9 / 8
-    tokens = one["computed_tokens"] / one["steps"]  # rows handed on per step
-    hand_offs = (machines - 1) * (alpha + tokens * one["hidden"] * 4 / beta)
-    logits_back = alpha + one["requests"] * one["vocab"] * 4 / beta  # a logits row per request
-    link_s = hand_offs + logits_back
-    return name, one["generated"] / (one["wall_s"] + one["steps"] * link_s), 1e3 * link_s
+    a, b = step_cost(full, part)
+    rows = full["requests"] / machines  # a micro-batch's
+    compute_s = a + b * rows  # N micro-batches, each (a + b x rows) / N on a stage (its 1/N of the layers)
+    tokens = rows * full["computed_tokens"] / full["generated"]  # rows handed on per micro-batch step
+    link_s = machines * ((machines - 1) * (alpha + tokens * full["hidden"] * 4 / beta)
+                         + alpha + rows * full["vocab"] * 4 / beta)
+    return name, full["requests"] / (compute_s + link_s), 1e3 * link_s
 
 
 def loadavg():
@@ -103,11 +115,12 @@ def main():
         return
     args.model = args.model or tp_bench.default_model(args.data_dir)
     P = args.stages
-    configs = {"1 process, 1 thread": (1, 1), f"1 process, {P} threads": (1, P),
-               f"{P} stages, 1 thread each": (P, 1)}
+    part = max(1, args.requests // P)
+    configs = {"1 process, 1 thread": (1, 1, args.requests), f"1 process, 1 thread, {part} requests": (1, 1, part),
+               f"1 process, {P} threads": (1, P, args.requests), f"{P} stages, 1 thread each": (P, 1, args.requests)}
     results, load = {}, [loadavg()]
-    for name, (stages, threads) in configs.items():
-        runs = [measure(args, stages, threads) for _ in range(args.r)]
+    for name, (stages, threads, requests) in configs.items():
+        runs = [measure(args, stages, threads, requests) for _ in range(args.r)]
         results[name] = max(runs, key=lambda r: r["tokens_per_s"])
         load.append(loadavg())
     print(f"model {os.path.basename(args.model)}, {args.requests} requests of {args.p} + {args.n} tokens, "
@@ -120,11 +133,15 @@ def main():
     pp, tp = results[f"{P} stages, 1 thread each"], results[f"1 process, {P} threads"]
     print(f"{P} stages / 1 process of {P} threads: {pp['tokens_per_s'] / tp['tokens_per_s']:.2f}x; "
           f"bytes per token per boundary: {pp['hand_off_bytes_per_token']:.0f} (hidden x 4 = {4 * pp['hidden']})")
-    one = results["1 process, 1 thread"]
-    print("predicted for N machines, one stage each (the 1-thread step + hand-offs + logits back to rank 0):")
+    full, half = results["1 process, 1 thread"], results[f"1 process, 1 thread, {part} requests"]
+    a, b = step_cost(full, half)
+    print(f"a 1-thread step: {1e3 * a:.1f} ms + {1e3 * b:.2f} ms per row; in flight, most forwards at once: "
+          f"{pp['max_forwards_in_flight']}")
+    print(f"predicted for N machines, one stage each, N micro-batches in flight (1 machine: "
+          f"{full['tokens_per_s']:.1f} tok/s):")
     for link in args.link or LINKS:
-        row = [predict(one, link, n) for n in (2, 4, 8)]
-        print(f"  {row[0][0]:18s} " + "  ".join(f"N={n}: {tps:6.1f} tok/s ({ms:.2f} ms link per step)"
+        row = [predict(full, half, link, n) for n in (2, 4, 8)]
+        print(f"  {row[0][0]:18s} " + "  ".join(f"N={n}: {tps:6.1f} tok/s ({ms:.2f} ms link per round)"
                                                for n, (_, tps, ms) in zip((2, 4, 8), row)))
     print(json.dumps(results))
 

@@ -31,7 +31,9 @@ SHAPE = dict(num_layers=4, vocab_size=512)
 MODELS = {
     "llama-hf": ("llama", "hf", "f32", {}),
     "llama-gguf-q8_0-untied": ("llama", "gguf", "q8_0", dict(tie_word_embeddings=False)),
+    "qwen2-hf": ("qwen2", "hf", "f32", {}),  # QKV bias
     "qwen3-hf": ("qwen3", "hf", "f32", {}),  # QK-norm
+    "mistral-gguf-f16-window": ("mistral", "gguf", "f16", dict(sliding_window=8)),
     # layers 0 and 1 dense, 2 and 3 sparse: split by weight, the first stage takes 3 layers
     "qwen3_moe-hf": ("qwen3_moe", "hf", "f32", dict(moe_intermediate_size=64, mlp_only_layers=(0, 1))),
 }
