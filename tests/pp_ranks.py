@@ -31,6 +31,9 @@ def compare(spec, out_path):
         if not model.get("memory_only"):
             for k, v in tp_ranks.model_results(llm, prompts).items():
                 results[f"{model['name']}/{k}"] = v
+        if model.get("embeds"):
+            for k, v in tp_ranks.embeds_results(model, tp, pp, prompts[:3]).items():
+                results[f"{model['name']}/{k}"] = v
         st = llm.stats()
         for k in ("hand_offs", "hand_off_bytes", "all_reduces", "pipeline_parallel_size", "tensor_parallel_size"):
             results[f"{model['name']}/{k}"] = np.array(st[k])

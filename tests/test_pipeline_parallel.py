@@ -53,7 +53,7 @@ def models(tmp_path_factory):
     out = {}
     for name, spec in MODELS.items():
         out[name] = {"name": name, "path": write_model(tmp_path_factory.mktemp(name), *spec),
-                     "tokenizer": STORIES_TOK, "partition": PARTITIONS.get(name)}
+                     "tokenizer": STORIES_TOK, "partition": PARTITIONS.get(name), "embeds": name == "llama-hf"}
     return out
 
 
@@ -92,7 +92,8 @@ def two_stages(models, memory_model, tmp_path_factory):
 def two_by_two(models, tmp_path_factory):
     """4 ranks: 2 stages of 2 tensor-parallel ranks."""
     spec = {"tp": 2, "pp": 2, "prompts": PROMPTS, "refused": [],
-            "models": [models["llama-hf"], models["qwen3_moe-hf"], STORIES_MODEL],
+            "models": [models[n] for n in ("llama-hf", "qwen2-hf", "mistral-gguf-f16-window", "qwen3_moe-hf")]
+            + [STORIES_MODEL],
             "invariants_model": STORIES_MODEL, "invariant_prompts": INVARIANT_PROMPTS[:4],
             "shared_prompts": SHARED_PROMPTS}
     return run_job(4, spec, tmp_path_factory.mktemp("pp2tp2"), timeout=600)
@@ -125,7 +126,23 @@ def test_two_stages_equal_one_process(name, models, two_stages):
     assert count > 0 and sent % (4 * hidden) == 0 and sent >= count * 4 * hidden
 
 
-@pytest.mark.parametrize("name", ["llama-hf", "qwen3_moe-hf", "stories260K"])
+@pytest.mark.parametrize("got", ["two_stages", "two_by_two"])
+def test_prompt_embeds_under_pipeline_parallelism(got, models, request):
+    """The embedding's own rows give the ids' logits bit for bit on the first stage; a batch
+    mixing them with id prompts generates as the ids do; every position's final hidden state
+    comes back from the last stage as one process computes it."""
+    got = request.getfixturevalue(got)
+    model = models["llama-hf"]
+    prompts = PROMPTS[:3]
+    assert got["llama-hf/embeds_scores_equal"].all()
+    assert got["llama-hf/embeds_greedy_mixed"].tolist() == got["llama-hf/embeds_greedy_ids"].tolist()
+    assert got["llama-hf/embeds_greedy_ids"].tolist() == got["llama-hf/greedy"][:3].tolist()
+    single = tp_ranks.make_llm(model, 1)
+    for i, e in enumerate(single.embed([{"prompt_token_ids": p} for p in prompts[:2]], pooling="all", normalize=False)):
+        assert relative_error(got[f"llama-hf/hidden{i}"], np.array(e.outputs.embedding, dtype=np.float32)) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["llama-hf", "qwen2-hf", "mistral-gguf-f16-window", "qwen3_moe-hf", "stories260K"])
 def test_two_stages_of_two_tensor_parallel_ranks_equal_one_process(name, models, two_by_two):
     model = models.get(name, STORIES_MODEL)
     assert_equal_to_one_process(model, two_by_two)

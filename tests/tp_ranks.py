@@ -54,6 +54,22 @@ def model_results(llm, prompts):
     return out
 
 
+def embeds_results(model, ranks, pp, prompts):
+    """Prompts given as the embedding's own rows: scored (as the ids, bit for bit), generated in a
+    batch mixed with id prompts, and every position's final hidden state (pooling="all")."""
+    llm = make_llm(model, ranks, pp, enable_prompt_embeds=True)
+    table = embedding_table(model["path"])
+    rows = [{"prompt_embeds": table[p]} for p in prompts]
+    out = {"embeds_scores_equal": np.array([np.array_equal(a, llm.score(p)) for a, p in
+                                            zip(llm.score(rows), prompts)])}
+    mixed = [rows[i] if i % 2 == 0 else {"prompt_token_ids": p} for i, p in enumerate(prompts)]
+    out["embeds_greedy_mixed"] = np.array([o.outputs[0].token_ids for o in llm.generate(mixed, GREEDY)])
+    out["embeds_greedy_ids"] = np.array(greedy(llm, prompts))
+    for i, e in enumerate(llm.embed([{"prompt_token_ids": p} for p in prompts[:2]], pooling="all", normalize=False)):
+        out[f"hidden{i}"] = np.array(e.outputs.embedding, dtype=np.float32)
+    return out
+
+
 def greedy(llm, prompts):
     return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY)]
 
