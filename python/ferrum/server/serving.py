@@ -67,8 +67,12 @@ class Serving:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
 
     def lora_for(self, name: Optional[str]) -> Optional[LoRARequest]:
-        """The adapter a request's `model` names (None: the base model)."""
-        return self.lora_modules.get(name) if name is not None else None
+        """The adapter a request's `model` names (None: the base model); 404 for an adapter
+        unloaded since check_model, so that its request never runs on the base instead."""
+        if name is None or name == self.model_name:
+            return None
+        self.check_model(name)
+        return self.lora_modules[name]
 
     # ---- adapters loaded and unloaded while serving (vLLM's /v1/load_lora_adapter) ----
     async def load_lora(self, name: str, path: str) -> None:
