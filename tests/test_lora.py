@@ -350,8 +350,9 @@ def _lora_counters(url):
 def test_server_loads_and_unloads_adapters(lora_models, gguf_adapters, tmp_path):
     """vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter: a loaded adapter (PEFT or GGUF)
     serves PEFT's greedy tokens and is listed under the base; unloaded, it is a 404; a changed file
-    loaded again under the same name serves the new content, none of the old one's prefix-cache
-    blocks (which the same content under another name does reuse); /metrics counts by adapter."""
+    loaded again under the same name (after an unload, or in place) serves the new content, none
+    of the old one's prefix-cache blocks (which the same content under another name does reuse);
+    /metrics counts by adapter."""
     import openai
     live = tmp_path / "live"
     shutil.copytree(lora_models["adapters"]["llama-r8"], live)
@@ -399,13 +400,24 @@ def test_server_loads_and_unloads_adapters(lora_models, gguf_adapters, tmp_path)
         assert _greedy(client, "again") == r8_text
         assert hits() - before == 32
 
+        # vLLM's load_inplace: "live" serves a third content from the next request on.
+        r1 = str(lora_models["adapters"]["llama-r1-qv"])
+        r = _post(url, "load_lora_adapter", {"lora_name": "live", "lora_path": r1, "load_inplace": True})
+        assert r.status_code == 200, r.text
+        assert [m for m in _models(url) if m[0] == "live"] == [("live", "base", r1)]
+        before = hits()
+        assert _greedy(client, "live") == decode(lora_models["refs"]["llama-r1-qv"][1])
+        assert _greedy(client, "live") == decode(lora_models["refs"]["llama-r1-qv"][1])
+        assert hits() - before == 32
+        assert 3 not in llm.list_loras()  # the replaced one (the third load) is dropped
+
         counters = _lora_counters(url)
-        runs = {"live": 4, "live-gguf": 1, "base": 1, "again": 1}
+        runs = {"live": 6, "live-gguf": 1, "base": 1, "again": 1}
         assert counters == {
             **{("ferrum:lora_requests_total", name): n for name, n in runs.items()},
             **{("ferrum:lora_prompt_tokens_total", name): n * len(PROMPT) for name, n in runs.items()},
             **{("ferrum:lora_generation_tokens_total", name): n * 8 for name, n in runs.items()},
-            ("ferrum:prompt_tokens_total", None): 7 * len(PROMPT), ("ferrum:generation_tokens_total", None): 7 * 8}
+            ("ferrum:prompt_tokens_total", None): 9 * len(PROMPT), ("ferrum:generation_tokens_total", None): 9 * 8}
 
 
 def test_server_unload_lets_running_requests_finish(lora_models):
@@ -458,6 +470,7 @@ LOAD_ERRORS = [
     ({"lora_name": "", "lora_path": "/x"}, 400, "Both 'lora_name' and 'lora_path' must be provided"),
     ({"lora_name": "x", "lora_path": "/x", "scale": 2}, 400, "scale: Extra inputs are not permitted"),
     ({"lora_name": "r8", "lora_path": "{r8}"}, 400, "The lora adapter 'r8' has already been loaded."),
+    ({"lora_name": "r8", "lora_path": "{dora}", "load_inplace": True}, 400, "DoRA (use_dora) is not supported"),
     ({"lora_name": "base", "lora_path": "{r8}"}, 400, "The name 'base' is the base model's."),
     ({"lora_name": "x", "lora_path": "{missing}"}, 400, "missing: not a PEFT adapter directory"),
     ({"lora_name": "x", "lora_path": "{missing}.gguf"}, 400, "missing.gguf: cannot open"),
@@ -470,8 +483,8 @@ LOAD_ERRORS = [
 
 def test_server_load_errors(lora_models, tmp_path):
     """Each refused load is its 4xx with the reason (the loader's message for a bad adapter);
-    nothing is loaded, the name stays free, the server goes on, and the name then loads a good
-    adapter."""
+    nothing is loaded, the name stays free (or serves what it served: a bad in-place load), the
+    server goes on, and the name then loads a good adapter."""
     import openai
     from ferrum.server.main import parse_lora_modules
     r8 = str(lora_models["adapters"]["llama-r8"])
@@ -496,7 +509,8 @@ def test_server_load_errors(lora_models, tmp_path):
             with pytest.raises(openai.NotFoundError):
                 _greedy(client, "x")
         assert _greedy(client, "r8") == llm.tokenizer.decode(lora_models["refs"]["llama-r8"][1])
-        r = _post(url, "load_lora_adapter", {"lora_name": "x", "lora_path": str(lora_models["adapters"]["llama-r1-qv"])})
+        r = _post(url, "load_lora_adapter", {"lora_name": "x", "lora_path": str(lora_models["adapters"]["llama-r1-qv"]),
+                                             "load_inplace": True})  # in place of nothing: a load
         assert r.status_code == 200, r.text
         assert _greedy(client, "x") == llm.tokenizer.decode(lora_models["refs"]["llama-r1-qv"][1])
 

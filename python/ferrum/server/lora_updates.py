@@ -13,7 +13,7 @@ router = APIRouter()
 
 @router.post("/v1/load_lora_adapter")
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request):
-    await request.app.state.serving.load_lora(body.lora_name, body.lora_path)
+    await request.app.state.serving.load_lora(body.lora_name, body.lora_path, body.load_inplace)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 

@@ -275,9 +275,10 @@ class DetokenizeRequest(OpenAIModel):
 
 
 class LoadLoRAAdapterRequest(OpenAIModel):
-    """vLLM's /v1/load_lora_adapter."""
+    """vLLM's /v1/load_lora_adapter; load_inplace: replace the adapter served under that name."""
     lora_name: str
     lora_path: str
+    load_inplace: bool = False
 
 
 class UnloadLoRAAdapterRequest(OpenAIModel):

@@ -75,25 +75,30 @@ class Serving:
         return self.lora_modules[name]
 
     # ---- adapters loaded and unloaded while serving (vLLM's /v1/load_lora_adapter) ----
-    async def load_lora(self, name: str, path: str) -> None:
-        """Loads the adapter at `path` now and serves it as `name`. It gets an id no adapter had,
-        so a file changed since an earlier load under this name is read afresh (and its
-        prefix-cache blocks are those of its own content). 400 for a name in use or a bad adapter."""
+    async def load_lora(self, name: str, path: str, load_inplace: bool = False) -> None:
+        """Loads the adapter at `path` now and serves it as `name` (with `load_inplace`, in place
+        of the one served under that name, which requests already running keep). It gets an id
+        no adapter had, so a file changed since an earlier load under this name is read afresh
+        (and its prefix-cache blocks are those of its own content). 400 for a name in use or a
+        bad adapter (then what was served under the name still is)."""
         if not name or not path:
             raise APIError(400, "Both 'lora_name' and 'lora_path' must be provided.")
         async with self._lora_updates:
             if name == self.model_name:
                 raise APIError(400, f"The name '{name}' is the base model's.", "lora_name")
-            if name in self.lora_modules:
+            replaced = self.lora_modules.get(name)
+            if replaced is not None and not load_inplace:
                 raise APIError(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
             lora = LoRARequest(name, next(self._lora_ids), path)
             try:
                 await self.engine.add_lora(lora)
+                self.lora_modules[name] = lora
+                if replaced is not None:
+                    await self.engine.remove_lora(replaced.lora_int_id)
             except (ValueError, OSError) as e:  # the loader's message: what is wrong with the file
                 raise APIError(400, str(e), "lora_path") from None
             except EngineShutDown:
                 raise APIError(503, "The server is shutting down.") from None
-            self.lora_modules[name] = lora
 
     async def unload_lora(self, name: str) -> None:
         """Stops serving adapter `name` and drops it from the engine's cache; requests already
