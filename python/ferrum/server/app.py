@@ -45,8 +45,9 @@ def build_app(engine: AsyncLLM, model_name: str, *, api_key: Optional[str] = Non
         raise ValueError("LoRA modules and LoRA updates need an LLM made with enable_lora=True")
     app = FastAPI(title="ferrum", summary="OpenAI-compatible completions and chat over ferrum's engine",
                   version="0.1.0")
-    app.state.serving = Serving(engine, model_name, max_waiting_requests, ServerMetrics(model_name, engine.llm.enable_lora),
-                                tool_call_parser, reasoning_parser, lora_modules)
+    metrics = ServerMetrics(model_name, per_adapter=engine.llm.enable_lora)
+    app.state.serving = Serving(engine, model_name, max_waiting_requests, metrics, tool_call_parser, reasoning_parser,
+                                lora_modules)
     app.state.shutdown_grace_seconds = shutdown_grace_seconds
     app.state.responses = responses.ResponseStore(max_stored_responses)
 

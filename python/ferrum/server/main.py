@@ -36,8 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "name=path, or vLLM's JSON {\"name\": ..., \"path\": ...}; implies --enable-lora")
     p.add_argument("--enable-lora", action="store_true", help="let requests run LoRA adapters")
     p.add_argument("--enable-lora-updates", action="store_true",
-                   help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's; anyone who may call "
-                        "the API may then load files the server can read, so pair it with --api-key); implies --enable-lora")
+                   help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's; anyone who may "
+                        "call the API may then load files the server can read, so pair it with --api-key); "
+                        "implies --enable-lora")
     p.add_argument("--max-loras", type=int, default=1, help="different adapters in one step (default: 1)")
     p.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank (default: 16)")
     p.add_argument("--max-cpu-loras", type=int, default=None,

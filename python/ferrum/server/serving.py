@@ -41,8 +41,8 @@ class Serving:
             if lora.lora_name == model_name or lora.lora_name in self.lora_modules:
                 raise ValueError(f"the LoRA module name {lora.lora_name!r} is taken (by the model or another module)")
             self.lora_modules[lora.lora_name] = lora
-        lora_ids = [lora.lora_int_id for lora in lora_modules] + (engine.llm.list_loras() if engine.llm.enable_lora else [])
-        self._lora_ids = itertools.count(max(lora_ids, default=0) + 1)  # each load a fresh id
+        taken = [lora.lora_int_id for lora in lora_modules] + (engine.llm.list_loras() if engine.llm.enable_lora else [])
+        self._lora_ids = itertools.count(max(taken, default=0) + 1)  # each load a fresh id
         self._lora_updates = asyncio.Lock()  # one load or unload at a time
         self.max_waiting_requests = max_waiting_requests
         self.metrics = metrics
@@ -150,7 +150,7 @@ class Serving:
                        lora: Optional[LoRARequest] = None) -> AsyncIterator[RequestDelta]:
         """The engine's deltas for one prompt (with the adapter `lora`), feeding the metrics;
         leaving early aborts it."""
-        timer = self.metrics.request(len(prompt_ids), lora.lora_name if lora else self.model_name)
+        timer = self.metrics.request(len(prompt_ids), lora.name if lora else self.model_name)
         reasons: List[Optional[str]] = []
         try:
             async with contextlib.aclosing(self.engine.generate(prompt_ids, params, random_id("req"), lora_request=lora)) as deltas:
