@@ -301,6 +301,248 @@ def test_server_serves_adapters_by_model_name(lora_models, gguf_adapters):
             llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY)[0].outputs[0].token_ids)
         r = requests.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=10)
         assert r.status_code == 404
+        for route in ("load_lora_adapter", "unload_lora_adapter"):  # not served without enable_lora_updates
+            body = {"lora_name": "x", "lora_path": str(lora_models["adapters"]["llama-r8"])}
+            assert requests.post(f"{url}/v1/{route}", json=body, timeout=10).status_code == 404
+        assert [m["id"] for m in requests.get(f"{url}/v1/models", timeout=10).json()["data"]] == [
+            "base", "r8", "pattern", "r8-gguf"]
+
+
+# ---- the server: adapters loaded and unloaded while it serves (enable_lora_updates) ----
+def _updates_server(lora_models, **app_kwargs):
+    from server_harness import running_server
+    llm = ferrum.LLM(str(lora_models["bases"]["llama"]), kv_dtype="f32", num_threads=2, kv_cache_tokens=1024,
+                     enable_lora=True, max_loras=2, max_lora_rank=8)
+    return llm, running_server(llm, "base", enable_lora_updates=True, **app_kwargs)
+
+
+def _post(url, route, body):
+    import requests
+    return requests.post(f"{url}/v1/{route}", json=body, timeout=60)
+
+
+def _models(url):
+    import requests
+    return [(m["id"], m["parent"], m["root"]) for m in requests.get(f"{url}/v1/models", timeout=10).json()["data"]]
+
+
+def _greedy(client, model, max_tokens=8):
+    out = client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    return out.choices[0].text
+
+
+def _lora_counters(url):
+    """/metrics' per-adapter counters: {(metric, lora_name): value}, each labelled with the base's
+    name, and the totals over all requests: {(metric, None): value}."""
+    import re
+    import requests
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    found = {(name, None): float(v) for name, v in
+             re.findall(r'^(ferrum:(?:prompt|generation)_tokens_total)\{model_name="base"\} (\S+)$', text, re.M)}
+    for m in re.finditer(r'^(ferrum:lora_\w+_total)\{(.*)\} (\S+)$', text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        assert labels["model_name"] == "base"
+        found[m.group(1), labels["lora_name"]] = float(m.group(3))
+    return found
+
+
+def test_server_loads_and_unloads_adapters(lora_models, gguf_adapters, tmp_path):
+    """vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter: a loaded adapter (PEFT or GGUF)
+    serves PEFT's greedy tokens and is listed under the base; unloaded, it is a 404; a changed file
+    loaded again under the same name (after an unload, or in place) serves the new content, none
+    of the old one's prefix-cache blocks (which the same content under another name does reuse);
+    /metrics counts by adapter."""
+    import openai
+    live = tmp_path / "live"
+    shutil.copytree(lora_models["adapters"]["llama-r8"], live)
+    llm, server = _updates_server(lora_models)
+    decode = llm.tokenizer.decode
+    r8_text, pattern_text = (decode(lora_models["refs"][n][1]) for n in ("llama-r8", "llama-rank-pattern"))
+    assert r8_text != pattern_text
+    with server as (url, engine):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0)
+        hits = lambda: engine.stats()["prefix_hit_tokens"]  # noqa: E731
+        r = _post(url, "load_lora_adapter", {"lora_name": "live", "lora_path": str(live)})
+        assert r.status_code == 200 and r.text == "Success: LoRA adapter 'live' added successfully."
+        r = _post(url, "load_lora_adapter", {"lora_name": "live-gguf", "lora_path": str(gguf_adapters["llama-r8"])})
+        assert r.status_code == 200, r.text
+        assert _models(url)[1:] == [("live", "base", str(live)), ("live-gguf", "base", str(gguf_adapters["llama-r8"]))]
+        assert [m.id for m in client.models.list().data] == ["base", "live", "live-gguf"]
+        assert _greedy(client, "live") == r8_text  # PEFT's tokens
+        before = hits()
+        assert _greedy(client, "live") == r8_text
+        assert hits() - before == 32  # its own blocks (two full ones of the 37 tokens)
+        assert _greedy(client, "live-gguf") == r8_text
+        base_text = _greedy(client, "base")
+        assert base_text != r8_text
+
+        r = _post(url, "unload_lora_adapter", {"lora_name": "live"})
+        assert r.status_code == 200 and r.text == "Success: LoRA adapter 'live' removed successfully."
+        assert [m[0] for m in _models(url)] == ["base", "live-gguf"]
+        with pytest.raises(openai.NotFoundError):
+            _greedy(client, "live")
+
+        # Another adapter's files at the same path, loaded under the same name.
+        shutil.rmtree(live)
+        shutil.copytree(lora_models["adapters"]["llama-rank-pattern"], live)
+        assert _post(url, "load_lora_adapter", {"lora_name": "live", "lora_path": str(live)}).status_code == 200
+        before = hits()
+        assert _greedy(client, "live") == pattern_text
+        assert _greedy(client, "live") == pattern_text
+        # 32 over both: the second found the first's blocks, so the first found none of the old
+        # content's (nor of the base's), though they are still cached (below)
+        assert hits() - before == 32
+        # The old content's blocks are still cached: under another name, it finds them.
+        r = _post(url, "load_lora_adapter", {"lora_name": "again", "lora_path": str(lora_models["adapters"]["llama-r8"])})
+        assert r.status_code == 200, r.text
+        before = hits()
+        assert _greedy(client, "again") == r8_text
+        assert hits() - before == 32
+
+        # vLLM's load_inplace: "live" serves a third content from the next request on.
+        r1 = str(lora_models["adapters"]["llama-r1-qv"])
+        r = _post(url, "load_lora_adapter", {"lora_name": "live", "lora_path": r1, "load_inplace": True})
+        assert r.status_code == 200, r.text
+        assert [m for m in _models(url) if m[0] == "live"] == [("live", "base", r1)]
+        before = hits()
+        assert _greedy(client, "live") == decode(lora_models["refs"]["llama-r1-qv"][1])
+        assert _greedy(client, "live") == decode(lora_models["refs"]["llama-r1-qv"][1])
+        assert hits() - before == 32
+        assert 3 not in llm.list_loras()  # the replaced one (the third load) is dropped
+
+        counters = _lora_counters(url)
+        runs = {"live": 6, "live-gguf": 1, "base": 1, "again": 1}
+        assert counters == {
+            **{("ferrum:lora_requests_total", name): n for name, n in runs.items()},
+            **{("ferrum:lora_prompt_tokens_total", name): n * len(PROMPT) for name, n in runs.items()},
+            **{("ferrum:lora_generation_tokens_total", name): n * 8 for name, n in runs.items()},
+            ("ferrum:prompt_tokens_total", None): 9 * len(PROMPT), ("ferrum:generation_tokens_total", None): 9 * 8}
+
+
+def test_server_unload_lets_running_requests_finish(lora_models):
+    """A request running on an adapter when it is unloaded finishes with it: the tokens of the
+    same adapter loaded again, not cut short."""
+    import openai
+    llm, server = _updates_server(lora_models)
+    path = str(lora_models["adapters"]["llama-r8"])
+    with server as (url, engine):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0)
+        assert _post(url, "load_lora_adapter", {"lora_name": "a", "lora_path": path}).status_code == 200
+        stream = client.completions.create(model="a", prompt=PROMPT, max_tokens=400, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        chunks = [next(iter(stream))]
+        assert _post(url, "unload_lora_adapter", {"lora_name": "a"}).status_code == 200
+        assert engine.stats()["running"] == 1  # unloaded while it ran
+        chunks += list(stream)
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+        assert _post(url, "load_lora_adapter", {"lora_name": "b", "lora_path": path}).status_code == 200
+        assert text == _greedy(client, "b", 400)  # the adapter's tokens (its first 8 are not the base's)
+        assert llm.list_loras() == [2]  # "a" (id 1) was dropped; "b" has a fresh id
+
+
+def test_serve_enable_lora_updates(lora_models):
+    """`ferrum serve --enable-lora-updates` (no other LoRA flag): the routes are there and a loaded
+    adapter serves PEFT's tokens; the process exits cleanly after."""
+    import requests
+    from server_harness import serve, stop
+    proc, url = serve(str(lora_models["bases"]["llama"]), "--enable-lora-updates", "--max-lora-rank", "8",
+                      "--kv-dtype", "f32", "--no-web-ui")
+    try:
+        r = _post(url, "load_lora_adapter", {"lora_name": "r8", "lora_path": str(lora_models["adapters"]["llama-r8"])})
+        assert r.status_code == 200, r.text
+        assert [(m[0], m[1]) for m in _models(url)] == [("smollm2", None), ("r8", "smollm2")]
+        body = {"model": "r8", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        r = requests.post(f"{url}/v1/completions", json=body, timeout=60)
+        decode = llm_for(lora_models["bases"]["llama"]).tokenizer.decode
+        assert r.json()["choices"][0]["text"] == decode(lora_models["refs"]["llama-r8"][1])
+        assert _post(url, "unload_lora_adapter", {"lora_name": "r8"}).status_code == 200
+    finally:
+        stop(proc)
+    assert proc.returncode == 0
+
+
+# (body, status, what the error says); "{name}" in a path: a file of the test's
+LOAD_ERRORS = [
+    ({"lora_path": "/x"}, 400, "lora_name: Field required"),
+    ({"lora_name": "x"}, 400, "lora_path: Field required"),
+    ({"lora_name": "", "lora_path": "/x"}, 400, "Both 'lora_name' and 'lora_path' must be provided"),
+    ({"lora_name": "x", "lora_path": "/x", "scale": 2}, 400, "scale: Extra inputs are not permitted"),
+    ({"lora_name": "r8", "lora_path": "{r8}"}, 400, "The lora adapter 'r8' has already been loaded."),
+    ({"lora_name": "r8", "lora_path": "{dora}", "load_inplace": True}, 400, "DoRA (use_dora) is not supported"),
+    ({"lora_name": "base", "lora_path": "{r8}"}, 400, "The name 'base' is the base model's."),
+    ({"lora_name": "x", "lora_path": "{missing}"}, 400, "missing: not a PEFT adapter directory"),
+    ({"lora_name": "x", "lora_path": "{missing}.gguf"}, 400, "missing.gguf: cannot open"),
+    ({"lora_name": "x", "lora_path": "{dora}"}, 400, "DoRA (use_dora) is not supported"),
+    ({"lora_name": "x", "lora_path": "{model_gguf}"}, 400, "not 'adapter' (a model, not an adapter?)"),
+    ({"lora_name": "x", "lora_path": "{junk_gguf}"}, 400, "junk.gguf"),
+    ({"lora_name": "x", "lora_path": "{big}"}, 400, "rank 16 is more than max_lora_rank 8"),
+]
+
+
+def test_server_load_errors(lora_models, tmp_path):
+    """Each refused load is its 4xx with the reason (the loader's message for a bad adapter);
+    nothing is loaded, the name stays free (or serves what it served: a bad in-place load), the
+    server goes on, and the name then loads a good adapter."""
+    import openai
+    from ferrum.server.main import parse_lora_modules
+    r8 = str(lora_models["adapters"]["llama-r8"])
+    shutil.copytree(r8, tmp_path / "dora")
+    _edit_config(tmp_path / "dora", use_dora=True)
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file")
+    big = make_lora(lora_models["bases"]["llama"], tmp_path / "big", r=16, lora_alpha=16, target_modules=["q_proj"])
+    paths = dict(r8=r8, missing=str(tmp_path / "missing"), dora=str(tmp_path / "dora"),
+                 model_gguf=str(lora_models["gguf"]), junk_gguf=str(tmp_path / "junk.gguf"), big=str(big))
+    llm, server = _updates_server(lora_models, lora_modules=parse_lora_modules([f"r8={r8}"]))
+    with server as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0)
+        loaded = llm.list_loras()
+        for body, status, message in LOAD_ERRORS:
+            body = {k: v.format(**paths) if isinstance(v, str) else v for k, v in body.items()}
+            r = _post(url, "load_lora_adapter", body)
+            assert r.status_code == status, (body, r.text)
+            error = r.json()["error"]
+            assert message in error["message"] and error["code"] == status, (body, error)
+            assert [m[0] for m in _models(url)] == ["base", "r8"]
+            assert llm.list_loras() == loaded
+            with pytest.raises(openai.NotFoundError):
+                _greedy(client, "x")
+        assert _greedy(client, "r8") == llm.tokenizer.decode(lora_models["refs"]["llama-r8"][1])
+        r = _post(url, "load_lora_adapter", {"lora_name": "x", "lora_path": str(lora_models["adapters"]["llama-r1-qv"]),
+                                             "load_inplace": True})  # in place of nothing: a load
+        assert r.status_code == 200, r.text
+        assert _greedy(client, "x") == llm.tokenizer.decode(lora_models["refs"]["llama-r1-qv"][1])
+
+
+UNLOAD_ERRORS = [
+    ({}, 400, "lora_name: Field required"),
+    ({"lora_name": ""}, 400, "'lora_name' needs to be provided"),
+    ({"lora_name": "nope"}, 404, "The lora adapter 'nope' cannot be found."),
+    ({"lora_name": "base"}, 404, "The lora adapter 'base' cannot be found."),
+]
+
+
+def test_server_unload_errors(lora_models):
+    """Each refused unload is its 4xx, and what was served still is; a --lora-modules adapter
+    unloads like a loaded one, once."""
+    import openai
+    from ferrum.server.main import parse_lora_modules
+    r8 = str(lora_models["adapters"]["llama-r8"])
+    llm, server = _updates_server(lora_models, lora_modules=parse_lora_modules([f"r8={r8}"]))
+    with server as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60, max_retries=0)
+        for body, status, message in UNLOAD_ERRORS:
+            r = _post(url, "unload_lora_adapter", body)
+            assert r.status_code == status, (body, r.text)
+            assert message in r.json()["error"]["message"], (body, r.text)
+            assert _greedy(client, "r8") == llm.tokenizer.decode(lora_models["refs"]["llama-r8"][1])
+            assert _greedy(client, "base") != _greedy(client, "r8")
+        assert _post(url, "unload_lora_adapter", {"lora_name": "r8"}).status_code == 200
+        assert _post(url, "unload_lora_adapter", {"lora_name": "r8"}).status_code == 404
+        assert llm.list_loras() == []
+        with pytest.raises(openai.NotFoundError):
+            _greedy(client, "r8")
 
 
 @pytest.mark.parametrize("item", ["r8", "=path", '{"name": "x"}', "{not json"])

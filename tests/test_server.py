@@ -196,6 +196,7 @@ def test_metrics_report_the_engine_and_the_requests(server, client):
     assert values["ferrum:inter_token_latency_seconds_count"] >= 4
     assert values["ferrum:e2e_request_latency_seconds_count"] >= 1
     assert values["ferrum:request_success_total"] >= 1
+    assert "ferrum:lora_" not in text  # per-adapter counters only where LoRA is enabled
 
 
 LONG_PROMPT = "word " * 600

@@ -126,6 +126,23 @@ class AsyncLLM:
             if not done.done():  # the caller left
                 self._submit(lambda: self._drop_score(done))
 
+    # ---- LoRA adapters (LLM(enable_lora=True)) ----
+    async def add_lora(self, lora_request) -> None:
+        """Loads an adapter on the engine thread, between steps (``LLM.add_lora``): ValueError
+        for a bad file."""
+        await self._on_engine_thread(lambda: self.llm.add_lora(lora_request))
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        """Drops an adapter from the cache (``LLM.remove_lora``): requests already running with
+        it finish with it; False when it was not loaded."""
+        return await self._on_engine_thread(lambda: self.llm.remove_lora(lora_id))
+
+    async def _on_engine_thread(self, fn: Callable):
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        if not self._submit(lambda: _settle(done, fn)):
+            raise EngineShutDown("the engine is shut down")
+        return await asyncio.wrap_future(done)
+
     def stats(self) -> dict:
         """``LLM.stats()`` as of the engine's last step, plus ``pending_requests`` (handed to the
         engine thread, not yet in the engine) and ``waiting_requests`` (those plus the

@@ -93,6 +93,7 @@ class LLM:
             if not isinstance(v, bool):
                 raise ValueError(f"{name} must be True or False, got {v!r}")
         self.enable_prompt_embeds = enable_prompt_embeds
+        self.enable_lora = enable_lora
         fraction = kv_cache_memory_fraction
         if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
                                      or not 0 < fraction <= 1):

@@ -35,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="LoRA adapters (PEFT directories or llama.cpp .gguf files) served beside the model, a request's `model` choosing one: "
                         "name=path, or vLLM's JSON {\"name\": ..., \"path\": ...}; implies --enable-lora")
     p.add_argument("--enable-lora", action="store_true", help="let requests run LoRA adapters")
+    p.add_argument("--enable-lora-updates", action="store_true",
+                   help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's; anyone who may "
+                        "call the API may then load files the server can read, so pair it with --api-key); "
+                        "implies --enable-lora")
     p.add_argument("--max-loras", type=int, default=1, help="different adapters in one step (default: 1)")
     p.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank (default: 16)")
     p.add_argument("--max-cpu-loras", type=int, default=None,
@@ -92,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from ..llm import LLM
 
     loras = parse_lora_modules(args.lora_modules)
-    enable_lora = args.enable_lora or bool(loras)
+    enable_lora = args.enable_lora or args.enable_lora_updates or bool(loras)
     llm = LLM(args.model, device=args.device, kv_dtype=args.kv_dtype, num_threads=args.threads,
               max_model_len=args.max_model_len, kv_cache_tokens=args.kv_cache_tokens,
               enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
@@ -109,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                         allowed_origins=args.allowed_origins,
                         shutdown_grace_seconds=args.shutdown_timeout + 5, web_ui=not args.no_web_ui,
-                        lora_modules=loras)
+                        lora_modules=loras, enable_lora_updates=args.enable_lora_updates)
         # Streams are cut only if aborting them has not ended them by then.
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=args.shutdown_timeout + 10)

@@ -18,7 +18,10 @@ E2E_BUCKETS = (0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str):
+    """per_adapter: also count requests and tokens by the adapter they ran with (label
+    ``lora_name``; the base model's requests under the model's own name), as LoRA servers do."""
+
+    def __init__(self, model_name: str, per_adapter: bool = False):
         self.registry = r = CollectorRegistry()
         labels = {"model_name": model_name}
         self.running = Gauge("ferrum:num_requests_running", "Sequences in the running batch.", registry=r)
@@ -43,6 +46,13 @@ class ServerMetrics:
         self.e2e = Histogram("ferrum:e2e_request_latency_seconds", "Request latency, arrival to last token.",
                              labels.keys(), buckets=E2E_BUCKETS, registry=r).labels(**labels)
         self.model_name = model_name
+        self.by_adapter = None
+        if per_adapter:
+            names = ["model_name", "lora_name"]
+            self.by_adapter = (
+                Counter("ferrum:lora_requests", "Requests by the LoRA adapter they ran with.", names, registry=r),
+                Counter("ferrum:lora_prompt_tokens", "Prompt tokens by LoRA adapter.", names, registry=r),
+                Counter("ferrum:lora_generation_tokens", "Generated tokens by LoRA adapter.", names, registry=r))
 
     def scrape(self, stats: dict) -> bytes:
         """The exposition text, the gauges first set from the engine's ``stats``."""
@@ -56,16 +66,23 @@ class ServerMetrics:
         self.mask_seconds.set(cost["seconds"])
         return generate_latest(self.registry)
 
-    def request(self, prompt_tokens: int) -> "RequestTimer":
+    def request(self, prompt_tokens: int, lora_name: str) -> "RequestTimer":
+        """A request's timer; lora_name: its adapter's, or the model's for the base."""
         self.prompt_tokens.inc(prompt_tokens)
-        return RequestTimer(self)
+        generated = None
+        if self.by_adapter:
+            requests, prompt, generated = (c.labels(self.model_name, lora_name) for c in self.by_adapter)
+            requests.inc()
+            prompt.inc(prompt_tokens)
+        return RequestTimer(self, generated)
 
 
 class RequestTimer:
     """One request's latencies: time to its first token, between tokens, to its end."""
 
-    def __init__(self, metrics: ServerMetrics):
+    def __init__(self, metrics: ServerMetrics, adapter_tokens: Optional[Counter] = None):
         self.metrics = metrics
+        self.adapter_tokens = adapter_tokens  # the generated tokens of the request's adapter
         self.arrival = self.last = time.perf_counter()
         self.first: Optional[float] = None
 
@@ -84,6 +101,8 @@ class RequestTimer:
                 self.metrics.itl.observe((now - self.last) / in_sequence)
         self.last = now
         self.metrics.generation_tokens.inc(count)
+        if self.adapter_tokens is not None:
+            self.adapter_tokens.inc(count)
 
     def finished(self, reasons) -> None:
         self.metrics.e2e.observe(time.perf_counter() - self.arrival)

@@ -274,6 +274,19 @@ class DetokenizeRequest(OpenAIModel):
     tokens: List[int]
 
 
+class LoadLoRAAdapterRequest(OpenAIModel):
+    """vLLM's /v1/load_lora_adapter; load_inplace: replace the adapter served under that name."""
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = False
+
+
+class UnloadLoRAAdapterRequest(OpenAIModel):
+    """vLLM's /v1/unload_lora_adapter (vLLM also takes, and ignores, ``lora_int_id``)."""
+    lora_name: str
+    lora_int_id: Optional[int] = None
+
+
 class EmbeddingRequest(OpenAIModel):
     """OpenAI's /v1/embeddings: ``input`` as a text, texts, token ids or lists of token ids."""
     model: Optional[str] = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 import uuid
 from typing import AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -40,6 +41,9 @@ class Serving:
             if lora.lora_name == model_name or lora.lora_name in self.lora_modules:
                 raise ValueError(f"the LoRA module name {lora.lora_name!r} is taken (by the model or another module)")
             self.lora_modules[lora.lora_name] = lora
+        taken = [lora.lora_int_id for lora in lora_modules] + (engine.llm.list_loras() if engine.llm.enable_lora else [])
+        self._lora_ids = itertools.count(max(taken, default=0) + 1)  # each load a fresh id
+        self._lora_updates = asyncio.Lock()  # one load or unload at a time
         self.max_waiting_requests = max_waiting_requests
         self.metrics = metrics
         self.max_model_len = engine.llm.runner.max_model_len
@@ -63,8 +67,52 @@ class Serving:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
 
     def lora_for(self, name: Optional[str]) -> Optional[LoRARequest]:
-        """The adapter a request's `model` names (None: the base model)."""
-        return self.lora_modules.get(name) if name is not None else None
+        """The adapter a request's `model` names (None: the base model); 404 for an adapter
+        unloaded since check_model, so that its request never runs on the base instead."""
+        if name is None or name == self.model_name:
+            return None
+        self.check_model(name)
+        return self.lora_modules[name]
+
+    # ---- adapters loaded and unloaded while serving (vLLM's /v1/load_lora_adapter) ----
+    async def load_lora(self, name: str, path: str, load_inplace: bool = False) -> None:
+        """Loads the adapter at `path` now and serves it as `name` (with `load_inplace`, in place
+        of the one served under that name, which requests already running keep). It gets an id
+        no adapter had, so a file changed since an earlier load under this name is read afresh
+        (and its prefix-cache blocks are those of its own content). 400 for a name in use or a
+        bad adapter (then what was served under the name still is)."""
+        if not name or not path:
+            raise APIError(400, "Both 'lora_name' and 'lora_path' must be provided.")
+        async with self._lora_updates:
+            if name == self.model_name:
+                raise APIError(400, f"The name '{name}' is the base model's.", "lora_name")
+            replaced = self.lora_modules.get(name)
+            if replaced is not None and not load_inplace:
+                raise APIError(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
+            lora = LoRARequest(name, next(self._lora_ids), path)
+            try:
+                await self.engine.add_lora(lora)
+                self.lora_modules[name] = lora
+                if replaced is not None:
+                    await self.engine.remove_lora(replaced.lora_int_id)
+            except (ValueError, OSError) as e:  # the loader's message: what is wrong with the file
+                raise APIError(400, str(e), "lora_path") from None
+            except EngineShutDown:
+                raise APIError(503, "The server is shutting down.") from None
+
+    async def unload_lora(self, name: str) -> None:
+        """Stops serving adapter `name` and drops it from the engine's cache; requests already
+        running with it finish with it. 404 for a name not served."""
+        if not name:
+            raise APIError(400, "'lora_name' needs to be provided to unload a LoRA adapter.")
+        async with self._lora_updates:
+            lora = self.lora_modules.pop(name, None)
+            if lora is None:
+                raise APIError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
+            try:
+                await self.engine.remove_lora(lora.lora_int_id)
+            except EngineShutDown:
+                pass  # nothing runs anymore, with it or without
 
     def check_room(self) -> None:
         """503 while the waiting queue is full."""
@@ -102,7 +150,7 @@ class Serving:
                        lora: Optional[LoRARequest] = None) -> AsyncIterator[RequestDelta]:
         """The engine's deltas for one prompt (with the adapter `lora`), feeding the metrics;
         leaving early aborts it."""
-        timer = self.metrics.request(len(prompt_ids))
+        timer = self.metrics.request(len(prompt_ids), lora.name if lora else self.model_name)
         reasons: List[Optional[str]] = []
         try:
             async with contextlib.aclosing(self.engine.generate(prompt_ids, params, random_id("req"), lora_request=lora)) as deltas:
