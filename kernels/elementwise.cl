@@ -67,6 +67,15 @@ kernel void gather_rows(const global float* x, long x_off, int x_rows, const glo
   out[out_off + i] = (src >= 0 && src < x_rows) ? x[x_off + (long)src * d + j] : 0.0f;
 }
 
+// out[r, j] = x[r, idx[j]] (idx within the row, checked at load).
+kernel void gather_columns(const global float* x, long x_off, int x_cols, const global int* idx,
+                           long idx_off, global float* out, long out_off, int rows, int n) {
+  const long i = get_global_id(0);
+  if (i >= (long)rows * n) return;
+  const int r = (int)(i / n), j = (int)(i % n);
+  out[out_off + i] = x[x_off + (long)r * x_cols + idx[idx_off + j]];
+}
+
 // Router (semantics in cpp/backend/backend.h): one work-item per token. p = softmax(logits) in
 // f32 with the CPU backend's operation order; the top_k experts by p, largest first, equal p:
 // lower id first. Instead of marking picked experts, pick j is the best expert strictly after

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ferrum
-from conftest import MODELS
+from conftest import MODELS, greedy_tokens
 from ferrum.tools.make_model import make_model
 
 TOK = f"{MODELS}/tokenizers/llama2"
@@ -26,7 +26,9 @@ SHAPE = dict(hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2
 VARIANTS = {
     "sym4-g32-v1": (4, 32, True, "gptq", "q4_0"),
     "asym4-g64-v2": (4, 64, False, "gptq_v2", "q5_0"),
+    "asym4-g32-v1-act-order": (4, 32, False, "gptq", "q5_0"),
 }
+ACT_ORDER = {"asym4-g32-v1-act-order"}  # desc_act: GPTQModel quantizes the inputs in another order
 PROMPT = [int(t) for t in np.random.default_rng(0).integers(10, 30000, 23)]
 
 QUANTIZE = textwrap.dedent("""
@@ -57,7 +59,7 @@ def quantize_with_gptqmodel(d, jobs):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    jobs = {name: (dict(bits=bits, group_size=group, sym=sym, desc_act=False, format=fmt), {})
+    jobs = {name: (dict(bits=bits, group_size=group, sym=sym, desc_act=name in ACT_ORDER, format=fmt), {})
             for name, (bits, group, sym, fmt, _) in VARIANTS.items()}
     return quantize_with_gptqmodel(tmp_path_factory.mktemp("gptq"), jobs)
 
@@ -122,6 +124,14 @@ def test_weights_equal_gptqmodel_dequantization(checkpoints, variant):
     for name in quantized:
         assert mf.tensors[name][0] == VARIANTS[variant][4], name
         np.testing.assert_array_equal(mf.dequantized(name), ref[name].numpy(), err_msg=name)
+        order = mf.input_order(name)
+        if variant not in ACT_ORDER:
+            assert order is None, name
+            continue
+        # the columns hold the inputs grouped by g_idx, each group in its inputs' order
+        g_idx = load_file(path / "model.safetensors")[name[:-len(".weight")] + ".g_idx"].numpy()
+        assert sorted(order) == list(range(len(order))) and order != sorted(order), name
+        assert list(g_idx[order]) == sorted(g_idx), name
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -133,6 +143,39 @@ def test_logits_match_transformers_on_dequantized_weights(checkpoints, variant):
     llm = ferrum.LLM(str(path), kv_dtype="f32", num_threads=2)
     got = llm.score(PROMPT)
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def _q8_0(x, order=None):
+    """x rounded as the quantized matmuls' activations are, by llama.cpp's quantize_row_q8_0:
+    blocks of 32 (of the inputs in the order the weight's columns hold them), d = max|x| / 127,
+    q = x * (1 / d) rounded half away from zero, read back as q * f16(d)."""
+    if order is not None:
+        return _q8_0(x[..., order])[..., np.argsort(order)]
+    b = x.reshape(-1, 32)
+    d = b.abs().amax(1, keepdim=True) / 127
+    v = b * torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = torch.sign(v) * torch.floor(v.abs() + 0.5)
+    return (q * d.half().float()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("variant", ["sym4-g32-v1", "asym4-g32-v1-act-order"])
+def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, variant):
+    """Generation's matmuls take Q8_0 activations (act-order: of the reordered inputs), which
+    turns near ties of this random model: the reference rounds each module's input the same way."""
+    path = checkpoints[variant]
+    model = transformers_on(path, library_dequantized(path))
+    mf = ferrum._core.ModelFile(str(path))
+    for name, m in model.named_modules():
+        if mf.tensors.get(name + ".weight", ("f32",))[0] == VARIANTS[variant][4]:
+            order = mf.input_order(name + ".weight")
+            m.register_forward_pre_hook(lambda mod, args, order=order: (_q8_0(args[0], order),))
+    ids = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(12):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    llm = ferrum.LLM(str(path), kv_dtype="f32", num_threads=2)
+    params = ferrum.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    assert greedy_tokens(llm, [PROMPT], params)[0] == ids[len(PROMPT):]
 
 
 def _edited(src, dst, config=None, tensors=None):
@@ -151,6 +194,12 @@ def _edited(src, dst, config=None, tensors=None):
 L0 = "model.layers.0.self_attn.q_proj"
 
 
+def _uneven_g_idx(st):
+    """Act-order whose group 0 holds 33 inputs: not whole 32-input blocks."""
+    st[L0 + ".g_idx"] = st[L0 + ".g_idx"].flip(0).clone()
+    st[L0 + ".g_idx"][0] = 0
+
+
 def _bad_g_idx(st):
     st[L0 + ".g_idx"] = st[L0 + ".g_idx"].clone()
     st[L0 + ".g_idx"][5] = 99
@@ -166,10 +215,32 @@ def _bad_g_idx(st):
     (dict(tensors=lambda st: st.__setitem__(L0 + ".qzeros", st[L0 + ".qzeros"][:, :-1].clone())),
      f"'{L0}.qzeros' has shape"),
     (dict(tensors=_bad_g_idx), f"'{L0}.g_idx' entry 5 is 99"),
-    (dict(tensors=lambda st: st.__setitem__(L0 + ".g_idx", st[L0 + ".g_idx"].flip(0).clone())), "act-order"),
+    (dict(tensors=_uneven_g_idx), f"'{L0}.g_idx' puts 33 inputs in group 0, not a multiple of 32"),
     (dict(tensors=lambda st: st.pop(L0 + ".scales")), f"'{L0}.scales' is missing"),
 ])
 def test_bad_checkpoint_refused_by_name(checkpoints, tmp_path, edit, message):
     bad = _edited(checkpoints["sym4-g32-v1"], tmp_path / "bad", **edit)
     with pytest.raises(ValueError, match=re.escape(message)):
         ferrum._core.ModelFile(bad)
+
+
+def test_act_order_on_opencl_matches_transformers(checkpoints):
+    """The reordered inputs gathered by OpenCL's kernel (both families share it) before the
+    quantized matmul: scores as on the CPU."""
+    path = checkpoints["asym4-g32-v1-act-order"]
+    model = transformers_on(path, library_dequantized(path))
+    with torch.no_grad():
+        ref = model(torch.tensor([PROMPT])).logits[0].numpy()
+    got = ferrum.LLM(str(path), device="opencl", kv_dtype="f32").score(PROMPT)
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_act_order_under_tensor_parallelism_is_refused(checkpoints):
+    """A rank holds a share of o_proj's and down_proj's inputs, which act-order mixes across the
+    shares: refused by name, on every rank, before anything runs."""
+    code = "import ferrum\ntry:\n    ferrum.LLM(%r, tensor_parallel_size=2)\nexcept ValueError as e:\n    print(e)\n" % str(
+        checkpoints["asym4-g32-v1-act-order"])
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "o_proj.weight' orders its inputs (GPTQ act-order), which tensor parallelism" in p.stdout

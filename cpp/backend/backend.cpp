@@ -8,7 +8,7 @@ namespace ferrum {
 const char* op_name(Op op) {
   static const char* names[] = {"embedding",       "linear", "rms_norm",    "add_rms_norm",
                                 "qkv_to_cache",    "paged_attention", "swiglu", "gather_rows",
-                                "moe_route",       "moe_experts",     "lora"};
+                                "moe_route",       "moe_experts",     "lora",   "gather_columns"};
   return names[static_cast<int>(op)];
 }
 

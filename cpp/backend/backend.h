@@ -22,7 +22,7 @@ namespace ferrum {
 
 enum class Op {
   Embedding, Linear, RmsNorm, AddRmsNorm, QkvToCache, PagedAttention, SwiGLU, GatherRows,
-  MoeRoute, MoeExperts, Lora,
+  MoeRoute, MoeExperts, Lora, GatherColumns,
 };
 const char* op_name(Op op);
 
@@ -164,6 +164,9 @@ class Backend {
   virtual void swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) = 0;
   // out[r, :] = x[idx[r], :]
   virtual void gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) = 0;
+  // out[r, j] = x[r, idx[j]], idx in [0, cols(x)): a projection's inputs in the order its
+  // weight's columns are stored in (GPTQ act-order).
+  virtual void gather_columns(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) = 0;
 
   // ---- mixture of experts (Qwen3-MoE); optional: the defaults throw ValueError ----
   // Routing is data: both ops read ids / weights from tensors at submit time, so a recorded

@@ -156,6 +156,14 @@ void gather_rows(const Tensor& x, const Tensor& idx, const Tensor& out) {
   need(out.rows() == idx.numel() && out.cols() == x.cols(), op, "out " + out.str() + " must be [len(idx), cols(x)]");
 }
 
+void gather_columns(const Tensor& x, const Tensor& idx, const Tensor& out) {
+  const std::string op = "gather_columns";
+  f32(x, op, "x");
+  i32(idx, op, "idx");
+  f32(out, op, "out");
+  need(out.rows() == x.rows() && out.cols() == idx.numel(), op, "out " + out.str() + " must be [rows(x), len(idx)]");
+}
+
 void moe_route(const Tensor& logits, int64_t top_k, const Tensor& ids, const Tensor& weights) {
   const std::string op = "moe_route";
   f32(logits, op, "logits");

@@ -73,8 +73,20 @@ void bind_io(py::module_& m) {
         for (int64_t d : t->shape) n *= d;
         py::array_t<float> out(std::vector<py::ssize_t>(t->shape.begin(), t->shape.end()));
         quant::dequantize_row(t->dtype, t->data, out.mutable_data(), n);
-        return out;
-      }, py::arg("name"), "A weight as f32, dequantized from the type ferrum holds it in.")
+        if (!t->input_order) return out;
+        const std::vector<int32_t>& order = *t->input_order;  // back into the inputs' order
+        const int64_t K = int64_t(order.size()), rows = n / K;
+        py::array_t<float> ordered(std::vector<py::ssize_t>(t->shape.begin(), t->shape.end()));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < K; ++j) ordered.mutable_data()[r * K + order[size_t(j)]] = out.data()[r * K + j];
+        return ordered;
+      }, py::arg("name"), "A weight as f32, dequantized from the type ferrum holds it in (columns in the inputs' order).")
+      .def("input_order", [](const ModelFile& f, const std::string& name) -> py::object {
+        const TensorInfo* t = f.weights.find(name);
+        if (!t) throw ValueError("no tensor '" + name + "' in " + f.path);
+        if (!t->input_order) return py::none();
+        return py::cast(*t->input_order);
+      }, py::arg("name"), "The order of the inputs a weight's columns hold (GPTQ act-order), or None: in order.")
       .def_property_readonly("file_bytes", [](const ModelFile& f) { return f.weights.file_bytes(); },
                              "The sizes of the files the weights live in, added up.")
       .def("pop_tokenizer_metadata", [](ModelFile& f) {

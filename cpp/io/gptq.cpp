@@ -81,18 +81,20 @@ void translate_module(WeightSource& ws, const std::string& module, const GptqCon
                              std::to_string(K) + " inputs, " + std::to_string(N) + " outputs";
   const TensorInfo& sc = packed_tensor(ws, module + ".scales", DType::F16, {G, N}, groups, "GPTQ");
   const TensorInfo& qz = packed_tensor(ws, module + ".qzeros", DType::I32, {G, N / pf}, groups, "GPTQ");
+  // Act-order (desc_act) is read from g_idx itself: inputs out of group order.
   const std::string gi_name = module + ".g_idx";
+  std::vector<int32_t> g_idx;
+  bool act_order = false;
   if (const TensorInfo* gi = ws.find(gi_name)) {
     packed_tensor(ws, gi_name, DType::I32, {K}, "one group index per input", "GPTQ");
+    g_idx.resize(size_t(K));
     for (int64_t k = 0; k < K; ++k) {
       const int32_t g = int32_t(packed_word(*gi, k));
       if (g < 0 || g >= G)
         throw ValueError(ws.path + ": GPTQ tensor '" + gi_name + "' entry " + std::to_string(k) + " is " +
                          std::to_string(g) + ", outside the " + std::to_string(G) + " groups");
-      if (g != k / gs)
-        throw ValueError(ws.path + ": GPTQ tensor '" + gi_name +
-                         "' orders inputs out of group order (act-order / desc_act), which ferrum does not "
-                         "read yet");
+      g_idx[size_t(k)] = g;
+      act_order = act_order || g != k / gs;
     }
   }
   const std::string out_name = module + ".weight";
@@ -121,6 +123,7 @@ void translate_module(WeightSource& ws, const std::string& module, const GptqCon
       const uint32_t w = packed_word(qw, r * N + n);
       for (int i = 0; i < pf; ++i) codes.q[size_t(n * K + r * pf + i)] = uint8_t((w >> (c.bits * i)) & maxq);
     }
+  if (act_order) group_inputs(codes, g_idx, ws.path + ": GPTQ", gi_name);
   store_as_blocks(ws, module, codes, "GPTQ", {".qweight", ".qzeros", ".scales", ".g_idx"});
 }
 

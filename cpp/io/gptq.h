@@ -14,7 +14,7 @@ namespace ferrum {
 // quant_config.json); a float checkpoint (none there) is left as it is. quant_method awq goes
 // to translate_awq_weights. ValueError naming the field or tensor for what is
 // not supported (another quant_method or format, bits other than 4 and 8, a group size that is
-// not a multiple of 32, act-order, `dynamic`, asymmetric 8-bit) or does not fit the config (a
+// not a multiple of 32, `dynamic`, asymmetric 8-bit) or does not fit the config (a
 // packed tensor's shape or dtype, a g_idx entry out of range).
 void translate_quantized_weights(const std::string& dir, WeightSource& ws);
 

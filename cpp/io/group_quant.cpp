@@ -1,5 +1,7 @@
 #include "io/group_quant.h"
 
+#include <algorithm>
+
 #include <cstring>
 
 #include "core/error.h"
@@ -75,7 +77,7 @@ void store_as_blocks(WeightSource& ws, const std::string& module, const GroupCod
   for (int64_t n = 0; n < N; ++n) {
     const uint8_t* qn = c.q.data() + n * K;
     for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t g = b * kBlock / gs;
+      const int64_t g = c.block_groups.empty() ? b * kBlock / gs : c.block_groups[size_t(b)];
       const uint16_t d = c.scales[size_t(n * G + g)];
       const int z = c.zeros[size_t(n * G + g)];
       const uint8_t* v = qn + b * kBlock;
@@ -119,7 +121,32 @@ void store_as_blocks(WeightSource& ws, const std::string& module, const GroupCod
   t.data = home->data();
   t.nbytes = home->size();
   t.file = home;
+  if (!c.input_order.empty()) t.input_order = std::make_shared<const std::vector<int32_t>>(c.input_order);
   ws.tensors[out_name] = std::move(t);
+}
+
+void group_inputs(GroupCodes& c, const std::vector<int32_t>& g_idx, const std::string& where,
+                  const std::string& tensor) {
+  const int64_t K = c.K, N = c.N, G = c.groups();
+  std::vector<int64_t> count(size_t(G), 0);
+  for (int32_t g : g_idx) count[size_t(g)]++;
+  for (int64_t g = 0; g < G; ++g)
+    if (count[size_t(g)] % kBlock != 0)
+      throw ValueError(where + " tensor '" + tensor + "' puts " + std::to_string(count[size_t(g)]) +
+                       " inputs in group " + std::to_string(g) + ", not a multiple of " + std::to_string(kBlock) +
+                       " (ferrum keeps each group whole blocks of " + std::to_string(kBlock) + ")");
+  c.input_order.resize(size_t(K));
+  for (int64_t k = 0; k < K; ++k) c.input_order[size_t(k)] = int32_t(k);
+  std::stable_sort(c.input_order.begin(), c.input_order.end(),
+                   [&](int32_t a, int32_t b) { return g_idx[size_t(a)] < g_idx[size_t(b)]; });
+  c.block_groups.resize(size_t(K / kBlock));
+  for (int64_t b = 0; b < K / kBlock; ++b) c.block_groups[size_t(b)] = g_idx[size_t(c.input_order[size_t(b * kBlock)])];
+  std::vector<uint8_t> row(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    uint8_t* q = c.q.data() + n * K;
+    for (int64_t j = 0; j < K; ++j) row[size_t(j)] = q[c.input_order[size_t(j)]];
+    std::copy(row.begin(), row.end(), q);
+  }
 }
 
 }  // namespace ferrum

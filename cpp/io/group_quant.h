@@ -22,8 +22,18 @@ struct GroupCodes {
   std::vector<uint8_t> q;      // [N, K]
   std::vector<uint8_t> zeros;  // [N, G]
   std::vector<uint16_t> scales;  // [N, G], f16 bits
+  // Act-order: q's columns hold the inputs in this order, grouped (each group's inputs together,
+  // a whole number of 32-column blocks), and block_groups[b] is block b's group. Empty: inputs in
+  // order, block b in group b * 32 / group_size.
+  std::vector<int32_t> input_order, block_groups;
   int64_t groups() const { return (K + group_size - 1) / group_size; }
 };
+
+// Act-order: the order that groups a module's inputs by g_idx (each group's inputs in their
+// order) into codes.input_order / block_groups, and q's columns permuted into it. ValueError
+// (naming `tensor`) when a group does not hold a whole number of 32-input blocks.
+void group_inputs(GroupCodes& codes, const std::vector<int32_t>& g_idx, const std::string& where,
+                  const std::string& tensor);
 
 // Replaces the module's packed tensors (those of `packed_suffixes` present) with
 // `<module>.weight`. ValueError (naming the module, `method` saying whose) for asymmetric 8-bit.

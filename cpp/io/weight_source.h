@@ -18,6 +18,9 @@ struct TensorInfo {
   const char* data;  // into file
   size_t nbytes;
   std::shared_ptr<MappedFile> file;
+  // A matrix whose columns hold its inputs in this order (column j: input input_order[j]), as a
+  // GPTQ act-order checkpoint groups them; null: in order.
+  std::shared_ptr<const std::vector<int32_t>> input_order;
 };
 
 struct WeightSource {

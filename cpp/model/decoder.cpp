@@ -15,6 +15,12 @@ Decoder::Decoder(std::shared_ptr<Backend> be, ModelConfig cfg, ModelWeights w, R
   }
   attn_ = AttnParams{cfg_.heads, cfg_.kv_heads, cfg_.head_dim, float(1.0 / std::sqrt(double(cfg_.head_dim))),
                      cfg_.sliding_window};
+  const auto widest = [&](const Linear& l) {
+    if (l.input_order.defined()) ordered_inputs_ = std::max(ordered_inputs_, l.input_order.numel());
+  };
+  widest(w_.lm_head);
+  for (const LayerWeights& l : w_.layers)
+    for (const Linear* lin : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.router}) widest(*lin);
 }
 
 StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blocks, const StepRows& split,
@@ -53,6 +59,7 @@ StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blo
   }
   b.down = be.alloc(DType::F32, {T, c.hidden});
   if (lora_) b.lora_rows = be.alloc(DType::I32, {T});
+  if (ordered_inputs_ > 0) b.ordered = be.alloc(DType::F32, {T * ordered_inputs_});
   b.h_rows = be.alloc(DType::F32, {R, c.hidden});
   b.logits = be.alloc(DType::F32, {std::max<int64_t>(split.logit_rows, 1), c.vocab});
   return b;
@@ -75,7 +82,7 @@ void Decoder::by_row_group(Stream& s, const StepBuffers& b, int64_t n, int64_t g
 void Decoder::matmul(Stream& s, const StepBuffers& b, const Linear& w, const Tensor& x, const Tensor& out,
                      int64_t gen, int64_t site) const {
   by_row_group(s, b, x.dim(0), gen, [&](int64_t begin, int64_t count) {
-    w.record(*be_, s, x.slice(begin, count), out.slice(begin, count));
+    w.record(*be_, s, x.slice(begin, count), out.slice(begin, count), b.ordered);
   });
   if (!lora_ || site < 0) return;
   const LoraSiteShape shape = lora_site_shape(cfg_, site);

@@ -40,6 +40,9 @@ struct StepBuffers {
   Tensor router_logits, expert_ids, expert_weights;  // MoE layers: f32[T, E], i32 / f32[T, k]
   // With LoRA: i32[tokens], the slot (Decoder::lora_slots) of each token row's adapter, -1 none.
   Tensor lora_rows;
+  // With projections whose inputs are reordered (Linear::input_order): f32 scratch for the
+  // reordered rows, [tokens x the widest such input].
+  Tensor ordered;
 };
 
 // With tensor parallelism, a rank's decoder computes its share of the model (cfg is
@@ -85,6 +88,7 @@ class Decoder {
   std::shared_ptr<LoraSlots> lora_;
   int64_t max_lora_rank_ = 0;
   PipelineStage stage_;
+  int64_t ordered_inputs_ = 0;  // the widest input of a projection with an input order (0: none)
 };
 
 }  // namespace ferrum

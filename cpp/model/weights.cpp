@@ -71,6 +71,7 @@ class Loader {
   // split by its input): a copy, of whole blocks.
   Linear columns(const TensorInfo& t, int64_t c0, int64_t n) const {
     if (n == t.shape[1]) return fused({&t}, {});
+    in_order(t, "tensor parallelism (a rank's share of its inputs)");
     check_whole_blocks(t, c0, n);
     Tensor part = be_.alloc(t.dtype, {t.shape[0], n});
     upload_columns(be_, part, t.data, t.shape[1], c0);
@@ -110,6 +111,7 @@ class Loader {
                             dtype_name(parts.back()->dtype) + " vs " + dtype_name(parts[0]->dtype) + ")");
       }
     }
+    for (const TensorInfo* p : parts) in_order(*p, "a mixture-of-experts layer");
     const DType dtype = parts[0]->dtype;
     if (cols != in) check_whole_blocks(*parts[0], c0, cols);
     Tensor t = be_.alloc(dtype, {E, rows, cols});
@@ -130,9 +132,27 @@ class Loader {
                        dtype_name(t.dtype) + " experts");
     return t;
   }
+  // The input order the parts' columns share (GPTQ act-order), uploaded; undefined when in order.
+  // Parts of one projection read one input, so their orders must agree.
+  Tensor input_order(const std::vector<const TensorInfo*>& parts) const {
+    const auto& order = parts[0]->input_order;
+    for (auto* p : parts)
+      if (!(p->input_order == order || (p->input_order && order && *p->input_order == *order)))
+        throw ValueError(src_.path + ": '" + p->name + "' orders its inputs (act-order) differently from '" +
+                         parts[0]->name + "', which it is fused with; ferrum needs one order per projection");
+    if (!order) return {};
+    return be_.from_host(order->data(), DType::I32, {int64_t(order->size())});
+  }
+  // Refuses a weight whose inputs are reordered where the order cannot be applied.
+  void in_order(const TensorInfo& t, const char* why) const {
+    if (t.input_order)
+      throw ValueError(src_.path + ": '" + t.name + "' orders its inputs (GPTQ act-order), which " + why +
+                       " does not support yet");
+  }
   // Projections concatenated along their output rows: one tensor when dtypes agree.
   Linear fused(const std::vector<const TensorInfo*>& parts, const std::vector<const TensorInfo*>& biases) const {
     Linear lin;
+    lin.input_order = input_order(parts);
     bool same = true;
     for (auto* p : parts) same = same && p->dtype == parts[0]->dtype;
     if (same && parts.size() > 1) {
@@ -175,7 +195,12 @@ int64_t Linear::out_features() const {
   return n;
 }
 
-void Linear::record(Backend& be, Stream& s, const Tensor& x, const Tensor& out) const {
+void Linear::record(Backend& be, Stream& s, const Tensor& x_in, const Tensor& out, const Tensor& scratch) const {
+  Tensor x = x_in;
+  if (input_order.defined()) {
+    x = scratch.reshape({scratch.numel()}).slice(0, x_in.rows() * x_in.cols()).reshape({x_in.rows(), x_in.cols()});
+    be.gather_columns(s, x_in, input_order, x);
+  }
   if (parts.size() == 1) {
     be.linear(s, x, parts[0], bias, out, 0);
     return;
@@ -204,7 +229,9 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
     if (split.whole()) w.embed = tied ? L.linear_weight(embed) : L.weight(embed);  // tied: also the lm_head
     else w.embed = L.embedding_rows(embed, split.vocab0, split.vocab, tied);
   }
+  L.in_order(embed, "an embedding");
   if (stage.last()) {
+    if (!tied) w.lm_head.input_order = L.input_order({head});
     if (split.whole()) w.lm_head.parts.push_back(tied ? w.embed : L.linear_weight(*head));
     else
       w.lm_head.parts.push_back(tied ? w.embed.slice(0, split.vocab)

@@ -18,8 +18,12 @@ namespace ferrum {
 struct Linear {
   std::vector<Tensor> parts;  // [N_i, K] each; outputs concatenated along columns
   Tensor bias;                // f32 [sum N_i] or undefined
+  // i32 [K]: the parts' columns hold the inputs in this order (GPTQ act-order), so x is gathered
+  // into it first; undefined: in order.
+  Tensor input_order;
   int64_t out_features() const;
-  void record(Backend& be, Stream& s, const Tensor& x, const Tensor& out) const;
+  // scratch: f32 of at least rows(x) x K elements when input_order is defined.
+  void record(Backend& be, Stream& s, const Tensor& x, const Tensor& out, const Tensor& scratch = {}) const;
 };
 
 struct LayerWeights {

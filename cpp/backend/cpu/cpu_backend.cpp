@@ -373,4 +373,18 @@ void CpuBackend::gather_rows(Stream& s, const Tensor& x, const Tensor& idx, cons
   });
 }
 
+void CpuBackend::gather_columns(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) {
+  own({&x, &idx, &out});
+  checks::gather_columns(x, idx, out);
+  cpu_stream(s).record("gather_columns", [=](int ith, int nth) {
+    const int64_t rows = x.rows(), k = x.cols(), n = idx.numel();
+    const int32_t* order = host_ptr<int32_t>(idx);
+    for (int64_t r = ith; r < rows; r += nth) {
+      const float* src = host_ptr<float>(x) + r * k;
+      float* dst = host_ptr<float>(out) + r * n;
+      for (int64_t j = 0; j < n; ++j) dst[j] = src[order[j]];
+    }
+  });
+}
+
 }  // namespace ferrum

@@ -45,4 +45,13 @@ void ClBackend::gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const
   record(s, std::move(l));
 }
 
+void ClBackend::gather_columns(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) {
+  checks::gather_columns(x, idx, out);
+  if (out.numel() == 0) return;
+  Launch l = launch(elementwise_program(), "gather_columns", out.numel(), 256);
+  KernelArgs(l).tensor(x, "gather_columns").i32(x.cols()).tensor(idx, "gather_columns")
+      .tensor(out, "gather_columns").i32(out.rows()).i32(out.cols());
+  record(s, std::move(l));
+}
+
 }  // namespace ferrum::ocl
