@@ -27,8 +27,13 @@ VARIANTS = {
     "sym4-g32-v1": (4, 32, True, "gptq", "q4_0"),
     "asym4-g64-v2": (4, 64, False, "gptq_v2", "q5_0"),
     "asym4-g32-v1-act-order": (4, 32, False, "gptq", "q5_0"),
+    "sym4-g32-dynamic": (4, 32, True, "gptq", "q4_0"),
 }
 ACT_ORDER = {"asym4-g32-v1-act-order"}  # desc_act: GPTQModel quantizes the inputs in another order
+# GPTQModel's per-module overrides: the first matching pattern in the file's order decides ("-:"
+# leaves it in float); sorted, "+:" would come first and make layer 1's down_proj 8-bit too
+DYNAMIC = {"sym4-g32-dynamic": {r".*\.1\.mlp\.down_proj": {"bits": 4}, r"-:.*\.1\.self_attn\.o_proj": {},
+                                r"+:.*down_proj": {"bits": 8, "group_size": 64}}}
 PROMPT = [int(t) for t in np.random.default_rng(0).integers(10, 30000, 23)]
 
 QUANTIZE = textwrap.dedent("""
@@ -59,7 +64,8 @@ def quantize_with_gptqmodel(d, jobs):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    jobs = {name: (dict(bits=bits, group_size=group, sym=sym, desc_act=name in ACT_ORDER, format=fmt), {})
+    jobs = {name: (dict(bits=bits, group_size=group, sym=sym, desc_act=name in ACT_ORDER, format=fmt,
+                        dynamic=DYNAMIC.get(name)), {})
             for name, (bits, group, sym, fmt, _) in VARIANTS.items()}
     return quantize_with_gptqmodel(tmp_path_factory.mktemp("gptq"), jobs)
 
@@ -85,18 +91,20 @@ def library_dequantized(path):
     torch kernel (v1 zeros converted by its own v1 -> v2 step; scales widened to f32 first, exactly)."""
     with gptqmodel_imports():
         from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+        from gptqmodel.quantization.config import dynamic_get
         from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
     q = json.loads((path / "config.json").read_text())["quantization_config"]
     st = load_file(path / "model.safetensors")
     out = {k: v.float() for k, v in st.items() if not k.endswith((".qweight", ".qzeros", ".scales", ".g_idx"))}
     for name in [k[:-len(".qweight")] for k in st if k.endswith(".qweight")]:
         K, N = st[name + ".g_idx"].shape[0], st[name + ".scales"].shape[1]
-        m = TorchLinear(bits=q["bits"], group_size=q["group_size"], sym=q["sym"], desc_act=q["desc_act"],
+        bits, group = (dynamic_get(q.get("dynamic"), name, k, q[k]) for k in ("bits", "group_size"))
+        m = TorchLinear(bits=bits, group_size=group, sym=q["sym"], desc_act=q["desc_act"],
                         in_features=K, out_features=N, bias=False, pack_dtype=torch.int32)
         for k in ("qweight", "qzeros", "scales", "g_idx"):
             getattr(m, k).data.copy_(st[f"{name}.{k}"])
         if q["checkpoint_format"] == "gptq":
-            convert_gptq_v1_to_v2_format_module(m, bits=q["bits"], pack_dtype=torch.int32)
+            convert_gptq_v1_to_v2_format_module(m, bits=bits, pack_dtype=torch.int32)
         m.scales.data = m.scales.data.float()
         m.post_init()
         out[name + ".weight"] = m.dequantize_weight().T.float().contiguous()
@@ -119,17 +127,21 @@ def test_weights_equal_gptqmodel_dequantization(checkpoints, variant):
     path = checkpoints[variant]
     mf = ferrum._core.ModelFile(str(path))
     ref = library_dequantized(path)
+    stored = load_file(path / "model.safetensors")
     quantized = [k for k in ref if k.endswith("proj.weight")]
     assert len(quantized) == 7 * SHAPE["num_layers"]
     for name in quantized:
-        assert mf.tensors[name][0] == VARIANTS[variant][4], name
+        qweight = stored.get(name[:-len(".weight")] + ".qweight")  # [K * bits / 32, N]
+        bits = 32 * qweight.shape[0] // ref[name].shape[1] if qweight is not None else 0  # 0: left in float
+        as_stored = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(stored.get(name, torch.tensor(0)).dtype)
+        assert mf.tensors[name][0] == (VARIANTS[variant][4] if bits == 4 else "q8_0" if bits == 8 else as_stored), name
         np.testing.assert_array_equal(mf.dequantized(name), ref[name].numpy(), err_msg=name)
         order = mf.input_order(name)
         if variant not in ACT_ORDER:
             assert order is None, name
             continue
         # the columns hold the inputs grouped by g_idx, each group in its inputs' order
-        g_idx = load_file(path / "model.safetensors")[name[:-len(".weight")] + ".g_idx"].numpy()
+        g_idx = stored[name[:-len(".weight")] + ".g_idx"].numpy()
         assert sorted(order) == list(range(len(order))) and order != sorted(order), name
         assert list(g_idx[order]) == sorted(g_idx), name
 
@@ -210,7 +222,9 @@ def _bad_g_idx(st):
     (dict(config={"checkpoint_format": "marlin"}), "checkpoint format 'marlin'"),
     (dict(config={"bits": 3}), "'bits' is 3"),
     (dict(config={"group_size": 16}), "'group_size' is 16"),
-    (dict(config={"dynamic": {"-:.*down_proj.*": {}}}), "'dynamic'"),
+    (dict(config={"dynamic": {"-:.*down_proj.*": {}}}), "'dynamic' rule '-:.*down_proj.*' leaves it unquantized"),
+    (dict(config={"dynamic": {".*down_proj": {"bits": 3}}}), "'dynamic' rule '.*down_proj': 'bits' is 3"),
+    (dict(config={"dynamic": {"+:(": {}}}), "'dynamic' pattern '+:(' is not a regular expression"),
     (dict(config={"group_size": 64}), ".scales' has shape [8, 128], expected [4, 128]"),
     (dict(tensors=lambda st: st.__setitem__(L0 + ".qzeros", st[L0 + ".qzeros"][:, :-1].clone())),
      f"'{L0}.qzeros' has shape"),

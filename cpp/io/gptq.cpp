@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <regex>
 #include <vector>
 
 #include "core/error.h"
@@ -18,11 +19,16 @@ using json = nlohmann::json;
 
 namespace {
 
-std::optional<json> read_json_file(const std::string& path) {
+std::optional<std::string> read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in.good()) return std::nullopt;
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_json_strict(text.data(), text.data() + text.size(), path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::optional<json> read_json_file(const std::string& path) {
+  const std::optional<std::string> text = read_text(path);
+  if (!text) return std::nullopt;
+  return parse_json_strict(text->data(), text->data() + text->size(), path);
 }
 
 constexpr int kBlock = quant::kQK;
@@ -34,6 +40,58 @@ struct GptqConfig {
   bool v1 = true;            // checkpoint_format gptq: zeros stored as z - 1
 };
 
+// GPTQModel's `dynamic`: per-module overrides, the first pattern (in order) that matches the
+// module's name from its start deciding: "-:pattern" leaves the module in float, "+:pattern" or
+// "pattern" overrides the config's fields for it.
+struct DynamicRule {
+  std::string pattern;
+  std::regex re;
+  bool skip = false;
+  json overrides;
+};
+
+void check_bits_and_group(const GptqConfig& c) {
+  if (c.bits != 4 && c.bits != 8)
+    throw ValueError(c.where + " 'bits' is " + std::to_string(c.bits) + ": ferrum reads 4- and 8-bit GPTQ only");
+  if (c.group_size != -1 && (c.group_size <= 0 || c.group_size % kBlock != 0))
+    throw ValueError(c.where + " 'group_size' is " + std::to_string(c.group_size) +
+                     ": ferrum reads -1 or a multiple of " + std::to_string(kBlock));
+}
+
+// `dynamic` of the quantization config q read from `file` (nested under quantization_config
+// when `nested`), its patterns in the file's order (json objects sort their keys).
+std::vector<DynamicRule> parse_dynamic(const json& q, const std::string& where, const std::string& file, bool nested) {
+  std::vector<DynamicRule> rules;
+  const json* d = config_field(q, "dynamic");
+  if (!d) return rules;
+  if (!d->is_object()) throw ValueError(where + " 'dynamic' must be an object of module patterns");
+  const nlohmann::ordered_json doc = nlohmann::ordered_json::parse(*read_text(file));  // already read strictly
+  const nlohmann::ordered_json& in_order = nested ? doc.at("quantization_config").at("dynamic") : doc.at("dynamic");
+  for (const auto& [key, ignored] : in_order.items()) {
+    const json& value = d->at(key);
+    DynamicRule r;
+    r.pattern = key;
+    r.skip = key.rfind("-:", 0) == 0;
+    const std::string raw = key.rfind("-:", 0) == 0 || key.rfind("+:", 0) == 0 ? key.substr(2) : key;
+    try {
+      r.re = std::regex(raw, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      throw ValueError(where + " 'dynamic' pattern '" + key + "' is not a regular expression (" + e.what() + ")");
+    }
+    if (!value.is_object()) throw ValueError(where + " 'dynamic' entry '" + key + "' must be an object");
+    r.overrides = value;
+    rules.push_back(std::move(r));
+  }
+  return rules;
+}
+
+// The rule deciding for `module`, or null.
+const DynamicRule* dynamic_rule(const std::vector<DynamicRule>& rules, const std::string& module) {
+  for (const DynamicRule& r : rules)
+    if (std::regex_search(module, r.re, std::regex_constants::match_continuous)) return &r;
+  return nullptr;
+}
+
 GptqConfig parse_config(const json& q, const std::string& where) {
   GptqConfig c;
   c.where = where;
@@ -44,17 +102,28 @@ GptqConfig parse_config(const json& q, const std::string& where) {
     throw ValueError(where + " checkpoint format '" + format + "' is not supported (ferrum reads 'gptq' and 'gptq_v2')");
   c.v1 = format == "gptq";
   c.bits = int(config_int(q, "bits", 4, where));
-  if (c.bits != 4 && c.bits != 8)
-    throw ValueError(where + " 'bits' is " + std::to_string(c.bits) + ": ferrum reads 4- and 8-bit GPTQ only");
   c.group_size = config_int(q, "group_size", 128, where);
-  if (c.group_size != -1 && (c.group_size <= 0 || c.group_size % kBlock != 0))
-    throw ValueError(where + " 'group_size' is " + std::to_string(c.group_size) +
-                     ": ferrum reads -1 or a multiple of " + std::to_string(kBlock));
+  check_bits_and_group(c);
   const std::string pack_dtype = config_string(q, "pack_dtype", "int32", where);
   if (pack_dtype != "int32")
     throw ValueError(where + " 'pack_dtype' is '" + pack_dtype + "': ferrum reads int32 packing only");
-  if (const json* d = config_field(q, "dynamic"); d && !(d->is_object() && d->empty()))
-    throw ValueError(where + " 'dynamic' (per-module overrides) is not supported yet");
+  return c;
+}
+
+// The config for one module: the rule's overrides of bits and group size (the others it may
+// set steer how GPTQModel quantized it; symmetry and act-order are read from the tensors).
+GptqConfig module_config(const GptqConfig& base, const std::vector<DynamicRule>& rules, const std::string& module,
+                         const WeightSource& ws) {
+  const DynamicRule* r = dynamic_rule(rules, module);
+  if (!r) return base;
+  if (r->skip)
+    throw ValueError(ws.path + ": module '" + module + "' has a 'qweight' but 'dynamic' rule '" + r->pattern +
+                     "' leaves it unquantized");
+  GptqConfig c = base;
+  c.where = base.where + " 'dynamic' rule '" + r->pattern + "':";
+  c.bits = int(config_int(r->overrides, "bits", base.bits, c.where));
+  c.group_size = config_int(r->overrides, "group_size", base.group_size, c.where);
+  check_bits_and_group(c);
   return c;
 }
 
@@ -131,13 +200,15 @@ void translate_module(WeightSource& ws, const std::string& module, const GptqCon
 
 void translate_quantized_weights(const std::string& dir, WeightSource& ws) {
   std::optional<json> q;
-  std::string where, method_fallback = "gptq";
+  std::string where, method_fallback = "gptq", file;
   if (auto cfg = read_json_file(dir + "/config.json"); cfg && cfg->is_object() && cfg->contains("quantization_config")) {
     q = (*cfg)["quantization_config"];
     where = dir + "/config.json: quantization_config";
+    file = dir + "/config.json";
   } else if (auto qc = read_json_file(dir + "/quantize_config.json")) {
     q = std::move(qc);
     where = dir + "/quantize_config.json";
+    file = where;
   } else if (auto ac = read_json_file(dir + "/quant_config.json")) {
     // AutoAWQ's own file, which names no quant_method.
     q = std::move(ac);
@@ -165,7 +236,8 @@ void translate_quantized_weights(const std::string& dir, WeightSource& ws) {
   if (method != "gptq")
     throw ValueError(where + " 'quant_method' is '" + method + "', which ferrum does not read (it reads 'gptq' and 'awq')");
   const GptqConfig c = parse_config(*q, where);
-  for (const std::string& m : modules) translate_module(ws, m, c);
+  const std::vector<DynamicRule> rules = parse_dynamic(*q, where, file, file == dir + "/config.json");
+  for (const std::string& m : modules) translate_module(ws, m, module_config(c, rules, m, ws));
 }
 
 }  // namespace ferrum
