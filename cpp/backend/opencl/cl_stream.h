@@ -74,6 +74,9 @@ class ClStream : public Stream {
   // (quantize(xq) is called to make xq when the producer writes it itself); else null.
   const Tensor* claim_quantized(cl_mem mem, size_t byte_offset, int64_t rows, int64_t cols,
                                 const std::function<Tensor()>& make_xq);
+  // fn runs at each submit, in the order added, before any launch is enqueued (it may enqueue
+  // copies of its own); it returns true when it changed a recorded launch's arguments.
+  void add_prepare(std::function<bool()> fn) { prepares_.push_back(std::move(fn)); }
   void set_profiling(bool on) { profiling_ = on; }
   // Replay through a command buffer where the device has one (ClBackend::new_stream decides).
   void set_command_buffer(bool on);
@@ -85,6 +88,7 @@ class ClStream : public Stream {
   void release_events();
   std::shared_ptr<DeviceContext> dc_;
   std::vector<Launch> launches_;
+  std::vector<std::function<bool()>> prepares_;
   bool profiling_ = false;
   bool command_buffer_on_ = false;
   std::unique_ptr<CommandBuffer> command_buffer_;  // of launches_ as they are; dropped on change
