@@ -1,7 +1,7 @@
 """Whole models on the OpenCL backend, with each of its kernel families (FERRUM_OPENCL_KERNELS):
 quantized synthetic variants against the CPU backend, decode (GEMV kernels) against prefill
-(tiled kernels) on OpenCL itself, and a model whose embedding is split over several device
-buffers."""
+(tiled kernels) on OpenCL itself, a model whose embedding is split over several device
+buffers, and LoRA adapters per request against the CPU backend."""
 import json
 import os
 
