@@ -7,10 +7,10 @@ kernel void gpu_lora_shrink(global const float* x, long x_off, global const int*
                             global float* t, long t_off, int T, int K, int site, int site_rank,
                             local float* scratch) {
   const int lid = (int)get_local_id(0), lane = lid % LANES;
-  const int pair = (int)get_group_id(0) * GEMV_GROUPS + lid / LANES;
-  const int row = pair / site_rank, j = pair % site_rank;
+  const long pair = (long)get_group_id(0) * GEMV_GROUPS + lid / LANES;
+  const int row = (int)(pair / site_rank), j = (int)(pair % site_rank);
   table += table_off;
-  global const int* up = pair < T * site_rank ? lora_update_of_rank(table, row_slots[rs_off + row], site, j) : 0;
+  global const int* up = pair < (long)T * site_rank ? lora_update_of_rank(table, row_slots[rs_off + row], site, j) : 0;
   float s = 0.0f;
   if (up) {
     global const float* xr = x + x_off + (long)row * K;

@@ -38,9 +38,9 @@ static inline global const int* lora_update_of_rank(global const int* table, int
 kernel void lora_shrink(global const float* x, long x_off, global const int* row_slots, long rs_off,
                         global const int* table, long table_off, global const float* w, long w_off,
                         global float* t, long t_off, int T, int K, int site, int site_rank) {
-  const int gid = (int)get_global_id(0);
-  if (gid >= T * site_rank) return;
-  const int row = gid / site_rank, j = gid % site_rank;
+  const long gid = (long)get_global_id(0);
+  if (gid >= (long)T * site_rank) return;
+  const int row = (int)(gid / site_rank), j = (int)(gid % site_rank);
   table += table_off;
   global const int* up = lora_update_of_rank(table, row_slots[rs_off + row], site, j);
   if (!up) return;
@@ -61,9 +61,9 @@ kernel void lora_shrink(global const float* x, long x_off, global const int* row
 kernel void lora_expand(global const float* t, long t_off, global const int* row_slots, long rs_off,
                         global const int* table, long table_off, global const float* w, long w_off,
                         global float* out, long out_off, int T, int ld, int site, int site_rank) {
-  const int gid = (int)get_global_id(0);
-  if (gid >= T * ld) return;
-  const int row = gid / ld, c = gid % ld;
+  const long gid = (long)get_global_id(0);  // T * ld may pass 2^31
+  if (gid >= (long)T * ld) return;
+  const int row = (int)(gid / ld), c = (int)(gid % ld);
   table += table_off;
   int first = 0;
   const int n = lora_updates(table, row_slots[rs_off + row], site, &first);
