@@ -3,8 +3,9 @@
 // kernels from device buffers). submit() enqueues the whole list on the in-order queue, without
 // waiting for anything, so a recorded step is replayed after the runner rewrites its input
 // buffers; where the device has cl_khr_command_buffer, the list is captured once into a command
-// buffer and each submit is a single enqueue. With profiling on, each launch is enqueued on its
-// own with an event, and kernel_times() reports device time.
+// buffer and each submit is a single enqueue. Ops whose inputs are host objects chosen per submit
+// (LoRA's slots) add a prepare step that runs first and may rebind their launches. With profiling
+// on, each launch is enqueued on its own with an event, and kernel_times() reports device time.
 #pragma once
 #include <CL/cl.h>
 
