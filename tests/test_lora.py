@@ -189,11 +189,6 @@ def test_lora_needs_enable_lora(lora_models):
         llm.score(PROMPT, lora_request=request(lora_models, "llama-r8"))
 
 
-def test_opencl_refuses_enable_lora(lora_models):
-    with pytest.raises(ValueError, match="LoRA"):
-        ferrum.LLM(str(lora_models["bases"]["llama"]), device="opencl", enable_lora=True)
-
-
 def test_bad_requests():
     with pytest.raises(ValueError, match="lora_int_id"):
         LoRARequest("x", 0, "/tmp")

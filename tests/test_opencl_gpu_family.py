@@ -5,9 +5,11 @@ or SwiGLU launch before them, command-buffer replay, decode attention split over
 import numpy as np
 import pytest
 
+import ferrum
 import reference as R
 from ferrum import _core
 from test_ops import linear_on_stream
+from test_opencl_models import lora_setup  # noqa: F401 (a fixture)
 from test_opencl_parity import encode_weight, upload_weight
 
 # The types whose GGUF blocks leave the quants less than 16-byte aligned: pack_weight repacks them.
@@ -257,6 +259,25 @@ def test_other_sizes_give_the_same_results(rng, monkeypatch):
     for T in (3, 40):
         _, got, ref = moe_parity(cpu, be, rng, ["q8_0"] * 3, T, E=4)
         assert R.nmse(got, ref) < opencl_moe_bound(["q8_0"] * 3, T, E=4)
+
+
+def test_lora_at_other_sizes(lora_setup, monkeypatch):
+    """LoRA's lane-group shrink at the sizes above: a step mixing adapters and the base within
+    the parity bound of the CPU backend's, each row as it scores alone."""
+    from test_lora import PROMPT as LORA_PROMPT
+    from test_opencl_models import lora_llm, lora_request
+    monkeypatch.setenv("FERRUM_OPENCL_GPU_TUNING", OTHER_SIZES)
+    base, adapters = lora_setup
+    cpu = lora_llm(base, "cpu", None)
+    ocl = ferrum.LLM(str(base), device="opencl", kv_dtype="f32", num_threads=2, kv_cache_tokens=1024, enable_lora=True,
+                     max_loras=4, max_lora_rank=8, enable_prefix_caching=False)
+    names = ["llama-rank-pattern", None, "llama-r1-qv", "llama-all-linear"]
+    reqs = [lora_request(adapters, n) for n in names]
+    prompts = [LORA_PROMPT[i:] + LORA_PROMPT[:i] for i in range(len(names))]
+    for p, r, got in zip(prompts, reqs, ocl.score(prompts, lora_request=reqs)):
+        ref = cpu.score(p, lora_request=r)
+        assert np.abs(got - ref).max() < 1e-4 * max(np.abs(ref).max(), 1.0)
+        assert np.array_equal(got, ocl.score(p, lora_request=r))
 
 
 def test_bad_tuning_overrides_are_value_errors(monkeypatch):

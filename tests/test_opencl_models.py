@@ -1,7 +1,7 @@
 """Whole models on the OpenCL backend, with each of its kernel families (FERRUM_OPENCL_KERNELS):
 quantized synthetic variants against the CPU backend, decode (GEMV kernels) against prefill
-(tiled kernels) on OpenCL itself, and a model whose embedding is split over several device
-buffers."""
+(tiled kernels) on OpenCL itself, a model whose embedding is split over several device
+buffers, and LoRA adapters per request against the CPU backend."""
 import json
 import os
 
@@ -110,3 +110,74 @@ def test_kv_cache_larger_than_the_device_is_memory_error():
     # 10^9 tokens of f16 K and V: ~64 GB per layer pool, more than the device holds.
     with pytest.raises(MemoryError, match="cannot allocate"):
         _core.ModelRunner(STORIES_FORMATS["gguf"], device="opencl", kv_cache_tokens=10**9)
+
+
+# ---- LoRA adapters per request (the adapters test_lora.py makes with PEFT) ----
+
+LORA_NAMES = ["llama-r8", "llama-r1-qv", "llama-rank-pattern", "llama-rslora-layers", "llama-all-linear", "llama-zero"]
+
+
+@pytest.fixture(scope="module")
+def lora_setup(tmp_path_factory):
+    """The tiny f32 Llama base of test_lora.py and some of its adapters (fused q/k/v parts of
+    different ranks, parts and layers left out, every linear)."""
+    from test_lora import ADAPTERS, TOK
+    from ferrum.tools.make_lora import make_lora
+
+    root = tmp_path_factory.mktemp("lora")
+    base = make_model("llama", "tiny", "hf", "f32", seed=11, tokenizer=TOK, out=root / "llama")
+    adapters = {n: make_lora(base, root / n, **ADAPTERS[n][1]) for n in LORA_NAMES}
+    return base, adapters
+
+
+_lora_llms = {}
+
+
+def lora_llm(base, device, family):
+    key = (device, family if device == "opencl" else None)
+    if key not in _lora_llms:
+        _lora_llms[key] = ferrum.LLM(str(base), device=device, kv_dtype="f32", num_threads=2, kv_cache_tokens=1024,
+                                     enable_lora=True, max_loras=4, max_lora_rank=8, enable_prefix_caching=False)
+    return _lora_llms[key]
+
+
+def lora_request(adapters, name):
+    return ferrum.LoRARequest(name, 1 + LORA_NAMES.index(name), str(adapters[name])) if name else None
+
+
+def test_lora_logits_equal_cpu(lora_setup, kernel_family):
+    """Each adapter's logits on OpenCL within the bound the base model's parity holds to."""
+    from test_lora import PROMPT as LORA_PROMPT
+
+    base, adapters = lora_setup
+    cpu, ocl = lora_llm(base, "cpu", None), lora_llm(base, "opencl", kernel_family)
+    base_logits = cpu.score(LORA_PROMPT)
+    for name in [None] + LORA_NAMES[:-1]:
+        req = lora_request(adapters, name)
+        ref, got = cpu.score(LORA_PROMPT, lora_request=req), ocl.score(LORA_PROMPT, lora_request=req)
+        scale = np.abs(ref).max()
+        if name:
+            assert np.abs(ref - base_logits).max() > 1e-2 * scale  # the adapter matters
+        assert np.abs(got - ref).max() < 1e-4 * max(scale, 1.0), name
+
+
+def test_lora_mixed_batch_equals_each_alone_and_zero_b_is_the_base(lora_setup, kernel_family):
+    """A step mixing four adapters and the base gives each request the bits it gets alone
+    (scores), and the same tokens (generation, whose decodes replay recorded steps while the
+    slots change); an adapter whose B is zero gives the base's bits."""
+    from test_lora import PROMPT as LORA_PROMPT
+
+    base, adapters = lora_setup
+    ocl = lora_llm(base, "opencl", kernel_family)
+    names = ["llama-r8", None, "llama-r1-qv", "llama-rank-pattern", "llama-rslora-layers"]
+    reqs = [lora_request(adapters, n) for n in names]
+    prompts = [LORA_PROMPT[i:] + LORA_PROMPT[:i] for i in range(len(names))]
+    params = ferrum.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    together = ocl.generate(prompt_token_ids=prompts, sampling_params=params, lora_request=reqs)
+    scores = ocl.score(prompts, lora_request=reqs)
+    for p, r, out, s in zip(prompts, reqs, together, scores):
+        assert np.array_equal(s, ocl.score(p, lora_request=r))
+        alone = ocl.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0]
+        assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+    zero = lora_request(adapters, "llama-zero")
+    assert np.array_equal(ocl.score(LORA_PROMPT, lora_request=zero), ocl.score(LORA_PROMPT))

@@ -130,7 +130,7 @@ def test_supports_is_truthful(cpu, ocl):
         w = ocl.tensor_raw(np.zeros(len(_core.quant.quantize(dt, np.zeros(256, np.float32))), np.uint8), dt, [1, 256])
         with pytest.raises(ValueError, match="no kernels"):
             ocl.linear(ocl.tensor(np.zeros((1, 256), np.float32)), w, None, ocl.empty("f32", [1, 1]))
-    for op in ("rms_norm", "add_rms_norm", "qkv_to_cache", "paged_attention", "swiglu", "gather_rows"):
+    for op in ("rms_norm", "add_rms_norm", "qkv_to_cache", "paged_attention", "swiglu", "gather_rows", "lora"):
         assert ocl.supports(op)
     assert ocl.supports("moe_route")
     for dt in all_types:

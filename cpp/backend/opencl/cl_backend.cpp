@@ -57,8 +57,6 @@ bool ClBackend::supports(Op op, DType w) const {
     case Op::Linear:
     case Op::MoeExperts:
       return weight_define(w) != nullptr;
-    case Op::Lora:
-      return false;
     default:
       return true;
   }

@@ -4,7 +4,9 @@
 // then record the launches of the backend's family; nothing runs before Stream::submit().
 #pragma once
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -32,6 +34,8 @@ MatmulTile matmul_tile(DType weight_dtype, int64_t tokens);
 bool dot_q8(DType weight_dtype);
 // Bytes per row of x quantized to 8 bits (kernels/quantize.cl: xq_row_bytes).
 int64_t xq_row_bytes(int64_t K);
+
+struct LoraArena;  // cl_ops_lora.cpp
 
 class ClBackend : public Backend {
  public:
@@ -78,6 +82,8 @@ class ClBackend : public Backend {
   void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                    const Tensor& down, const Tensor& ids, const Tensor& weights,
                    const Tensor& out) override;
+  void lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::shared_ptr<const LoraSlots> slots,
+            int64_t site, int64_t max_rank, const Tensor& out) override;
 
  private:
   // Programs: kernels/common.cl + the op family's file, built per weight / KV dtype.
@@ -107,6 +113,8 @@ class ClBackend : public Backend {
   void moe_tiles(Stream& s, const Tensor& x, int64_t x_div, const Tensor& w, const Tensor& groups,
                  int64_t P, const MatmulTile& tile, const Tensor& y, int64_t col);
   void check_owned(const Tensor& t, const char* op) const;
+  // The device copy of a slot set, shared by every lora op recorded over it.
+  std::shared_ptr<LoraArena> lora_arena(const std::shared_ptr<const LoraSlots>& slots);
   // Stands in for an absent optional tensor (bias, QK-norm weights, int8 scales).
   const Tensor& placeholder() const { return placeholder_; }
 
@@ -143,6 +151,8 @@ class ClBackend : public Backend {
   // family's weight kernels without clang's x86 builtins (kernels/weights.cl), the gpu family's
   // without NVIDIA's inline PTX (tests compare both forms).
   bool portable_kernels_ = false;
+  std::mutex lora_mu_;
+  std::vector<std::pair<std::weak_ptr<const LoraSlots>, std::weak_ptr<LoraArena>>> lora_arenas_;
 };
 
 }  // namespace ferrum::ocl

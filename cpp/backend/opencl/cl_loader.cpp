@@ -95,6 +95,10 @@ FERRUM_CL_FORWARD(cl_int, clEnqueueFillBuffer,
                   (cl_command_queue q, cl_mem m, const void* pattern, size_t pattern_size, size_t offset,
                    size_t size, cl_uint n_wait, const cl_event* wait, cl_event* event),
                   (q, m, pattern, pattern_size, offset, size, n_wait, wait, event))
+FERRUM_CL_FORWARD(cl_int, clEnqueueCopyBuffer,
+                  (cl_command_queue q, cl_mem src, cl_mem dst, size_t src_offset, size_t dst_offset, size_t size,
+                   cl_uint n_wait, const cl_event* wait, cl_event* event),
+                  (q, src, dst, src_offset, dst_offset, size, n_wait, wait, event))
 FERRUM_CL_FORWARD(cl_program, clCreateProgramWithSource,
                   (cl_context c, cl_uint n, const char** strings, const size_t* lengths, cl_int* err),
                   (c, n, strings, lengths, err))

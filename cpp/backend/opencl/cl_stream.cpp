@@ -94,6 +94,9 @@ bool ClStream::uses_command_buffer() const { return command_buffer_on_ && !profi
 void ClStream::submit() {
   cl_command_queue q = dc_->queue();
   if (launches_.empty()) return;
+  bool rebound = false;
+  for (const auto& prepare : prepares_) rebound = prepare() || rebound;
+  if (rebound) command_buffer_.reset();
   CountedSubmit counted{launches_.size()};
   if (uses_command_buffer()) {
     counted.command_buffer = true;
@@ -123,6 +126,7 @@ void ClStream::clear() {
   command_buffer_.reset();
   offered_.reset();
   launches_.clear();
+  prepares_.clear();
 }
 
 void ClStream::release_events() {

@@ -3,8 +3,9 @@
 // kernels from device buffers). submit() enqueues the whole list on the in-order queue, without
 // waiting for anything, so a recorded step is replayed after the runner rewrites its input
 // buffers; where the device has cl_khr_command_buffer, the list is captured once into a command
-// buffer and each submit is a single enqueue. With profiling on, each launch is enqueued on its
-// own with an event, and kernel_times() reports device time.
+// buffer and each submit is a single enqueue. Ops whose inputs are host objects chosen per submit
+// (LoRA's slots) add a prepare step that runs first and may rebind their launches. With profiling
+// on, each launch is enqueued on its own with an event, and kernel_times() reports device time.
 #pragma once
 #include <CL/cl.h>
 
@@ -74,6 +75,9 @@ class ClStream : public Stream {
   // (quantize(xq) is called to make xq when the producer writes it itself); else null.
   const Tensor* claim_quantized(cl_mem mem, size_t byte_offset, int64_t rows, int64_t cols,
                                 const std::function<Tensor()>& make_xq);
+  // fn runs at each submit, in the order added, before any launch is enqueued (it may enqueue
+  // copies of its own); it returns true when it changed a recorded launch's arguments.
+  void add_prepare(std::function<bool()> fn) { prepares_.push_back(std::move(fn)); }
   void set_profiling(bool on) { profiling_ = on; }
   // Replay through a command buffer where the device has one (ClBackend::new_stream decides).
   void set_command_buffer(bool on);
@@ -85,6 +89,7 @@ class ClStream : public Stream {
   void release_events();
   std::shared_ptr<DeviceContext> dc_;
   std::vector<Launch> launches_;
+  std::vector<std::function<bool()>> prepares_;
   bool profiling_ = false;
   bool command_buffer_on_ = false;
   std::unique_ptr<CommandBuffer> command_buffer_;  // of launches_ as they are; dropped on change
