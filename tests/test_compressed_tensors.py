@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ferrum
-from conftest import MODELS
+from conftest import MODELS, greedy_tokens
 from ferrum.tools.make_model import make_model
 
 TOK = f"{MODELS}/tokenizers/llama2"
@@ -148,16 +148,36 @@ def test_logits_match_transformers_on_decompressed_weights(checkpoints, referenc
     llm = ferrum.LLM(str(path), kv_dtype="f32", num_threads=2)
     got = llm.score(PROMPT)
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
-    if variant == "w4a16-g32":
-        # Greedy decoding runs with 8-bit activations on the CPU (docs/evaluation.md), so it
-        # follows transformers' ranking closely rather than bit for bit: each step's token among
-        # transformers' top 5 for the same prefix.
-        params = ferrum.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-        out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0].outputs[0].token_ids
-        with torch.no_grad():
-            steps = model(torch.tensor([PROMPT + list(out)])).logits[0, len(PROMPT) - 1:-1]
-        top5 = steps.topk(5, -1).indices.tolist()
-        assert len(out) == 8 and all(t in top for t, top in zip(out, top5))
+
+
+def _q8_0(x):
+    """x as the generation matmuls round their activations (cpp/quant/quantize.cpp): per block
+    of 32, q = round(x / (max|x| / 127)), half away from zero, read back with that scale in f16."""
+    b = x.reshape(-1, 32)
+    d = b.abs().amax(1, keepdim=True) / 127
+    q = b * torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = torch.sign(q) * torch.floor(q.abs() + 0.5)
+    return (q * d.half().float()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("variant", ["w4a16-g32", "w4a16-asym-g128", "mixed"])
+def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, references, variant):
+    """Generation's matmuls over quantized weights take Q8_0 activations (docs/evaluation.md):
+    the reference rounds each quantized module's input the same way."""
+    path = checkpoints[variant]
+    model = _float_model(path)
+    model.load_state_dict(references[variant][0], strict=False)
+    mf = ferrum._core.ModelFile(str(path))
+    for name, m in model.named_modules():
+        if mf.tensors.get(name + ".weight", ("f32",))[0] != "f32":
+            m.register_forward_pre_hook(lambda mod, args: (_q8_0(args[0]),))
+    ids = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(8):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    llm = ferrum.LLM(str(path), kv_dtype="f32", num_threads=2)
+    params = ferrum.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert greedy_tokens(llm, [PROMPT], params)[0] == ids[len(PROMPT):]
 
 
 def _edited(src, dst, config=None, group=None, tensors=None):
