@@ -268,6 +268,21 @@ def test_act_order_in_group_order_is_read(checkpoints, references, tmp_path):
                                   references["w4a16-g32"][0][L0 + ".weight"].numpy())
 
 
+def test_mixed_precision_of_pack_quantized_groups_is_read(checkpoints, references, tmp_path):
+    """format mixed-precision, as the library writes it when groups differ in format, is read when
+    every group says pack-quantized."""
+    good = _edited(checkpoints["mixed"], tmp_path / "mp", config={"format": "mixed-precision"})
+    np.testing.assert_array_equal(ferrum._core.ModelFile(good).dequantized(O1 + ".weight"),
+                                  references["mixed"][0][O1 + ".weight"].numpy())
+    c = json.loads((tmp_path / "mp" / "config.json").read_text())
+    groups = c["quantization_config"]["config_groups"]  # named group_<i> by the library
+    mlp = next(name for name, g in groups.items() if "re:.*down_proj" in g["targets"])
+    groups[mlp].pop("format")
+    (tmp_path / "mp" / "config.json").write_text(json.dumps(c))
+    with pytest.raises(ValueError, match=re.escape(f"config_groups '{mlp}' 'format' is 'mixed-precision'")):
+        ferrum._core.ModelFile(good)
+
+
 def test_packed_tensors_without_config_refused(checkpoints, tmp_path):
     bad = tmp_path / "noconfig"
     shutil.copytree(checkpoints["w4a16-g32"], bad)
