@@ -232,6 +232,8 @@ def _bad_g_idx(st):
     (dict(group={"actorder": "sometimes"}), "'actorder' is 'sometimes'"),
     (dict(group={"targets": ["re:(?P<x>.*)"]}), "'targets' entry 're:(?P<x>.*)' is not a regular expression"),
     (dict(group={"targets": ["re:.*mlp.*"]}), "'model.layers.0.self_attn.k_proj' is packed but no"),
+    (dict(group={"targets": ["Linear", "Embedding"]}), "'targets' entry 'Embedding' names a module class"),
+    (dict(config={"format": None}), "has no 'format'"),
     (dict(config={"ignore": ["lm_head", "re:.*q_proj"]}), f"'{L0}' is packed but"),
     (dict(config={"config_groups": {"a": {"targets": ["Linear"], "weights": weights(4, "group", 32)},
                                     "b": {"targets": ["Linear"], "weights": weights(4, "group", 32)}}}),

@@ -1,6 +1,7 @@
 #include "io/compressed_tensors.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <map>
 #include <regex>
@@ -93,7 +94,9 @@ WeightScheme parse_weights(const json& w, const std::string& where) {
   s.symmetric = config_bool(w, "symmetric", true, where);
   if (s.bits == 8 && !s.symmetric)
     throw ValueError(where + " 'symmetric' is false with 8 bits (asymmetric 8-bit), which ferrum does not read yet");
-  const std::string strategy = config_string(w, "strategy", "", where);
+  // compressed-tensors infers a missing strategy the same way.
+  const std::string strategy =
+      config_string(w, "strategy", config_field(w, "group_size") ? "group" : "tensor", where);
   if (strategy == "group") {
     s.group_size = config_int(w, "group_size", 0, where);
     if (s.group_size <= 0 || s.group_size % kBlock != 0)
@@ -118,6 +121,7 @@ WeightScheme parse_weights(const json& w, const std::string& where) {
 CtConfig parse_config(const json& q, const std::string& where) {
   CtConfig c;
   c.where = where;
+  if (!config_field(q, "format")) throw ValueError(where + " has no 'format'");
   const std::string format = config_string(q, "format", "", where);
   if (format != "pack-quantized" && format != "mixed-precision")
     throw ValueError(where + " 'format' is '" + format + "': ferrum reads compressed-tensors' 'pack-quantized' only");
@@ -147,6 +151,13 @@ CtConfig parse_config(const json& q, const std::string& where) {
     const std::vector<std::string> targets = string_list(g, "targets", gw);
     if (targets.empty()) throw ValueError(gw + " 'targets' is empty");
     for (const std::string& t : targets) {
+      // Only Linear modules are packed here; a module's class is not in the file, so a target
+      // naming another class (say Embedding) could not be told from "Linear".
+      const bool class_like = t.rfind("re:", 0) != 0 && t.find('.') == std::string::npos && !t.empty() &&
+                              std::isupper(static_cast<unsigned char>(t[0]));
+      if (class_like && !is_linear_class(t))
+        throw ValueError(gw + " 'targets' entry '" + t + "' names a module class other than Linear, which ferrum "
+                         "does not match");
       // The library lets the later group win; a file that relies on that is refused.
       if (auto [it, fresh] = group_of_target.emplace(t, name); !fresh)
         throw ValueError(where + " target '" + t + "' is in both config_groups '" + it->second + "' and '" + name + "'");
