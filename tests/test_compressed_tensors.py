@@ -1,7 +1,8 @@
 """compressed-tensors checkpoints (llm-compressor's pack-quantized format) written by the
 compressed-tensors library itself, kept compressed by ferrum: its weights equal the library's own
-decompression exactly, its logits match transformers running those weights in f32, and files that
-do not fit their config are refused by name.
+decompression exactly, its logits match transformers running those weights in f32 (its greedy
+tokens too, with generation's 8-bit activations), and files that do not fit their config are
+refused by name.
 
 llm-compressor pins an older transformers than the project's, so the checkpoints are written as
 it writes them, by compressed-tensors' ModelCompressor, from min-max scales computed here (rounded
@@ -97,8 +98,9 @@ def _float_model(path):
 
 def library_dequantized(path):
     """(every tensor as f32 with the packed modules decompressed by compressed-tensors'
-    PackedQuantizationCompressor, {module: its weights' QuantizationArgs}), the schemes matched to
-    the modules by the library's own apply_quantization_config."""
+    PackedQuantizationCompressor (the scales widened to f32 first), {module: its weights'
+    QuantizationArgs}), the schemes matched to the modules by the library's own
+    apply_quantization_config."""
     from compressed_tensors.compressors import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
     config = QuantizationConfig.model_validate(json.loads((path / "config.json").read_text())["quantization_config"])
@@ -109,6 +111,7 @@ def library_dequantized(path):
     out = {k: v.float() for k, v in st.items() if k.rsplit(".", 1)[0] not in schemes}
     for name, scheme in schemes.items():
         local = {k[len(name) + 1:]: v for k, v in st.items() if k.startswith(name + ".")}
+        local["weight_scale"] = local["weight_scale"].float()  # exact; the products then are too
         out[name + ".weight"] = PackedQuantizationCompressor.decompress(local, scheme)["weight"].float()
     return out, {n: s.weights for n, s in schemes.items()}
 
@@ -129,6 +132,21 @@ def test_weights_equal_library_decompression(checkpoints, references, variant):
     assert mf.tensors["lm_head.weight"][0] == ("q8_0" if lm_head_quantized else "f32")
     for name in [k for k in ref if k.endswith("proj.weight") or k == "lm_head.weight"]:
         np.testing.assert_array_equal(mf.dequantized(name), ref[name].numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_f16_and_bf16_scales_read(checkpoints, tmp_path, dtype):
+    """Scales stored as a f16 / bf16 model stores them: the f16 values exactly, or rounded to bf16
+    (which f16 holds at these magnitudes); the reference decompresses the edited file."""
+    def narrow(st):
+        for k in [k for k in st if k.endswith(".weight_scale")]:
+            st[k] = st[k].to(dtype)
+    path = tmp_path / "narrow"
+    _edited(checkpoints["w4a16-asym-g128"], path, tensors=narrow)
+    mf = ferrum._core.ModelFile(str(path))
+    ref, schemes = library_dequantized(path)
+    for name in schemes:
+        np.testing.assert_array_equal(mf.dequantized(name + ".weight"), ref[name + ".weight"].numpy(), err_msg=name)
 
 
 def test_mixed_groups_matched_as_the_library_matches(references):
