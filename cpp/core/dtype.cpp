@@ -16,6 +16,7 @@ const DTypeInfo kInfo[] = {
     {"q3_k", 256, 110, true}, {"q4_k", 256, 144, true}, {"q5_k", 256, 176, true},
     {"q6_k", 256, 210, true}, {"q8_k", 256, 292, true},
     {"iq4_nl", 32, 18, true}, {"iq4_xs", 256, 136, true},
+    {"i64", 1, 8, false},
 };
 static_assert(sizeof(kInfo) / sizeof(kInfo[0]) == size_t(kLastType) + 1, "one entry per DType");
 }  // namespace

@@ -14,8 +14,9 @@ enum class DType : uint8_t {
   Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1,
   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K,
   IQ4_NL, IQ4_XS,
+  I64,  // only read from safetensors (compressed-tensors' weight_shape), never computed on
 };
-constexpr DType kLastType = DType::IQ4_XS;
+constexpr DType kLastType = DType::I64;
 
 struct DTypeInfo {
   const char* name;

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "io/awq.h"
+#include "io/compressed_tensors.h"
 #include "io/group_quant.h"
 #include "io/json_strict.h"
 #include "quant/formats.h"
@@ -221,10 +222,13 @@ void translate_quantized_weights(const std::string& dir, WeightSource& ws) {
     if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
       modules.push_back(name.substr(0, name.size() - suffix.size()));
   if (!q) {
-    if (!modules.empty())
-      throw ValueError(ws.path + ": tensor '" + modules[0] + suffix +
-                       "' is packed (GPTQ / AWQ) but there is no quantization_config (config.json), "
-                       "quantize_config.json or quant_config.json");
+    std::string packed = modules.empty() ? "" : modules[0] + suffix;
+    for (const auto& [name, t] : ws.tensors)
+      if (packed.empty() && name.size() > 14 && name.compare(name.size() - 14, 14, ".weight_packed") == 0) packed = name;
+    if (!packed.empty())
+      throw ValueError(ws.path + ": tensor '" + packed +
+                       "' is packed (GPTQ / AWQ / compressed-tensors) but there is no quantization_config "
+                       "(config.json), quantize_config.json or quant_config.json");
     return;
   }
   if (!q->is_object()) throw ValueError(where + " is not a JSON object");
@@ -233,8 +237,16 @@ void translate_quantized_weights(const std::string& dir, WeightSource& ws) {
     translate_awq_weights(*q, where, modules, ws);
     return;
   }
+  if (method == "compressed-tensors") {
+    if (!modules.empty())
+      throw ValueError(ws.path + ": tensor '" + modules[0] + suffix + "' is GPTQ / AWQ-packed but " + where +
+                       " 'quant_method' is 'compressed-tensors'");
+    translate_compressed_tensors_weights(*q, where, ws);
+    return;
+  }
   if (method != "gptq")
-    throw ValueError(where + " 'quant_method' is '" + method + "', which ferrum does not read (it reads 'gptq' and 'awq')");
+    throw ValueError(where + " 'quant_method' is '" + method +
+                     "', which ferrum does not read (it reads 'gptq', 'awq' and 'compressed-tensors')");
   const GptqConfig c = parse_config(*q, where);
   const std::vector<DynamicRule> rules = parse_dynamic(*q, where, file, file == dir + "/config.json");
   for (const std::string& m : modules) translate_module(ws, m, module_config(c, rules, m, ws));

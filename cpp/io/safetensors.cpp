@@ -20,6 +20,7 @@ DType dtype_from_safetensors(const std::string& s, const std::string& what) {
   if (s == "BF16") return DType::BF16;
   if (s == "I32") return DType::I32;
   if (s == "I8") return DType::I8;
+  if (s == "I64") return DType::I64;
   throw FormatError(what + " has dtype " + s + ", which ferrum does not read");
 }
 
