@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ferrum
+from q8_activations import q8_0_rounded
 from conftest import greedy_tokens
 from test_gptq import PROMPT, SHAPE, _edited, gptqmodel_imports, quantize_with_gptqmodel, transformers_on
 
@@ -143,14 +144,6 @@ def test_logits_match_transformers_on_dequantized_weights(checkpoints, variant):
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
-def _q8_0(x):
-    """x rounded as the quantized matmuls' activations are: Q8_0 blocks of 32, f16 scale max/127."""
-    b = x.reshape(-1, 32)
-    d = (b.abs().amax(1, keepdim=True) / 127).half().float()
-    q = torch.round(b / torch.where(d > 0, d, torch.ones_like(d)))
-    return (q * d).reshape(x.shape)
-
-
 @pytest.mark.parametrize("variant", ["asym-g64", GEMV, "sym-g32"])
 def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, variant):
     """Generation's matmuls over quantized weights take Q8_0 activations (as llama.cpp's do),
@@ -160,7 +153,7 @@ def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, var
     mf = ferrum._core.ModelFile(str(checkpoints[variant]))
     for name, m in model.named_modules():
         if mf.tensors.get(name + ".weight", ("f32",))[0] == VARIANTS[variant]:
-            m.register_forward_pre_hook(lambda mod, args: (_q8_0(args[0]),))
+            m.register_forward_pre_hook(lambda mod, args: (q8_0_rounded(args[0]),))
     ids = list(PROMPT)
     with torch.no_grad():
         for _ in range(12):

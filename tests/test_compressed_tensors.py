@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ferrum
+from q8_activations import q8_0_rounded
 from conftest import MODELS, greedy_tokens
 from ferrum.tools.make_model import make_model
 
@@ -168,16 +169,6 @@ def test_logits_match_transformers_on_decompressed_weights(checkpoints, referenc
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
-def _q8_0(x):
-    """x as the generation matmuls round their activations (cpp/quant/quantize.cpp): per block
-    of 32, q = round(x / (max|x| / 127)), half away from zero, read back with that scale in f16."""
-    b = x.reshape(-1, 32)
-    d = b.abs().amax(1, keepdim=True) / 127
-    q = b * torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    q = torch.sign(q) * torch.floor(q.abs() + 0.5)
-    return (q * d.half().float()).reshape(x.shape)
-
-
 @pytest.mark.parametrize("variant", ["w4a16-g32", "w4a16-asym-g128", "mixed"])
 def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, references, variant):
     """Generation's matmuls over quantized weights take Q8_0 activations (docs/evaluation.md):
@@ -188,7 +179,7 @@ def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, ref
     mf = ferrum._core.ModelFile(str(path))
     for name, m in model.named_modules():
         if mf.tensors.get(name + ".weight", ("f32",))[0] != "f32":
-            m.register_forward_pre_hook(lambda mod, args: (_q8_0(args[0]),))
+            m.register_forward_pre_hook(lambda mod, args: (q8_0_rounded(args[0]),))
     ids = list(PROMPT)
     with torch.no_grad():
         for _ in range(8):

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ferrum
+from q8_activations import q8_0_rounded
 from conftest import MODELS, greedy_tokens
 from ferrum.tools.make_model import make_model
 
@@ -157,19 +158,6 @@ def test_logits_match_transformers_on_dequantized_weights(checkpoints, variant):
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
-def _q8_0(x, order=None):
-    """x rounded as the quantized matmuls' activations are, by llama.cpp's quantize_row_q8_0:
-    blocks of 32 (of the inputs in the order the weight's columns hold them), d = max|x| / 127,
-    q = x * (1 / d) rounded half away from zero, read back as q * f16(d)."""
-    if order is not None:
-        return _q8_0(x[..., order])[..., np.argsort(order)]
-    b = x.reshape(-1, 32)
-    d = b.abs().amax(1, keepdim=True) / 127
-    v = b * torch.where(d > 0, 1 / d, torch.zeros_like(d))
-    q = torch.sign(v) * torch.floor(v.abs() + 0.5)
-    return (q * d.half().float()).reshape(x.shape)
-
-
 @pytest.mark.parametrize("variant", ["sym4-g32-v1", "asym4-g32-v1-act-order"])
 def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, variant):
     """Generation's matmuls take Q8_0 activations (act-order: of the reordered inputs), which
@@ -180,7 +168,7 @@ def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, var
     for name, m in model.named_modules():
         if mf.tensors.get(name + ".weight", ("f32",))[0] == VARIANTS[variant][4]:
             order = mf.input_order(name + ".weight")
-            m.register_forward_pre_hook(lambda mod, args, order=order: (_q8_0(args[0], order),))
+            m.register_forward_pre_hook(lambda mod, args, order=order: (q8_0_rounded(args[0], order),))
     ids = list(PROMPT)
     with torch.no_grad():
         for _ in range(12):
