@@ -15,3 +15,23 @@ def q8_0_rounded(x, order=None):
     v = b * torch.where(d > 0, 1 / d, torch.zeros_like(d))
     q = torch.sign(v) * torch.floor(v.abs() + 0.5)
     return (q * d.half().float()).reshape(x.shape)
+
+
+def greedy_both_ways(model, path, prompt, n):
+    """n greedy tokens after `prompt` from a transformers `model` of the checkpoint at `path`,
+    each module ferrum holds quantized taking its input rounded as q8_0_rounded does (in the
+    order its columns hold the inputs), and from ferrum on that checkpoint: (reference, ferrum)."""
+    import ferrum
+    from conftest import greedy_tokens
+    mf = ferrum._core.ModelFile(str(path))
+    for name, m in model.named_modules():
+        if mf.tensors.get(name + ".weight", ("f32",))[0] not in ("f32", "f16", "bf16"):
+            order = mf.input_order(name + ".weight")
+            m.register_forward_pre_hook(lambda mod, args, order=order: (q8_0_rounded(args[0], order),))
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    llm = ferrum.LLM(str(path), kv_dtype="f32", num_threads=2)
+    params = ferrum.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    return ids[len(prompt):], greedy_tokens(llm, [prompt], params)[0]

@@ -14,8 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ferrum
-from q8_activations import q8_0_rounded
-from conftest import greedy_tokens
+from q8_activations import greedy_both_ways
 from test_gptq import PROMPT, SHAPE, _edited, gptqmodel_imports, quantize_with_gptqmodel, transformers_on
 
 # name: (group_size, sym) of a gemm checkpoint GPTQModel writes -> the block type ferrum holds it in.
@@ -150,17 +149,8 @@ def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, var
     which turns near ties of this random model: the reference rounds each quantized module's
     input the same way."""
     model = transformers_on(checkpoints[variant], library_dequantized(checkpoints, variant))
-    mf = ferrum._core.ModelFile(str(checkpoints[variant]))
-    for name, m in model.named_modules():
-        if mf.tensors.get(name + ".weight", ("f32",))[0] == VARIANTS[variant]:
-            m.register_forward_pre_hook(lambda mod, args: (q8_0_rounded(args[0]),))
-    ids = list(PROMPT)
-    with torch.no_grad():
-        for _ in range(12):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    llm = ferrum.LLM(str(checkpoints[variant]), kv_dtype="f32", num_threads=2)
-    params = ferrum.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    assert greedy_tokens(llm, [PROMPT], params)[0] == ids[len(PROMPT):]
+    want, got = greedy_both_ways(model, checkpoints[variant], PROMPT, 12)
+    assert got == want
 
 
 def _set_tensor(name, value):

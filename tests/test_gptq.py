@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import ferrum
-from q8_activations import q8_0_rounded
-from conftest import MODELS, greedy_tokens
+from q8_activations import greedy_both_ways
+from conftest import MODELS
 from ferrum.tools.make_model import make_model
 
 TOK = f"{MODELS}/tokenizers/llama2"
@@ -163,19 +163,8 @@ def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, var
     """Generation's matmuls take Q8_0 activations (act-order: of the reordered inputs), which
     turns near ties of this random model: the reference rounds each module's input the same way."""
     path = checkpoints[variant]
-    model = transformers_on(path, library_dequantized(path))
-    mf = ferrum._core.ModelFile(str(path))
-    for name, m in model.named_modules():
-        if mf.tensors.get(name + ".weight", ("f32",))[0] == VARIANTS[variant][4]:
-            order = mf.input_order(name + ".weight")
-            m.register_forward_pre_hook(lambda mod, args, order=order: (q8_0_rounded(args[0], order),))
-    ids = list(PROMPT)
-    with torch.no_grad():
-        for _ in range(12):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    llm = ferrum.LLM(str(path), kv_dtype="f32", num_threads=2)
-    params = ferrum.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    assert greedy_tokens(llm, [PROMPT], params)[0] == ids[len(PROMPT):]
+    want, got = greedy_both_ways(transformers_on(path, library_dequantized(path)), path, PROMPT, 12)
+    assert got == want
 
 
 def _edited(src, dst, config=None, tensors=None):
