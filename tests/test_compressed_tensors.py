@@ -14,10 +14,11 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import ferrum
 from q8_activations import greedy_both_ways
+from test_gptq import _edited as edited_checkpoint
 from conftest import MODELS
 from ferrum.tools.make_model import make_model
 
@@ -181,9 +182,9 @@ def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, ref
 
 
 def _edited(src, dst, config=None, group=None, tensors=None):
-    shutil.copytree(src, dst)
-    c = json.loads((dst / "config.json").read_text())
-    q = c["quantization_config"]
+    """A copy of checkpoint src with its quantization_config updated by config and its first
+    config group by group (the weights' fields into its "weights")."""
+    q = json.loads((src / "config.json").read_text())["quantization_config"]
     q.update(config or {})
     for key, value in (group or {}).items():
         g = q["config_groups"]["group_0"]
@@ -191,12 +192,7 @@ def _edited(src, dst, config=None, group=None, tensors=None):
             g["weights"][key] = value
         else:
             g[key] = value
-    (dst / "config.json").write_text(json.dumps(c))
-    if tensors:
-        st = load_file(dst / "model.safetensors")
-        tensors(st)
-        save_file(st, dst / "model.safetensors")
-    return str(dst)
+    return edited_checkpoint(src, dst, config=q, tensors=tensors)
 
 
 def _set(name, value):
