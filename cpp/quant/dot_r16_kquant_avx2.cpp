@@ -1,14 +1,15 @@
-// AVX2 kernels for Q4_K, Q5_K and Q6_K in the R16 layout (quant/repack.h), laid out as the
-// legacy types' (dot_r16_avx2.cpp): quant dword k of a half-group is one register of 8 rows, one
-// row per 32-bit lane, against the activation's dword broadcast, so maddubs leaves each row's
-// products in its own lane and a super-block's scales of 8 rows come as one register.
+// AVX2 kernels for the k-quants (Q2_K .. Q6_K) and IQ4_XS in the R16 layout (quant/repack.h),
+// laid out as the legacy types' (dot_r16_avx2.cpp): quant dword k of a half-group is one register
+// of 8 rows, one row per 32-bit lane, against the activation's dword broadcast, so maddubs leaves
+// each row's products in its own lane and a super-block's scales of 8 rows come as one register.
 //
 // Per super-block and row the integer terms are exact, whatever their order inside a lane:
-//   isum    = sum_s scale_s * (sum over sub-block s of q * a)     (Q6_K: less 32 * scale_s * bsum_s)
-//   min_sum = sum_s min_s * (sum over sub-block s of a)           (Q4_K, Q5_K)
-// and the float steps are the scalar kernels' (dot_scalar.cpp, kquant_step), super-block after
-// super-block: sum = fma(float(isum), d * d_a, sum), then sum = fma(-float(min_sum), dmin * d_a,
-// sum). So a row's result is every ISA's, whatever the number of activation rows.
+//   isum    = sum_s scale_s * (sum over sub-block s of (q - zero point) * a)
+//   min_sum = sum_s min_s * (sum over sub-block s of a)           (Q2_K, Q4_K, Q5_K)
+// (a zero point leaves as zero point * sum_s scale_s * bsum_s), and the float steps are the scalar
+// kernels' (dot_scalar.cpp, kquant_step), super-block after super-block: sum = fma(float(isum),
+// d * d_a, sum), then sum = fma(-float(min_sum), dmin * d_a, sum). So a row's result is every
+// ISA's, whatever the number of activation rows.
 #include <type_traits>
 
 #include "quant/avx2_common.h"
@@ -74,8 +75,8 @@ struct K4 {
   }
 
   template <int N, int V>
-  FERRUM_AVX2_INLINE static void products(const uint8_t* q, const int8_t* const a[N], const int32_t* const terms[N],
-                                          __m256i (&isum)[N][V], __m256i (&min_sum)[N][V]) {
+  FERRUM_AVX2_INLINE static void products(const uint8_t* q, const uint8_t*, const int8_t* const a[N],
+                                          const int32_t* const terms[N], __m256i (&isum)[N][V], __m256i (&min_sum)[N][V]) {
     const __m256i low4 = _mm256_set1_epi8(15);
     __m256i acc16[N][V];
     for (int j = 0; j < N; ++j)
@@ -117,58 +118,167 @@ struct K4 {
   }
 };
 
-// Q6_K: dwords k = 0..51 (ql 0..31, qh 32..47, the int8 scales 48..51) in slots kQ6KSlots[k].
-// Group g = 32h + 8q + m (elements 4g..4g+3; sub-block s = g / 4) takes its low 4 bits from the
-// low (q < 2) or high nibbles of ql dword 16h + 8 (q % 2) + m and its top 2 from bits 2q, 2q + 1
-// of qh dword 32 + 8h + m. Quants stay unsigned (0..63; maddubs pairs within int16 over 2
-// dwords), the -32 leaves as 32 * sum_s scale_s * bsum_s.
-struct Q6 {
-  using Block = BlockQ6_K;
-  static constexpr int kFields = 1, kSubBlocks = 16;
-  static constexpr bool kHasMin = false;
-
-  FERRUM_AVX2_INLINE static __m256i dword(const uint8_t* q, int k, int v) { return load(q + 64 * kQ6KSlots[size_t(k)] + 32 * v); }
-
-  FERRUM_AVX2_INLINE static __m256i group(const uint8_t* q, int h, int qq, int m, int v) {
-    const __m256i ql = dword(q, 16 * h + 8 * (qq % 2) + m, v), qh = dword(q, 32 + 8 * h + m, v);
-    const __m256i low = qq < 2 ? ql : _mm256_srli_epi16(ql, 4);
-    const __m256i high = qq == 0 ? _mm256_slli_epi16(qh, 4) : qq == 1 ? _mm256_slli_epi16(qh, 2) : qq == 2 ? qh : _mm256_srli_epi16(qh, 2);
-    return _mm256_or_si256(_mm256_and_si256(low, _mm256_set1_epi8(15)), _mm256_and_si256(high, _mm256_set1_epi8(0x30)));
-  }
-
+// The formats of 16 sub-blocks of 16 elements, unsigned quants (Q2_K, Q3_K, Q6_K): F gives group
+// g (elements 4g..4g+3) of the 8 rows of half v, scale s in both int16 halves of each lane, and
+// pair(k): the int16 pairs (2k, 2k + 1) that meet the paired bsums, mins (Q2_K: into min_sum) or
+// scales (the zero point's term, isum -= kZero * it). Sub-block s holds groups g = 32h + 8j + m,
+// h = s / 8, j = s % 8 / 2, m = 4 (s % 2) + 0..3; F::kPerMadd dwords' maddubs pairs stay within
+// int16 (2 * 63 * 127 each for 6 bits, 2 * 7 * 127 for 3).
+template <class F>
+struct Sixteen {
   template <int N, int V>
-  FERRUM_AVX2_INLINE static void products(const uint8_t* q, const int8_t* const a[N], const int32_t* const terms[N],
-                                          __m256i (&isum)[N][V], __m256i (&)[N][V]) {
+  FERRUM_AVX2_INLINE static void products(const uint8_t* q, const uint8_t*, const int8_t* const a[N],
+                                          const int32_t* const terms[N], __m256i (&isum)[N][V], __m256i (&min_sum)[N][V]) {
     __m256i acc16[N][V];
     for (int j = 0; j < N; ++j)
       for (int v = 0; v < V; ++v) isum[j][v] = acc16[j][v] = _mm256_setzero_si256();
 #pragma GCC unroll 16
     for (int s = 0; s < 16; ++s) {
-      const int h = s / 8, qq = s % 8 / 2, m0 = 4 * (s % 2);
-      __m256i scale[V];  // scale s, sign-extended into both int16 halves of each lane
-      for (int v = 0; v < V; ++v)
-        scale[v] = _mm256_srai_epi16(_mm256_shuffle_epi8(dword(q, 48 + s / 4, v), lane_bytes(0x80, s % 4, 0x80, s % 4)), 8);
+      __m256i scale[V];
+      for (int v = 0; v < V; ++v) scale[v] = F::scale16(q, s, v);
 #pragma GCC unroll 4
-      for (int m = m0; m < m0 + 4; ++m) {
+      for (int i = 0; i < 4; ++i) {
+        const int g = 32 * (s / 8) + 8 * (s % 8 / 2) + 4 * (s % 2) + i;
         __m256i w[V];
-        for (int v = 0; v < V; ++v) w[v] = group(q, h, qq, m, v);
+        for (int v = 0; v < V; ++v) w[v] = F::group(q, g, v);
         const int8_t* at[N];
-        for (int j = 0; j < N; ++j) at[j] = a[j] + 4 * (32 * h + 8 * qq + m);
+        for (int j = 0; j < N; ++j) at[j] = a[j] + 4 * g;
         add_dword<N, V>(acc16, w, at);
-        if (m % 2 == 1) add_scaled<N, V>(isum, acc16, scale);
+        if (i % F::kPerMadd == F::kPerMadd - 1) add_scaled<N, V>(isum, acc16, scale);
       }
     }
-    // isum -= 32 * sum_s scale_s * bsum_s: scales 2k, 2k + 1 as int16 halves against the paired bsums
+    for (int j = 0; j < N; ++j)
+      for (int v = 0; v < V; ++v) min_sum[j][v] = _mm256_setzero_si256();
     for (int v = 0; v < V; ++v)
-      for (int d = 0; d < 4; ++d) {
-        const __m256i x = dword(q, 48 + d, v);
-        for (int p = 0; p < 2; ++p) {
-          const __m256i pair = _mm256_srai_epi16(_mm256_shuffle_epi8(x, lane_bytes(0x80, 2 * p, 0x80, 2 * p + 1)), 8);
-          for (int j = 0; j < N; ++j)
-            isum[j][v] = _mm256_sub_epi32(
-                isum[j][v], _mm256_slli_epi32(_mm256_madd_epi16(pair, _mm256_set1_epi32(terms[j][2 * d + p])), 5));
+      for (int k = 0; k < 8; ++k) {
+        const __m256i pair = F::pair(q, k, v);
+        for (int j = 0; j < N; ++j) {
+          const __m256i term = _mm256_madd_epi16(pair, _mm256_set1_epi32(terms[j][k]));
+          if constexpr (F::kHasMin)
+            min_sum[j][v] = _mm256_add_epi32(min_sum[j][v], term);
+          else
+            isum[j][v] = _mm256_sub_epi32(isum[j][v], _mm256_slli_epi32(term, F::kZeroShift));
         }
       }
+  }
+};
+
+// int32 lanes (within int16) in both int16 halves of each lane; lo, hi: into the low / high ones.
+FERRUM_AVX2_INLINE __m256i both_halves(__m256i x) {
+  return _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(x, 16));
+}
+FERRUM_AVX2_INLINE __m256i halves(__m256i lo, __m256i hi) {
+  return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(hi, 16));
+}
+
+// v shifted right by `bits` (left where negative), per 32-bit lane.
+FERRUM_AVX2_INLINE __m256i shift(__m256i v, int bits) {
+  return bits >= 0 ? _mm256_srli_epi32(v, bits) : _mm256_slli_epi32(v, -bits);
+}
+
+// Q6_K: dwords k = 0..51 (ql 0..31, qh 32..47, the int8 scales 48..51) in slots kQ6KSlots[k].
+// Group g = 32h + 8j + m takes its low 4 bits from the low (j < 2) or high nibbles of ql dword
+// 16h + 8 (j % 2) + m and its top 2 from bits 2j, 2j + 1 of qh dword 32 + 8h + m; the -32 leaves
+// as 32 * sum_s scale_s * bsum_s.
+struct Q6 : Sixteen<Q6> {
+  using Block = BlockQ6_K;
+  static constexpr int kFields = 1, kSubBlocks = 16, kPerMadd = 2, kZeroShift = 5;
+  static constexpr bool kHasMin = false;
+
+  FERRUM_AVX2_INLINE static __m256i dword(const uint8_t* q, int k, int v) { return load(q + 64 * kQ6KSlots[size_t(k)] + 32 * v); }
+  FERRUM_AVX2_INLINE static __m256i group(const uint8_t* q, int g, int v) {
+    const int h = g / 32, j = g % 32 / 8, m = g % 8;
+    const __m256i ql = dword(q, 16 * h + 8 * (j % 2) + m, v), qh = dword(q, 32 + 8 * h + m, v);
+    const __m256i low = j < 2 ? ql : _mm256_srli_epi16(ql, 4);
+    const __m256i high = j == 0 ? _mm256_slli_epi16(qh, 4) : j == 1 ? _mm256_slli_epi16(qh, 2) : j == 2 ? qh : _mm256_srli_epi16(qh, 2);
+    return _mm256_or_si256(_mm256_and_si256(low, _mm256_set1_epi8(15)), _mm256_and_si256(high, _mm256_set1_epi8(0x30)));
+  }
+  // byte s % 4 of scale dword s / 4, sign-extended
+  FERRUM_AVX2_INLINE static __m256i scale16(const uint8_t* q, int s, int v) {
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(dword(q, 48 + s / 4, v), lane_bytes(0x80, s % 4, 0x80, s % 4)), 8);
+  }
+  FERRUM_AVX2_INLINE static __m256i pair(const uint8_t* q, int k, int v) {
+    const int b = 2 * (k % 2);
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(dword(q, 48 + k / 2, v), lane_bytes(0x80, b, 0x80, b + 1)), 8);
+  }
+};
+
+// Q2_K / Q3_K: dwords Q2_K: the 16 scale bytes (k = 0..3, scale in the low nibble, min in the
+// high one), qs (4..19); Q3_K: hmask (0..7), qs (8..23), the 12 packed 6-bit scales (24..26,
+// q3k_scale, stored + 32). Group g = 32h + 8j + m is bits 2j, 2j + 1 of the bytes of qs dword
+// 8h + m; Q3_K's third bit is bit 4h + j of the bytes of hmask dword m, and its zero point 4.
+template <bool kThreeBit>
+struct K2 : Sixteen<K2<kThreeBit>> {
+  using Block = std::conditional_t<kThreeBit, BlockQ3_K, BlockQ2_K>;
+  static constexpr int kFields = kThreeBit ? 1 : 2, kSubBlocks = 16, kPerMadd = 4, kZeroShift = 2;
+  static constexpr bool kHasMin = !kThreeBit;
+  static constexpr int kQs = kThreeBit ? 8 : 4;
+
+  FERRUM_AVX2_INLINE static __m256i dword(const uint8_t* q, int k, int v) { return load(q + 64 * k + 32 * v); }
+  FERRUM_AVX2_INLINE static __m256i group(const uint8_t* q, int g, int v) {
+    const int h = g / 32, j = g % 32 / 8, m = g % 8;
+    __m256i w = _mm256_and_si256(shift(dword(q, kQs + 8 * h + m, v), 2 * j), _mm256_set1_epi8(3));
+    if constexpr (kThreeBit) w = _mm256_or_si256(w, _mm256_and_si256(shift(dword(q, m, v), 4 * h + j - 2), _mm256_set1_epi8(4)));
+    return w;
+  }
+  // Scale s as int32 lanes (Q3_K: less 32).
+  FERRUM_AVX2_INLINE static __m256i scale32(const uint8_t* q, int s, int v) {
+    if constexpr (!kThreeBit) return _mm256_and_si256(shift(dword(q, s / 4, v), 8 * (s % 4)), _mm256_set1_epi32(15));
+    const int b = s % 8;  // low 4 bits: nibble s / 8 of byte s % 8; top 2: bits 2 (s / 4) of byte 8 + s % 4
+    const __m256i low = _mm256_and_si256(shift(dword(q, 24 + b / 4, v), 8 * (b % 4) + 4 * (s / 8)), _mm256_set1_epi32(15));
+    const __m256i high = _mm256_and_si256(shift(dword(q, 26, v), 8 * (s % 4) + 2 * (s / 4) - 4), _mm256_set1_epi32(0x30));
+    return _mm256_sub_epi32(_mm256_or_si256(low, high), _mm256_set1_epi32(32));
+  }
+  FERRUM_AVX2_INLINE static __m256i scale16(const uint8_t* q, int s, int v) { return both_halves(scale32(q, s, v)); }
+  // Q2_K: mins 2k, 2k + 1 (the high nibbles of scale bytes 2k, 2k + 1); Q3_K: scales 2k, 2k + 1.
+  FERRUM_AVX2_INLINE static __m256i pair(const uint8_t* q, int k, int v) {
+    if constexpr (kThreeBit) return halves(scale32(q, 2 * k, v), scale32(q, 2 * k + 1, v));
+    const int b = 2 * k % 4;
+    const __m256i x = dword(q, k / 2, v);
+    return _mm256_or_si256(_mm256_and_si256(shift(x, 8 * b + 4), _mm256_set1_epi32(15)),
+                           _mm256_and_si256(shift(x, 8 * b - 4), _mm256_set1_epi32(0xF0000)));
+  }
+};
+
+// IQ4_XS: the fields d and scales_h (u16), then dwords scales_l (k = 0) and qs (1..32): group
+// 8s + i of 32-element sub-block s is the low (i < 4) or high nibbles of qs dword 4s + i % 4,
+// indices into the signed levels kIq4Values, dotted as |level| * (a with the level's sign)
+// (signed_pairs' sums stay within int16) and scaled at once (madd against the scale).
+struct XS {
+  using Block = BlockIQ4_XS;
+  static constexpr int kFields = 2, kSubBlocks = 8;
+  static constexpr bool kHasMin = false;
+
+  template <int N, int V>
+  FERRUM_AVX2_INLINE static void products(const uint8_t* q, const uint8_t* fields, const int8_t* const a[N],
+                                          const int32_t* const[N], __m256i (&isum)[N][V], __m256i (&)[N][V]) {
+    const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values));
+    const __m256i levels = _mm256_set_m128i(table, table), low4 = _mm256_set1_epi8(15);
+    for (int j = 0; j < N; ++j)
+      for (int v = 0; v < V; ++v) isum[j][v] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      __m256i scale[V];  // (scale_s - 32) in both int16 halves
+      for (int v = 0; v < V; ++v) {
+        const __m256i scales_h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(fields + 32 + 16 * v)));
+        const __m256i low = _mm256_and_si256(_mm256_srli_epi32(load(q + 32 * v), 8 * (s / 2) + 4 * (s % 2)), _mm256_set1_epi32(15));
+        const __m256i high = _mm256_and_si256(_mm256_slli_epi32(_mm256_srli_epi32(scales_h, 2 * s), 4), _mm256_set1_epi32(0x30));
+        scale[v] = both_halves(_mm256_sub_epi32(_mm256_or_si256(low, high), _mm256_set1_epi32(32)));
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        __m256i w[V];
+        for (int v = 0; v < V; ++v) {
+          const __m256i packed = load(q + 64 * (1 + 4 * s + i % 4) + 32 * v);
+          w[v] = _mm256_shuffle_epi8(levels, _mm256_and_si256(i < 4 ? packed : _mm256_srli_epi16(packed, 4), low4));
+        }
+        for (int j = 0; j < N; ++j) {
+          const __m256i act = broadcast_dword(a[j] + 32 * s + 4 * i);
+          for (int v = 0; v < V; ++v)
+            isum[j][v] = _mm256_add_epi32(isum[j][v], _mm256_madd_epi16(signed_pairs(w[v], act), scale[v]));
+        }
+      }
+    }
   }
 };
 
@@ -192,7 +302,7 @@ FERRUM_AVX2 void pass(int64_t nb, const uint8_t* group, int h0, int live, const 
       terms[j] = &acts.terms[size_t(((t0 + j) * nb + sb) * 16)];
     }
     __m256i isum[N][V], min_sum[N][V];
-    F::template products<N, V>(chunk + 32 * F::kFields + 32 * h0, a, terms, isum, min_sum);
+    F::template products<N, V>(chunk + 32 * F::kFields + 32 * h0, chunk + 16 * h0, a, terms, isum, min_sum);
     for (int v = 0; v < V; ++v) {
       const int field = 16 * (h0 + v);  // this half's 8 fields
       const __m256 d_w = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + field)));
@@ -237,6 +347,9 @@ Avx2Kernels avx2_r16_kquant_kernels(DType t) {
     case DType::Q4_K: return kernels_from_gemm<gemm<K4<false>>>();
     case DType::Q5_K: return kernels_from_gemm<gemm<K4<true>>>();
     case DType::Q6_K: return kernels_from_gemm<gemm<Q6>>();
+    case DType::Q2_K: return kernels_from_gemm<gemm<K2<false>>>();
+    case DType::Q3_K: return kernels_from_gemm<gemm<K2<true>>>();
+    case DType::IQ4_XS: return kernels_from_gemm<gemm<XS>>();
     default: return {nullptr, nullptr};
   }
 }

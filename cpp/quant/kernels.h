@@ -67,7 +67,7 @@ struct Avx2Kernels {
 Avx2Kernels avx2_q8_0_kernels(DType weight_type);
 // The AVX2 kernels in the R16 layout (dot_r16_avx2.cpp: the legacy types; nullptr for types
 // without one): the scalar float order, so every ISA's bits; the GEMM is also the batched decode
-// kernel. The k-quants' (dot_r16_kquant_avx2.cpp: Q4_K, Q5_K, Q6_K) come through
+// kernel. The k-quants' and IQ4_XS's (dot_r16_kquant_avx2.cpp) come through
 // avx2_r16_kquant_kernels.
 DotRowsFn avx2_r16_dot_rows(DType weight_type);
 DotBatchFn avx2_r16_gemm(DType weight_type);
