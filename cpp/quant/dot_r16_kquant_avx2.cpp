@@ -120,8 +120,8 @@ struct K4 {
 
 // The formats of 16 sub-blocks of 16 elements, unsigned quants (Q2_K, Q3_K, Q6_K): F gives group
 // g (elements 4g..4g+3) of the 8 rows of half v, scale s in both int16 halves of each lane, and
-// pair(k): the int16 pairs (2k, 2k + 1) that meet the paired bsums, mins (Q2_K: into min_sum) or
-// scales (the zero point's term, isum -= kZero * it). Sub-block s holds groups g = 32h + 8j + m,
+// (Q2_K) min_pair(k): mins 2k, 2k + 1 as int16 halves. Against the paired bsums these give
+// min_sum, or scales 2k, 2k + 1 the zero point's term (isum -= 2^kZeroShift * it). Sub-block s holds groups g = 32h + 8j + m,
 // h = s / 8, j = s % 8 / 2, m = 4 (s % 2) + 0..3; F::kPerMadd dwords' maddubs pairs stay within
 // int16 (2 * 63 * 127 each for 6 bits, 2 * 7 * 127 for 3).
 template <class F>
@@ -132,10 +132,15 @@ struct Sixteen {
     __m256i acc16[N][V];
     for (int j = 0; j < N; ++j)
       for (int v = 0; v < V; ++v) isum[j][v] = acc16[j][v] = _mm256_setzero_si256();
+    // The zero points' terms take the scales again: unpacked once (Q2_K's, cheap, where used).
+    __m256i scales[F::kHasMin ? 1 : 16][V];
+    if constexpr (!F::kHasMin)
+      for (int s = 0; s < 16; ++s)
+        for (int v = 0; v < V; ++v) scales[s][v] = F::scale16(q, s, v);
 #pragma GCC unroll 16
     for (int s = 0; s < 16; ++s) {
       __m256i scale[V];
-      for (int v = 0; v < V; ++v) scale[v] = F::scale16(q, s, v);
+      for (int v = 0; v < V; ++v) scale[v] = F::kHasMin ? F::scale16(q, s, v) : scales[s][v];
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
         const int g = 32 * (s / 8) + 8 * (s % 8 / 2) + 4 * (s % 2) + i;
@@ -151,7 +156,11 @@ struct Sixteen {
       for (int v = 0; v < V; ++v) min_sum[j][v] = _mm256_setzero_si256();
     for (int v = 0; v < V; ++v)
       for (int k = 0; k < 8; ++k) {
-        const __m256i pair = F::pair(q, k, v);
+        __m256i pair;
+        if constexpr (F::kHasMin)
+          pair = F::min_pair(q, k, v);
+        else
+          pair = _mm256_blend_epi16(scales[2 * k][v], scales[2 * k + 1][v], 0xaa);
         for (int j = 0; j < N; ++j) {
           const __m256i term = _mm256_madd_epi16(pair, _mm256_set1_epi32(terms[j][k]));
           if constexpr (F::kHasMin)
@@ -163,12 +172,9 @@ struct Sixteen {
   }
 };
 
-// int32 lanes (within int16) in both int16 halves of each lane; lo, hi: into the low / high ones.
+// int32 lanes (within int16) in both int16 halves of each lane.
 FERRUM_AVX2_INLINE __m256i both_halves(__m256i x) {
   return _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(x, 16));
-}
-FERRUM_AVX2_INLINE __m256i halves(__m256i lo, __m256i hi) {
-  return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(hi, 16));
 }
 
 // v shifted right by `bits` (left where negative), per 32-bit lane.
@@ -196,10 +202,6 @@ struct Q6 : Sixteen<Q6> {
   // byte s % 4 of scale dword s / 4, sign-extended
   FERRUM_AVX2_INLINE static __m256i scale16(const uint8_t* q, int s, int v) {
     return _mm256_srai_epi16(_mm256_shuffle_epi8(dword(q, 48 + s / 4, v), lane_bytes(0x80, s % 4, 0x80, s % 4)), 8);
-  }
-  FERRUM_AVX2_INLINE static __m256i pair(const uint8_t* q, int k, int v) {
-    const int b = 2 * (k % 2);
-    return _mm256_srai_epi16(_mm256_shuffle_epi8(dword(q, 48 + k / 2, v), lane_bytes(0x80, b, 0x80, b + 1)), 8);
   }
 };
 
@@ -230,9 +232,8 @@ struct K2 : Sixteen<K2<kThreeBit>> {
     return _mm256_sub_epi32(_mm256_or_si256(low, high), _mm256_set1_epi32(32));
   }
   FERRUM_AVX2_INLINE static __m256i scale16(const uint8_t* q, int s, int v) { return both_halves(scale32(q, s, v)); }
-  // Q2_K: mins 2k, 2k + 1 (the high nibbles of scale bytes 2k, 2k + 1); Q3_K: scales 2k, 2k + 1.
-  FERRUM_AVX2_INLINE static __m256i pair(const uint8_t* q, int k, int v) {
-    if constexpr (kThreeBit) return halves(scale32(q, 2 * k, v), scale32(q, 2 * k + 1, v));
+  // Q2_K: mins 2k, 2k + 1 (the high nibbles of scale bytes 2k, 2k + 1).
+  FERRUM_AVX2_INLINE static __m256i min_pair(const uint8_t* q, int k, int v) {
     const int b = 2 * k % 4;
     const __m256i x = dword(q, k / 2, v);
     return _mm256_or_si256(_mm256_and_si256(shift(x, 8 * b + 4), _mm256_set1_epi32(15)),
