@@ -1,10 +1,12 @@
 // Internal: what the AVX2 kernel files (dot_avx2.cpp, gemm_legacy_avx2.cpp,
-// gemm_kquant_avx2.cpp) share. Only those files include it: CMake builds them without AVX-512
+// gemm_kquant_avx2.cpp, dot_r16_avx2.cpp, dot_r16_kquant_avx2.cpp) share. Only those files include it: CMake builds them without AVX-512
 // (-mno-avx512f in a native build), so they stay what AVX2-only CPUs can run.
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "quant/formats.h"
@@ -50,6 +52,38 @@ FERRUM_AVX2_INLINE static __m256i iq4_levels(const uint8_t* qs) {
 // within +-127 (the activation quantizers never give -128), so no pair saturates.
 FERRUM_AVX2_INLINE static __m256i signed_pairs(__m256i w, __m256i a) {
   return _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+// The R16 kernels (dot_r16_avx2.cpp, dot_r16_kquant_avx2.cpp): a 16-row group's block is two
+// 8-row halves, and quant dword k of a half loads as one register, one row per 32-bit lane.
+constexpr int kHalfRows = 8;
+
+FERRUM_AVX2_INLINE static __m256i broadcast_dword(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+FERRUM_AVX2_INLINE static __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// sum[j][v]: activation row j against half h0 + v of a group (live rows of it: `live`), to
+// out[j * ldo + row in the group]; a partial half stores its live lanes only.
+template <int N, int V>
+FERRUM_AVX2_INLINE static void store_halves(const __m256 (&sum)[N][V], int h0, int live, float* out, int64_t ldo) {
+  for (int v = 0; v < V; ++v) {
+    const int first = kHalfRows * (h0 + v), count = std::min(kHalfRows, live - first);
+    if (count <= 0) continue;
+    for (int j = 0; j < N; ++j) {
+      float* dst = out + j * ldo + first;
+      if (count == kHalfRows) {
+        _mm256_storeu_ps(dst, sum[j][v]);
+      } else {
+        alignas(32) float lanes[kHalfRows];
+        _mm256_store_ps(lanes, sum[j][v]);
+        std::copy(lanes, lanes + count, dst);
+      }
+    }
+  }
 }
 
 // A GEMM and its single-activation-row case as a row kernel.

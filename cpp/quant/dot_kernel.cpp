@@ -134,7 +134,7 @@ bool float_gemm_supported() {
 }
 
 // One ISA's GEMM for (type, layout), or nullptr. Float weights have AVX512_BF16 GEMMs only; the
-// quantized types have one on every ISA (file layout; R16: AVX-512, and AVX2 for the legacy types), except IQ4_NL / IQ4_XS,
+// quantized types have one on every ISA (file layout; R16: AVX-512, and AVX2 for the legacy types, Q4_K, Q5_K and Q6_K), except IQ4_NL / IQ4_XS,
 // whose AVX-512 GEMMs are the R16 layout's only.
 bool is_float(DType t) { return t == DType::BF16 || t == DType::F16 || t == DType::F32; }
 

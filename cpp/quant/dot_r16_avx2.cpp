@@ -1,5 +1,5 @@
 // AVX2 kernels for the legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) in the R16 layout
-// (quant/repack.h): a 16-row group's block is two 8-row halves, and quant dword k of a half loads
+// (quant/repack.h; the k-quants' are in dot_r16_kquant_avx2.cpp): a 16-row group's block is two 8-row halves, and quant dword k of a half loads
 // as one register holding bytes 4k..4k+3 of its 8 rows, one row per 32-bit lane. Against the
 // activation's dword k broadcast, maddubs + madd leave each row's partial sum in its own lane: no
 // horizontal sums, and the f16 scales of 8 rows convert in one instruction.
@@ -19,16 +19,6 @@
 namespace ferrum::quant::detail {
 
 namespace {
-
-constexpr int kHalfRows = 8;  // rows per register: a group is two halves
-
-FERRUM_AVX2_INLINE __m256i broadcast_dword(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
-FERRUM_AVX2_INLINE __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // Each format: its block, its 16-bit fields (d, and m in the min formats), the zero point it
 // takes off as kOffset * sum(a), and add_products: isum[j][v] = the exact sum of quant * a over
@@ -212,20 +202,7 @@ FERRUM_AVX2 void pass(int64_t nb, const uint8_t* group, int h0, int live, const 
       }
     }
   }
-  for (int v = 0; v < V; ++v) {
-    const int first = kHalfRows * (h0 + v), count = std::min(kHalfRows, live - first);
-    if (count <= 0) continue;
-    for (int j = 0; j < N; ++j) {
-      float* dst = out + j * ldo + first;
-      if (count == kHalfRows) {
-        _mm256_storeu_ps(dst, sum[j][v]);
-      } else {
-        alignas(32) float lanes[kHalfRows];
-        _mm256_store_ps(lanes, sum[j][v]);
-        std::copy(lanes, lanes + count, dst);
-      }
-    }
-  }
+  store_halves<N, V>(sum, h0, live, out, ldo);
 }
 
 // out[t * ldo + r] = dot(weight row r, activation row t), group by group: one activation row
@@ -263,7 +240,7 @@ Avx2Kernels r16_kernels(DType t) {
     case DType::Q5_1: return kernels_of<Q5<BlockQ5_1, 0, true>>();
     case DType::Q8_0: return kernels_of<Q8>();
     case DType::IQ4_NL: return kernels_of<IQ4NL>();
-    default: return {nullptr, nullptr};
+    default: return avx2_r16_kquant_kernels(t);
   }
 }
 

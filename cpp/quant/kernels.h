@@ -65,10 +65,13 @@ struct Avx2Kernels {
   DotBatchFn gemm;
 };
 Avx2Kernels avx2_q8_0_kernels(DType weight_type);
-// The legacy types' AVX2 kernels in the R16 layout (dot_r16_avx2.cpp), nullptr for other types:
-// the scalar float order, so every ISA's bits; the GEMM is also the batched decode kernel.
+// The AVX2 kernels in the R16 layout (dot_r16_avx2.cpp: the legacy types; nullptr for types
+// without one): the scalar float order, so every ISA's bits; the GEMM is also the batched decode
+// kernel. The k-quants' and IQ4_XS's (dot_r16_kquant_avx2.cpp) come through
+// avx2_r16_kquant_kernels.
 DotRowsFn avx2_r16_dot_rows(DType weight_type);
 DotBatchFn avx2_r16_gemm(DType weight_type);
+Avx2Kernels avx2_r16_kquant_kernels(DType weight_type);
 Avx2Kernels avx2_q8_k_kernels(DType weight_type);
 
 // Applies a one-row dot function to each of `rows` rows.

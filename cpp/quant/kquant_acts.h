@@ -1,5 +1,6 @@
-// Internal: the Q8_K activation terms that the k-quant int8 GEMMs (gemm_kquant_avx512.cpp, and
-// Q4_K's R16 kernel in dot_r16_avx512.cpp) add per super-block besides the weight products.
+// Internal: the Q8_K activation terms that the k-quant int8 GEMMs (gemm_kquant_avx512.cpp, the R16
+// kernels in dot_r16_avx512.cpp and dot_r16_kquant_avx2.cpp) add per super-block besides the
+// weight products.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -18,8 +19,10 @@ struct KActs {
 // 32-element sub-blocks) as int16 pairs, sums 2k, 2k + 1 in term k (vpdpwssd against mins 2k,
 // 2k + 1); formats with a zero point: -zero point * bsums[s], where sub-block s's integer sum
 // starts.
+// Static: every kernel file compiles its own copy for its ISA (one shared instantiation could be
+// an AVX-512 file's, and run on an AVX2-only CPU).
 template <int kSubBlocks, bool kHasMin, int kZeroPoint>
-void prepare_kquant_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T, KActs& acts) {
+static void prepare_kquant_acts(int64_t nb, const void* act, size_t act_row_bytes, int64_t T, KActs& acts) {
   acts.rows.resize(size_t(T));
   acts.terms.resize(size_t(T * nb * 16));
   for (int64_t t = 0; t < T; ++t) {

@@ -30,7 +30,8 @@
 // Every byte of a block keeps its meaning, so sizes and row strides (at group starts) are those
 // of the file format. The legacy types' R16 kernels give their GGUF row kernels' results bit for
 // bit; the k-quants' give their GGUF GEMMs' (whose float order their row kernels do not share);
-// the IQ4 types have AVX-512 kernels only in R16.
+// the IQ4 types have AVX-512 kernels only in R16. The AVX2 R16 kernels (every quantized type) give
+// the scalar kernels' bits.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -77,13 +77,12 @@ TEST(Repack, RoundTripsEveryRowAndDequantizesAsTheFileType) {
 
 // Every ISA's R16 row kernel from any group start and R16 GEMM / batched kernel at every T equal
 // the file type's row kernel bit for bit (the k-quants: its GEMM, which has another float order
-// than its row kernel). AVX2 has R16 kernels for the types dotted with Q8_0 activations, which
-// give the scalar kernel's bits.
+// than its row kernel). AVX2 has R16 kernels for every one of these types, which give the scalar
+// kernel's bits.
 TEST(Repack, KernelsMatchTheFileTypesKernelsBitForBit) {
   const CpuFeatures& f = cpu_features();
   const bool vnni = f.avx512f && f.avx512bw && f.avx512vl && f.avx512_vnni;
-  ASSERT_EQ(gemm_kernel(DType::Q4_0, WeightLayout::R16) != nullptr, vnni || (f.avx2 && f.fma && f.f16c));
-  ASSERT_EQ(gemm_kernel(DType::Q4_K, WeightLayout::R16) != nullptr, vnni);
+  for (DType t : kFileTypes) ASSERT_EQ(gemm_kernel(t, WeightLayout::R16) != nullptr, vnni || (f.avx2 && f.fma && f.f16c));
   std::mt19937 rng(9);
   for (const char* isa : {"avx512", "avx2"})
   for (DType t : kFileTypes) {

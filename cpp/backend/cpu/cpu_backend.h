@@ -120,7 +120,8 @@ class CpuBackend : public Backend {
                    std::shared_ptr<const void> keepalive) override;
   void upload(const Tensor& dst, const void* src, size_t bytes) override;
   // A copy in the weight arena (2 MiB pages, streamed in order); the legacy formats, k-quants,
-  // IQ4 types, F16 and BF16 in the R16 layout (quant/repack.h) where its AVX-512 kernels run.
+  // IQ4 types, F16 and BF16 in the R16 layout (quant/repack.h) where its kernels run (AVX-512;
+  // AVX2 for the quantized types).
   Tensor pack_weight(const Tensor& w, const Consumed& consumed) override;
   size_t memory_available_bytes() const override;  // the system's MemAvailable
   void download(const Tensor& src, void* dst, size_t bytes) override;
