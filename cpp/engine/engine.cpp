@@ -162,7 +162,12 @@ void Engine::launch(SchedulerOutput plan) {
     // The last token's row; the proposals' rows follow it.
     if (c.sample) l.sample_rows.push_back(first_row + c.rows - c.drafted - 1);
   }
-  runner_.begin(items);
+  try {
+    runner_.begin(items);
+  } catch (...) {
+    sched_.not_run(plan);
+    throw;
+  }
   l.plan = std::move(plan);
   in_flight_.push_back(std::move(l));
   max_in_flight_ = std::max(max_in_flight_, int64_t(in_flight_.size()));

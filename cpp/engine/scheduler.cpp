@@ -265,6 +265,15 @@ std::vector<int64_t> Scheduler::computed(const SchedulerOutput& out) {
   return scored;
 }
 
+void Scheduler::not_run(const SchedulerOutput& out) {
+  for (const ScheduledChunk& c : out.chunks) {
+    auto it = seqs_.find(c.seq);
+    if (it == seqs_.end() || !it->second.in_flight) continue;
+    it->second.in_flight = false;
+    in_flight_--;
+  }
+}
+
 bool Scheduler::append(int64_t id, int64_t accepted, int32_t token, std::vector<int32_t> draft) {
   Sequence& s = seq(id);
   if (!s.generates() || !running_.count(id) || s.remaining() != 0)

@@ -85,6 +85,9 @@ class Scheduler {
   // ended meanwhile are passed over). Returns the scores and embeddings whose last rows it
   // computed: they are finished.
   std::vector<int64_t> computed(const SchedulerOutput& out);
+  // The forward of `out` did not run (it threw): its sequences are no longer in flight, and the
+  // next schedule takes them again (their blocks are kept).
+  void not_run(const SchedulerOutput& out);
   // Appends a token sampled for generation `seq` (which must be waiting for one); true when the
   // sequence now holds max_model_len tokens and has to end.
   bool append_token(int64_t seq, int32_t token) { return append(seq, 0, token, {}); }

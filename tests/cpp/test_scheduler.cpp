@@ -592,3 +592,24 @@ TEST(Scheduler, StepsInFlightTakeDisjointSequencesThatNoneOtherPreempts) {
   EXPECT_EQ(h.blocks.num_used(), 0);
   EXPECT_EQ(h.blocks.num_sequences(), 0);
 }
+
+TEST(Scheduler, AStepThatDidNotRunIsScheduledAgain) {
+  Harness h(16, 8, 64);
+  const int64_t a = h.add(20, 5), b = h.add(7, 5);
+  const SchedulerOutput first = h.sched.schedule();
+  ASSERT_EQ(first.chunks.size(), 2u);
+  EXPECT_TRUE(h.sched.schedule().chunks.empty());  // both in flight
+  h.sched.not_run(first);                          // its forward threw
+  const SchedulerOutput again = h.sched.schedule();
+  ASSERT_EQ(again.chunks.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(again.chunks[i].seq, first.chunks[i].seq);
+    EXPECT_EQ(again.chunks[i].start, first.chunks[i].start);
+    EXPECT_EQ(again.chunks[i].count, first.chunks[i].count);
+  }
+  EXPECT_EQ(h.blocks.num_used(), 3);  // the blocks taken once: 2 for a, 1 for b
+  h.sched.computed(again);
+  h.sched.finish(a);
+  h.sched.finish(b);
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
