@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "quant/formats.h"
@@ -65,6 +66,26 @@ FERRUM_AVX2_INLINE static __m256i broadcast_dword(const int8_t* p) {
 }
 
 FERRUM_AVX2_INLINE static __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// The R16 GEMMs' register blocks, group by group of 16 weight rows: four activation rows at a
+// time take one half, two or one take both halves (a decode reads the group's bytes in address
+// order). pass(N, V, r0, live, h, t) computes rows [t, t + N) against halves h .. h + V - 1 of
+// the group at row r0 (N and V as std::integral_constant).
+template <class Pass>
+inline void r16_register_blocks(int64_t rows, int64_t T, const Pass& pass) {
+  using Four = std::integral_constant<int, 4>;
+  using Two = std::integral_constant<int, 2>;
+  using One = std::integral_constant<int, 1>;
+  constexpr int64_t kGroupRows = 2 * kHalfRows;
+  for (int64_t r0 = 0; r0 < rows; r0 += kGroupRows) {
+    const int live = int(std::min<int64_t>(kGroupRows, rows - r0));
+    int64_t t = 0;
+    for (; t + 4 <= T; t += 4)
+      for (int h = 0; h < 2 && kHalfRows * h < live; ++h) pass(Four{}, One{}, r0, live, h, t);
+    for (; t + 2 <= T; t += 2) pass(Two{}, Two{}, r0, live, 0, t);
+    for (; t < T; ++t) pass(One{}, Two{}, r0, live, 0, t);
+  }
+}
 
 // sum[j][v]: activation row j against half h0 + v of a group (live rows of it: `live`), to
 // out[j * ldo + row in the group]; a partial half stores its live lanes only.

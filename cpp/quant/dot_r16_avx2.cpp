@@ -214,17 +214,10 @@ FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows
   const int64_t nb = n / kQK;
   thread_local LegacyActTerms acts;
   prepare_legacy_acts(nb, act, act_row_bytes, T, F::kOffset != 0 || F::kHasMin, acts);
-  for (int64_t r0 = 0; r0 < rows; r0 += kR16Rows) {
-    const uint8_t* group = static_cast<const uint8_t*>(w) + r0 * w_row_bytes;
-    const int live = int(std::min<int64_t>(kR16Rows, rows - r0));
-    float* o = out + r0;
-    int64_t t = 0;
-    for (; t + 4 <= T; t += 4)
-      for (int h = 0; h < 2 && kHalfRows * h < live; ++h)
-        pass<F, 4, 1>(nb, group, h, live, act, act_row_bytes, acts, t, o + t * ldo, ldo);
-    for (; t + 2 <= T; t += 2) pass<F, 2, 2>(nb, group, 0, live, act, act_row_bytes, acts, t, o + t * ldo, ldo);
-    for (; t < T; ++t) pass<F, 1, 2>(nb, group, 0, live, act, act_row_bytes, acts, t, o + t * ldo, ldo);
-  }
+  r16_register_blocks(rows, T, [&](auto n, auto v, int64_t r0, int live, int h, int64_t t) {
+    pass<F, decltype(n)::value, decltype(v)::value>(nb, static_cast<const uint8_t*>(w) + r0 * w_row_bytes, h, live,
+                                                    act, act_row_bytes, acts, t, out + r0 + t * ldo, ldo);
+  });
 }
 
 template <class F>
