@@ -203,3 +203,15 @@ def test_autoawq_quant_config_json_is_read(checkpoints, tmp_path):
     mf = ferrum._core.ModelFile(str(d))
     ref = library_dequantized(checkpoints, "asym-g64")
     np.testing.assert_array_equal(mf.dequantized(L0 + ".weight"), ref[L0 + ".weight"].numpy())
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "gpu"])
+def test_opencl_matches_transformers(checkpoints, monkeypatch, kernels):
+    """The repacked blocks on OpenCL, in both kernel families: scores as on the CPU."""
+    monkeypatch.setenv("FERRUM_OPENCL_KERNELS", kernels)
+    variant = "asym-g64"
+    model = transformers_on(checkpoints[variant], library_dequantized(checkpoints, variant))
+    with torch.no_grad():
+        ref = model(torch.tensor([PROMPT])).logits[0].numpy()
+    got = ferrum.LLM(str(checkpoints[variant]), device="opencl", kv_dtype="f32").score(PROMPT)
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()

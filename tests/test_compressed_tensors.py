@@ -289,3 +289,16 @@ def test_packed_tensors_without_config_refused(checkpoints, tmp_path):
     (bad / "config.json").write_text(json.dumps(c))
     with pytest.raises(ValueError, match=re.escape(".weight_packed' is packed (GPTQ / AWQ / compressed-tensors)")):
         ferrum._core.ModelFile(str(bad))
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "gpu"])
+def test_opencl_matches_transformers(checkpoints, references, monkeypatch, kernels):
+    """Every scheme of the mixed file on OpenCL, in both kernel families: scores as on the CPU."""
+    monkeypatch.setenv("FERRUM_OPENCL_KERNELS", kernels)
+    path = checkpoints["mixed"]
+    model = _float_model(path)
+    model.load_state_dict(references["mixed"][0], strict=False)
+    with torch.no_grad():
+        ref = model(torch.tensor([PROMPT])).logits[0].numpy()
+    got = ferrum.LLM(str(path), device="opencl", kv_dtype="f32").score(PROMPT)
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()

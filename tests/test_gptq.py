@@ -215,9 +215,11 @@ def test_bad_checkpoint_refused_by_name(checkpoints, tmp_path, edit, message):
         ferrum._core.ModelFile(bad)
 
 
-def test_act_order_on_opencl_matches_transformers(checkpoints):
+@pytest.mark.parametrize("kernels", ["cpu", "gpu"])
+def test_act_order_on_opencl_matches_transformers(checkpoints, monkeypatch, kernels):
     """The reordered inputs gathered by OpenCL's kernel (both families share it) before the
-    quantized matmul: scores as on the CPU."""
+    quantized matmul, in either family: scores as on the CPU."""
+    monkeypatch.setenv("FERRUM_OPENCL_KERNELS", kernels)
     path = checkpoints["asym4-g32-v1-act-order"]
     model = transformers_on(path, library_dequantized(path))
     with torch.no_grad():
