@@ -92,7 +92,7 @@ def two_stages(models, memory_model, tmp_path_factory):
 def two_by_two(models, tmp_path_factory):
     """4 ranks: 2 stages of 2 tensor-parallel ranks."""
     spec = {"tp": 2, "pp": 2, "prompts": PROMPTS, "refused": [],
-            "models": [models[n] for n in ("llama-hf", "qwen2-hf", "mistral-gguf-f16-window", "qwen3_moe-hf")]
+            "models": [models[n] for n in ("llama-hf", "qwen2-hf", "qwen3-hf", "mistral-gguf-f16-window", "qwen3_moe-hf")]
             + [STORIES_MODEL],
             "invariants_model": STORIES_MODEL, "invariant_prompts": INVARIANT_PROMPTS[:4],
             "shared_prompts": SHARED_PROMPTS}
@@ -142,7 +142,7 @@ def test_prompt_embeds_under_pipeline_parallelism(got, models, request):
         assert relative_error(got[f"llama-hf/hidden{i}"], np.array(e.outputs.embedding, dtype=np.float32)) <= 1e-5
 
 
-@pytest.mark.parametrize("name", ["llama-hf", "qwen2-hf", "mistral-gguf-f16-window", "qwen3_moe-hf", "stories260K"])
+@pytest.mark.parametrize("name", ["llama-hf", "qwen2-hf", "qwen3-hf", "mistral-gguf-f16-window", "qwen3_moe-hf", "stories260K"])
 def test_two_stages_of_two_tensor_parallel_ranks_equal_one_process(name, models, two_by_two):
     model = models.get(name, STORIES_MODEL)
     assert_equal_to_one_process(model, two_by_two)
