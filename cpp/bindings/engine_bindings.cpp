@@ -36,8 +36,8 @@ void bind_engine(py::module_& m) {
               float lora_scale) { return e.add_sequence(prompt, rows_from, std::move(lora), lora_scale); },
            py::arg("prompt"), py::arg("rows_from") = -1, py::arg("lora") = nullptr, py::arg("lora_scale") = 1.0f,
            "Queues a generation; returns its id. ValueError when it could never run. rows_from >= 0 also "
-           "returns the logits of the prompt's positions rows_from .. (prompt logprobs). lora: a LoraAdapter (ModelRunner.make_lora) it runs with, its updates "
-           "scaled by lora_scale (finite) on top of the file's scaling.")
+           "returns the logits of the prompt's positions rows_from .. (prompt logprobs). lora: a LoraAdapter (ModelRunner.make_lora) it runs with, "
+           "its updates scaled by lora_scale (finite) on top of the file's scaling.")
       .def("add_score", [](Engine& e, const std::vector<int64_t>& tokens, int64_t rows_from, bool embed,
                            std::shared_ptr<LoraAdapter> lora, float lora_scale) {
              return e.add_score(tokens, rows_from, embed ? SeqKind::Embed : SeqKind::Score, std::move(lora),

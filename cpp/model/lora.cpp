@@ -53,7 +53,8 @@ std::shared_ptr<const LoraAdapter> make_lora_adapter(Backend& be, const ModelCon
     for (const auto& [name, t, rows, cols] : {std::tuple{"A", p.a_dtype, p.rank, shape.in},
                                               std::tuple{"B", p.b_dtype, p.n, p.rank}}) {
       if (!lora_storage_dtype(t))
-        throw ValueError(where + ": " + name + " is " + dtype_name(t) + "; adapters are kept in f32, f16, bf16 or q8_0");
+        throw ValueError(where + ": " + name + " is " + dtype_name(t) +
+                         "; adapters are kept in f32, f16, bf16 or q8_0");
       if (cols % dtype_info(t).block_elems != 0)
         throw ValueError(where + ": " + name + "'s rows of " + std::to_string(cols) + " are not whole " +
                          dtype_name(t) + " blocks");

@@ -81,7 +81,8 @@ class LLM:
                  max_num_batched_tokens: int = 512, speculative_config: Union[dict, str, None] = None,
                  tensor_parallel_size: int = 1, enable_prompt_embeds: bool = False, enable_lora: bool = False,
                  max_loras: int = 1, max_lora_rank: int = 16, max_cpu_loras: Optional[int] = None,
-                 lora_dtype: str = "auto", pipeline_parallel_size: int = 1, pipeline_layer_partition: Union[str, Sequence[int], None] = None):
+                 lora_dtype: str = "auto", pipeline_parallel_size: int = 1,
+                 pipeline_layer_partition: Union[str, Sequence[int], None] = None):
         if kv_dtype not in ("f16", "f32", "int8"):
             raise ValueError(f"kv_dtype must be 'f16', 'f32' or 'int8', got {kv_dtype!r}")
         for name, v in (("num_threads", num_threads), ("max_model_len", max_model_len),

@@ -284,8 +284,9 @@ _REFUSED_FLAGS = (("use_dora", "DoRA (use_dora)"), ("lora_bias", "lora_bias"),
 
 def read_peft_adapter(path, cfg: dict, max_rank: int, storage: Optional[str] = None) -> List[tuple]:
     """A PEFT LoRA directory as the runner's updates [(site, A, B, out_col, scale)] for a model of
-    config `cfg` (ModelRunner.config), A and B kept in `storage` (None: the file's dtype). ValueError, naming the field or tensor, for anything ferrum
-    would not apply exactly as PEFT does."""
+    config `cfg` (ModelRunner.config), A and B kept in `storage` (None: the file's dtype).
+    ValueError, naming the field or tensor, for anything ferrum would not apply exactly as PEFT
+    does."""
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"{path}: not a PEFT adapter directory")

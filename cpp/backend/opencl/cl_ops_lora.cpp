@@ -20,6 +20,9 @@ namespace {
 constexpr int64_t kUpdateInts = 8;  // kernels/lora.cl: LORA_UPDATE_INTS
 constexpr int64_t kWeightsAlign = 16;  // floats: the weights start on 64 bytes
 constexpr int64_t kMatrixAlign = 16;   // bytes
+int64_t aligned_bytes(const Tensor& m) {
+  return int64_t((m.nbytes() + kMatrixAlign - 1) / kMatrixAlign * kMatrixAlign);
+}
 
 // kernels/lora.cl's LORA_F32 ...
 int32_t lora_dtype_code(DType t) {
@@ -59,7 +62,7 @@ void LoraArena::update(const LoraSlots& slots) {
     for (const auto& site : w->sites)
       for (const LoraUpdate& u : site) {
         updates++;
-        for (const Tensor* m : {&u.a, &u.b}) bytes += int64_t((m->nbytes() + kMatrixAlign - 1) / kMatrixAlign * kMatrixAlign);
+        bytes += aligned_bytes(u.a) + aligned_bytes(u.b);
       }
   }
   const int64_t table_ints = 2 + 2 * S * sites + kUpdateInts * updates;
@@ -84,7 +87,7 @@ void LoraArena::update(const LoraSlots& slots) {
                                  dst.byte_offset + size_t(woff * 4 + at), src.nbytes(), 0, nullptr, nullptr),
              "clEnqueueCopyBuffer");
     const int64_t offset = at;
-    at += int64_t((src.nbytes() + kMatrixAlign - 1) / kMatrixAlign * kMatrixAlign);
+    at += aligned_bytes(src);
     return int32_t(offset);
   };
   for (int64_t s = 0; s < S; ++s) {
