@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import os
 import re
 import struct
@@ -62,9 +63,10 @@ class LoRARequest:
             raise ValueError(f"lora_int_id must be an integer >= 1, got {self.lora_int_id!r}")
         if not isinstance(self.lora_path, (str, os.PathLike)) or not str(self.lora_path):
             raise ValueError(f"lora_path must name an adapter directory or .gguf file, got {self.lora_path!r}")
-        if isinstance(self.scale, bool) or not isinstance(self.scale, (int, float)) or not math.isfinite(self.scale) \
+        if isinstance(self.scale, bool) or not isinstance(self.scale, numbers.Real) or not math.isfinite(self.scale) \
                 or abs(self.scale) > _F32_MAX:
-            raise ValueError(f"the LoRA scale must be a finite number, got {self.scale!r}")
+            raise ValueError(f"the LoRA scale must be a finite number (within float32's range), got {self.scale!r}")
+        object.__setattr__(self, "scale", float(self.scale))
 
     @property
     def adapter_id(self) -> int:
