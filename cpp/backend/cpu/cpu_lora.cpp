@@ -1,16 +1,21 @@
 // LoRA on the CPU: two commands per projection site. Rows are grouped by the slot they chose;
-// the shrink gives each thread whole rank rows of A (every row of the group against one A row),
-// the expand whole 16-column chunks of B, so each adapter's A and B are read once per call
-// however many rows use it. An A row or a B chunk stored in f16 / bf16 / q8_0 is converted to f32
-// once per call (into an L1-sized buffer) and dotted by the same f32 kernel as an f32 one, so the
-// stored bytes are read once and the results are those of the f32 update with those values. Each
-// output element is one fixed-order dot product of its row's own values, scaled by its row's
-// request scale: a row's result does not depend on its batch.
+// the shrink gives each thread blocks of kShrinkRanks rank rows of A (every row of the group
+// against the block, each x row read once per block), the expand whole 16-column chunks of B
+// (transposed once per call so a row's 16 outputs are one vector), so each adapter's A and B are
+// read once per call however many rows use it. A rank block of A or a batch of B's chunks stored
+// in f16 / bf16 / q8_0 is converted to f32 once per call (into an L1-sized buffer) and computed
+// from as an f32 one, so the stored bytes are read once and the results are those of the f32
+// update with those values. Each output element is one fixed-order sum of its row's own values,
+// times its row's request scale: a row's result does not depend on its batch.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/fast_math.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
 #include "quant/quant.h"
@@ -20,6 +25,7 @@ namespace ferrum {
 namespace {
 
 constexpr int64_t kExpandCols = 16;
+constexpr int64_t kShrinkRanks = 4;
 
 // The rows of each slot that has updates at `site`, in slot order.
 struct SlotRows {
@@ -60,6 +66,22 @@ void for_units(const std::vector<SlotRows>& groups, int64_t begin, int64_t end, 
   }
 }
 
+// As for_units, but once per update with its units' range [u0, u1) within [begin, end).
+template <typename Units, typename Fn>
+void for_update_units(const std::vector<SlotRows>& groups, int64_t begin, int64_t end, const Units& units_of,
+                      const Fn& fn) {
+  int64_t u0 = 0;
+  for (const SlotRows& g : groups) {
+    int64_t offset = 0;
+    for (const LoraUpdate& up : *g.updates) {
+      const int64_t n = units_of(up), lo = std::max(begin, u0), hi = std::min(end, u0 + n);
+      if (lo < hi) fn(g, up, offset, lo - u0, hi - u0);
+      u0 += n;
+      offset += up.a.dim(0);
+    }
+  }
+}
+
 template <typename Units>
 int64_t count_units(const std::vector<SlotRows>& groups, const Units& units_of) {
   int64_t n = 0;
@@ -68,7 +90,8 @@ int64_t count_units(const std::vector<SlotRows>& groups, const Units& units_of) 
   return n;
 }
 
-int64_t rank_units(const LoraUpdate& up) { return up.a.dim(0); }
+int64_t rank_units(const LoraUpdate& up) { return (up.a.dim(0) + kShrinkRanks - 1) / kShrinkRanks; }
+int64_t col_units(const LoraUpdate& up) { return (up.b.dim(0) + kExpandCols - 1) / kExpandCols; }
 
 // Rows [r0, r0 + rows) of m (2-D, a storage dtype) as f32: m's own floats when it is f32, else
 // converted into buf.
@@ -80,7 +103,102 @@ const float* f32_rows(const Tensor& m, int64_t r0, int64_t rows, std::vector<flo
                         rows * cols);
   return buf.data();
 }
-int64_t col_units(const LoraUpdate& up) { return (up.b.dim(0) + kExpandCols - 1) / kExpandCols; }
+
+// a * b + c, rounded once, on 8 lanes (one AVX2 register; GCC keeps arrays of 16-lane vectors
+// in memory on AVX2).
+inline cpu::f32x8 fma8(cpu::f32x8 a, cpu::f32x8 b, cpu::f32x8 c) {
+#if defined(__FMA__)
+  return cpu::f32x8(_mm256_fmadd_ps(__m256(a), __m256(b), __m256(c)));
+#else
+  cpu::f32x8 r;
+  for (int i = 0; i < 8; ++i) r[i] = std::fma(a[i], b[i], c[i]);
+  return r;
+#endif
+}
+
+inline cpu::f32x8 splat8(float x) { return cpu::f32x8{x, x, x, x, x, x, x, x}; }
+
+inline void store8(float* p, cpu::f32x8 v) { std::memcpy(p, &v, sizeof v); }
+
+// Sums v's lanes in one fixed order.
+inline float hsum8(cpu::f32x8 v) {
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+  return v[0] + v[1];
+}
+
+inline cpu::f32x8 load8(const float* p) {
+  cpu::f32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// out[r][i] = x[r] . a[i] for R rows x[r] and n <= kShrinkRanks rows of a (K apart): each
+// product one 8-lane chain, its lanes summed, then the tail (K % 8) in order; the same floats
+// whatever R is. (8 lanes: 2 x 4 chains fit AVX2's registers.)
+template <int R>
+void shrink_rows(const float* const* x, const float* a, int64_t K, int64_t n, float* const* out) {
+  cpu::f32x8 acc[R][kShrinkRanks] = {};
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    cpu::f32x8 v[R];
+    for (int r = 0; r < R; ++r) v[r] = load8(x[r] + k);
+    for (int64_t i = 0; i < kShrinkRanks; ++i) {
+      if (i >= n) break;
+      const cpu::f32x8 w = load8(a + i * K + k);
+      for (int r = 0; r < R; ++r) acc[r][i] = fma8(v[r], w, acc[r][i]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      float sum = hsum8(acc[r][i]);
+      for (int64_t kk = k; kk < K; ++kk) sum = std::fma(x[r][kk], a[i * K + kk], sum);
+      out[r][i] = sum;
+    }
+}
+
+// out[r][c * 16 + n] += scale[r] * sum_j v[r][j] bt[c][j][n] for R rows, the chunks c of 16
+// columns in [0, chunks) (the last `last` wide), j in order from 0: the same floats whatever R is.
+template <int R>
+void expand_rows(const float* const* v, const float* bt, int64_t rank, int64_t chunks, int64_t last,
+                 const float* scale, float* const* out) {
+  using cpu::f32x8;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* b = bt + c * rank * kExpandCols;
+    f32x8 acc[R][2] = {};
+    for (int64_t j = 0; j < rank; ++j) {
+      const f32x8 w0 = load8(b + j * kExpandCols), w1 = load8(b + j * kExpandCols + 8);
+      for (int r = 0; r < R; ++r) {
+        const f32x8 x = splat8(v[r][j]);
+        acc[r][0] = fma8(x, w0, acc[r][0]);
+        acc[r][1] = fma8(x, w1, acc[r][1]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float* o = out[r] + c * kExpandCols;
+      if (c + 1 < chunks || last == kExpandCols) {
+        const f32x8 s = splat8(scale[r]);
+        store8(o, fma8(s, acc[r][0], load8(o)));
+        store8(o + 8, fma8(s, acc[r][1], load8(o + 8)));
+      } else {
+        for (int64_t n = 0; n < last; ++n) o[n] = std::fma(scale[r], acc[r][n / 8][n % 8], o[n]);
+      }
+    }
+  }
+}
+
+// Calls block(rows) for the group's rows kBlock at a time, then one(row) for the rest.
+template <int kBlock, typename Block, typename One>
+void by_row_blocks(const std::vector<int64_t>& rows, const Block& block, const One& one) {
+  size_t i = 0;
+  for (; i + kBlock <= rows.size(); i += kBlock) block(&rows[i]);
+  for (; i < rows.size(); ++i) one(&rows[i]);
+}
+
+// Rows run kernel<R> in blocks of R (2 x 4 shrink chains or 4 expand ones fill AVX2's registers).
+constexpr int kShrinkRows = 2, kExpandRows = 4;
+// B chunks transposed at a time: 16 x 16 columns of rank 16 in f32 are 16 KiB, in L1.
+constexpr int64_t kExpandBatch = 16;
 
 }  // namespace
 
@@ -102,10 +220,19 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
     int64_t b, e;
     split_range(count_units(g, rank_units), ith, nth, &b, &e);
     float* t = reinterpret_cast<float*>(tmp->data());
-    thread_local std::vector<float> buf;
-    for_units(g, b, e, rank_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t j) {
-      const float* a = f32_rows(up.a, j, 1, buf);
-      for (int64_t r : grp.rows) t[r * site_rank + offset + j] = cpu::dot_f32(host_ptr<float>(x) + r * K, a, K);
+    std::vector<float> a_f32;  // a block of A's rows converted, for A not in f32
+    for_units(g, b, e, rank_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t block) {
+      const int64_t j0 = block * kShrinkRanks, nj = std::min(kShrinkRanks, up.a.dim(0) - j0);
+      const float* a = f32_rows(up.a, j0, nj, a_f32);
+      auto run = [&](const int64_t* rows, auto r_count) {
+        constexpr int R = decltype(r_count)::value;
+        const float* xs[R];
+        float* outs[R];
+        for (int r = 0; r < R; ++r) xs[r] = host_ptr<float>(x) + rows[r] * K, outs[r] = t + rows[r] * site_rank + offset + j0;
+        shrink_rows<R>(xs, a, K, nj, outs);
+      };
+      by_row_blocks<kShrinkRows>(grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kShrinkRows>()); },
+                                 [&](const int64_t* rows) { run(rows, std::integral_constant<int, 1>()); });
     });
   });
   cs.record("lora_expand", [=](int ith, int nth) {
@@ -114,15 +241,34 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
     split_range(count_units(g, col_units), ith, nth, &b, &e);
     const float* t = reinterpret_cast<const float*>(tmp->data());
     const float* row_scale = host_ptr<float>(row_scales);
-    thread_local std::vector<float> buf;
-    for_units(g, b, e, col_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t chunk) {
-      const int64_t r = up.b.dim(1), n0 = chunk * kExpandCols, n1 = std::min(up.b.dim(0), n0 + kExpandCols);
-      const float* bm = f32_rows(up.b, n0, n1 - n0, buf);  // rows n0 ..
-      for (int64_t row : grp.rows) {
-        const float* v = t + row * site_rank + offset;
-        float* o = host_ptr<float>(out) + row * ld + up.out_col;
-        const float scale = up.scale * row_scale[row];
-        for (int64_t n = n0; n < n1; ++n) o[n] += scale * cpu::dot_f32(v, bm + (n - n0) * r, r);
+    std::vector<float> bt;  // kExpandBatch chunks of B, each transposed: [chunk][rank][kExpandCols]
+    std::vector<float> b_f32;  // B's rows of those chunks converted, for B not in f32
+    for_update_units(g, b, e, col_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t c0, int64_t c1) {
+      const int64_t r = up.b.dim(1), N = up.b.dim(0);
+      for (int64_t cb = c0; cb < c1; cb += kExpandBatch) {
+        const int64_t chunks = std::min(kExpandBatch, c1 - cb), n0 = cb * kExpandCols;
+        const int64_t n1 = std::min(N, (cb + chunks) * kExpandCols), last = n1 - (cb + chunks - 1) * kExpandCols;
+        const float* bm = f32_rows(up.b, n0, n1 - n0, b_f32);  // rows n0 .. n1
+        bt.assign(size_t(chunks * r * kExpandCols), 0.0f);
+        for (int64_t c = 0; c < chunks; ++c)
+          for (int64_t n = 0; n < kExpandCols && n0 + c * kExpandCols + n < n1; ++n) {
+            const float* src = bm + (c * kExpandCols + n) * r;
+            float* dst = bt.data() + c * r * kExpandCols + n;
+            for (int64_t j = 0; j < r; ++j) dst[j * kExpandCols] = src[j];
+          }
+        auto run = [&](const int64_t* rows, auto r_count) {
+          constexpr int R = decltype(r_count)::value;
+          const float* vs[R];
+          float* outs[R];
+          float scales[R];
+          for (int i = 0; i < R; ++i) {
+            vs[i] = t + rows[i] * site_rank + offset, outs[i] = host_ptr<float>(out) + rows[i] * ld + up.out_col + n0;
+            scales[i] = up.scale * row_scale[rows[i]];
+          }
+          expand_rows<R>(vs, bt.data(), r, chunks, last, scales, outs);
+        };
+        by_row_blocks<kExpandRows>(grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kExpandRows>()); },
+                                   [&](const int64_t* rows) { run(rows, std::integral_constant<int, 1>()); });
       }
     });
   });
