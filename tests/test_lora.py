@@ -422,6 +422,13 @@ def test_server_serves_adapters_by_model_name(lora_models, gguf_adapters):
         r8 = loras[0]
         assert complete("r8", lora_scale=0.5) == greedy(dataclasses.replace(r8, scale=0.5))
         assert complete("r8", lora_scale=0) == complete("base")
+
+        def embedding(model, **extra):
+            e = requests.post(f"{url}/v1/embeddings", json={"model": model, "input": "Hi", **extra}, timeout=60)
+            assert e.status_code == 200, e.text
+            return e.json()["data"][0]["embedding"]
+
+        assert embedding("r8", lora_scale=0) == embedding("base") != embedding("r8") == embedding("r8", lora_scale=1)
         for model, scale in (("r8", "half"), ("r8", float("nan")), ("r8", 1e39), ("base", 0.5), (None, 1.0)):
             body = {"prompt": PROMPT, "max_tokens": 1, "lora_scale": scale, **({"model": model} if model else {})}
             r = requests.post(f"{url}/v1/completions", data=json.dumps(body), timeout=10,
