@@ -535,8 +535,7 @@ class LoraCache:
             self._loaded.move_to_end(request.lora_int_id)
             return entry[1]
         updates = read_adapter(request.path, self.runner.config, self.runner.max_lora_rank, self.lora_dtype)
-        adapter = self.runner.make_lora([(site, tuple(a), tuple(b), col, scale) for site, a, b, col, scale in updates],
-                                        cache_key(updates))
+        adapter = self.runner.make_lora(updates, cache_key(updates))
         self._loaded[request.lora_int_id] = (request, adapter)
         self._loaded.move_to_end(request.lora_int_id)
         while len(self._loaded) > self.capacity:
