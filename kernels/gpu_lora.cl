@@ -3,7 +3,7 @@
 // work-group; lane l sums elements l, l + LANES, ... (a group's loads are contiguous), then the
 // lane tree. Each (row, j)'s sum is formed the same whichever pairs share its work-group.
 kernel void gpu_lora_shrink(global const float* x, long x_off, global const int* row_slots, long rs_off,
-                            global const int* table, long table_off, global const float* w, long w_off,
+                            global const int* table, long table_off, global const uchar* w, long w_off,
                             global float* t, long t_off, int T, int K, int site, int site_rank,
                             local float* scratch) {
   const int lid = (int)get_local_id(0), lane = lid % LANES;
@@ -14,8 +14,9 @@ kernel void gpu_lora_shrink(global const float* x, long x_off, global const int*
   float s = 0.0f;
   if (up) {
     global const float* xr = x + x_off + (long)row * K;
-    global const float* a = w + w_off + up[0] + (long)(j - up[5]) * K;
-    for (int k = lane; k < K; k += LANES) s = fma(xr[k], a[k], s);
+    const int ad = up[7] & 0xff;
+    global const uchar* a = w + w_off + up[0] + (j - up[5]) * lora_row_bytes(ad, K);
+    for (int k = lane; k < K; k += LANES) s = fma(xr[k], lora_value(a, ad, k), s);
   }
   lane_sums(&s, 1, scratch);  // every work-item reaches its barriers
   if (up && lane == 0) t[t_off + (long)row * site_rank + j] = s;

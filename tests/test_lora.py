@@ -2,9 +2,11 @@
 PEFT itself makes and saves for generated models of the variants; ferrum's logits (f32 base, f32
 KV) within 1e-4 of PEFT's relative to their scale, greedy tokens identical; batches mixing
 adapters and the base equal each request alone, bit for bit; the prefix cache never shares
-blocks across adapters; every bad file is a ValueError naming what is wrong. The same adapters
+blocks across adapters or request scales; adapters kept in f16 / bf16 / q8_0 compute exactly what
+f32 ones of those values do; every bad file is a ValueError naming what is wrong. The same adapters
 through llama.cpp's own converter (GGUF) score as their PEFT directories, and as llama.cpp itself
 runs them."""
+import dataclasses
 import json
 import shutil
 
@@ -40,6 +42,8 @@ ADAPTERS = {
     "mistral-r8": ("mistral-window", dict(r=8, lora_alpha=16, seed=9)),
     "qwen3-moe-attention": ("qwen3-moe", dict(r=8, lora_alpha=16, target_modules=ATTENTION, seed=10)),
     "llama-zero": ("llama", dict(r=4, lora_alpha=8, zero_b=True, seed=8)),
+    "llama-r8-f16": ("llama", dict(r=8, lora_alpha=16, seed=12, dtype="float16")),
+    "llama-r8-bf16": ("llama", dict(r=8, lora_alpha=16, seed=13, dtype="bfloat16")),
 }
 
 
@@ -121,11 +125,13 @@ def test_zero_b_adapter_equals_the_base(lora_models):
     assert a[0].outputs[0].token_ids == b[0].outputs[0].token_ids
 
 
-def test_a_batch_mixing_adapters_equals_each_alone(lora_models):
+@pytest.mark.parametrize("lora_dtype", ["auto", "q8_0"])
+def test_a_batch_mixing_adapters_equals_each_alone(lora_models, lora_dtype):
     """Scores (f32 activations, which the base computes the same in any batch) bit for bit;
-    generations token for token."""
-    llm = llm_for(lora_models["bases"]["llama"], enable_prefix_caching=False)
-    names = ["llama-r8", None, "llama-r1-qv", "llama-rank-pattern", "llama-rslora-layers"]
+    generations token for token; adapters kept in f32, f16 and bf16 (auto) or q8_0."""
+    llm = llm_for(lora_models["bases"]["llama"], enable_prefix_caching=False, max_loras=6, lora_dtype=lora_dtype)
+    names = ["llama-r8", None, "llama-r1-qv", "llama-rank-pattern", "llama-rslora-layers", "llama-r8-f16",
+             "llama-r8-bf16"]
     reqs = [request(lora_models, n) if n else None for n in names]
     prompts = [PROMPT[i:] + PROMPT[:i] for i in range(len(names))]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -135,6 +141,118 @@ def test_a_batch_mixing_adapters_equals_each_alone(lora_models):
         alone = llm.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0]
         assert out.outputs[0].token_ids == alone.outputs[0].token_ids
         assert np.array_equal(score, llm.score(p, lora_request=r))
+
+
+def _as_f32(adapter, out):
+    """A copy of the PEFT directory `adapter` with its tensors saved as f32 (the same values)."""
+    from safetensors.numpy import save_file
+    shutil.copytree(adapter, out)
+    weights = out / "adapter_model.safetensors"
+    save_file(read_safetensors(weights), str(weights))
+    return out
+
+
+@pytest.mark.parametrize("name", ["llama-r8-f16", "llama-r8-bf16"])
+def test_half_adapters_stay_half_and_compute_as_their_f32_values(lora_models, tmp_path, name):
+    """An adapter saved in f16 / bf16 is kept so (half the bytes of its f32 copy) and its logits
+    are bit for bit those of the same values saved in f32."""
+    dtypes = {}
+    read_safetensors(lora_models["adapters"][name] / "adapter_model.safetensors", dtypes)
+    assert set(dtypes.values()) == {name.rsplit("-", 1)[1]}
+    llm = llm_for(lora_models["bases"]["llama"])
+    half = request(lora_models, name)
+    f32 = LoRARequest(f"{name}-f32", 300, str(_as_f32(lora_models["adapters"][name], tmp_path / "f32")))
+    assert 2 * llm._loras.get(half).bytes == llm._loras.get(f32).bytes
+    assert np.array_equal(llm.score(PROMPT, lora_request=half), llm.score(PROMPT, lora_request=f32))
+
+
+@pytest.mark.parametrize("lora_dtype", ["float16", "bfloat16", "q8_0"])
+def test_lora_dtype_converts_as_the_adapter_loads(lora_models, tmp_path, lora_dtype):
+    """lora_dtype: an f32 adapter kept in that dtype computes, bit for bit, what an f32 adapter of
+    its values rounded so computes (q8_0: B's rank-8 rows are no whole block and stay f16), near
+    PEFT's f32 adapter, in fewer bytes, under a cache key of its own."""
+    from safetensors.numpy import save_file
+    from ferrum import _core
+    from ferrum.lora import cache_key, read_adapter
+    src, base = lora_models["adapters"]["llama-r8"], lora_models["bases"]["llama"]
+    rounded = _as_f32(src, tmp_path / "rounded")
+    weights = rounded / "adapter_model.safetensors"
+    values = read_safetensors(weights)
+    for key, v in values.items():
+        t = {"float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0" if v.shape[1] % 32 == 0 else "f16"}[lora_dtype]
+        values[key] = _core.quant.dequantize(t, _core.quant.quantize(t, v.ravel()), v.size).reshape(v.shape)
+    save_file(values, str(weights))
+    kept, f32 = llm_for(base, lora_dtype=lora_dtype), llm_for(base)
+    req = request(lora_models, "llama-r8")
+    got = kept.score(PROMPT, lora_request=req)
+    assert np.array_equal(got, f32.score(PROMPT, lora_request=LoRARequest("rounded", 301, str(rounded))))
+    assert relative_gap(got, lora_models["refs"]["llama-r8"][0]) < 5e-2
+    assert kept._loras.get(req).bytes < 0.6 * f32._loras.get(req).bytes
+    cfg = kept.config
+    assert cache_key(read_adapter(src, cfg, 8, lora_dtype)) != cache_key(read_adapter(src, cfg, 8))
+    with pytest.raises(ValueError, match="lora_dtype"):
+        ferrum.LLM(str(base), enable_lora=True, lora_dtype="int4")
+
+
+# ---- a request's scale of its adapter (llama.cpp's per-request lora scale) ----
+def _peft_logits(base, adapter, b_scale):
+    """PEFT's float64 logits on PROMPT with the adapter's B multiplied by b_scale."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32),
+                                      str(adapter)).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.mul_(b_scale)
+        return model(torch.tensor([PROMPT])).logits[0].numpy()
+
+
+@pytest.mark.parametrize("scale", [0.5, -2.0])
+def test_request_scale_is_peft_with_b_scaled(lora_models, scale):
+    llm = llm_for(lora_models["bases"]["llama"])
+    req = dataclasses.replace(request(lora_models, "llama-r8"), scale=scale)
+    assert_close(llm.score(PROMPT, lora_request=req),
+                 _peft_logits(lora_models["bases"]["llama"], lora_models["adapters"]["llama-r8"], scale))
+
+
+def test_request_scales_share_a_step_and_scale_0_is_the_base(lora_models):
+    """Requests on one adapter at different scales (and the base) in one batch: each gets the
+    bits it gets alone; scale 0 gets the base's; the adapter is loaded once."""
+    llm = llm_for(lora_models["bases"]["llama"], enable_prefix_caching=False)
+    r8 = request(lora_models, "llama-r8")
+    reqs = [dataclasses.replace(r8, scale=s) for s in (1.0, 0.5, 0.0, -1.0)] + [None]
+    prompts = [PROMPT[i:] + PROMPT[:i] for i in range(len(reqs))]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    together = llm.generate(prompt_token_ids=prompts, sampling_params=params, lora_request=reqs)
+    scores = llm.score(prompts, lora_request=reqs)
+    for p, r, out, score in zip(prompts, reqs, together, scores):
+        alone = llm.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0]
+        assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+        assert np.array_equal(score, llm.score(p, lora_request=r))
+    assert not np.array_equal(scores[0], scores[1])
+    assert np.array_equal(scores[2], llm.score(prompts[2]))
+    base = llm.generate(prompt_token_ids=[prompts[2]], sampling_params=params)[0]
+    assert together[2].outputs[0].token_ids == base.outputs[0].token_ids
+    assert llm.list_loras().count(r8.lora_int_id) == 1
+
+
+def test_prefix_cache_is_keyed_by_request_scale(lora_models):
+    llm = ferrum.LLM(str(lora_models["bases"]["llama"]), kv_dtype="f32", num_threads=2, kv_cache_tokens=1024,
+                     enable_lora=True, max_loras=2, max_lora_rank=8)
+    one = request(lora_models, "llama-r8")
+    half = dataclasses.replace(one, scale=0.5)
+    params = SamplingParams(max_tokens=1, temperature=0)
+
+    def hits(req):
+        before = llm.stats()["prefix_hit_tokens"]
+        llm.generate(prompt_token_ids=[PROMPT], sampling_params=params, lora_request=req)
+        return llm.stats()["prefix_hit_tokens"] - before
+
+    assert hits(one) == 0
+    assert hits(half) == 0  # the same prompt and adapter at another scale computes its own blocks
+    assert hits(dataclasses.replace(one, scale=0.0)) == 0
+    assert hits(half) == 32 and hits(one) == 32
 
 
 def test_more_adapters_than_max_loras_wait_their_turn(lora_models):
@@ -194,6 +312,9 @@ def test_bad_requests():
         LoRARequest("x", 0, "/tmp")
     with pytest.raises(ValueError, match="lora_name"):
         LoRARequest("", 1, "/tmp")
+    for bad in (float("nan"), float("inf"), -float("inf"), 1e39, "0.5", True, None):
+        with pytest.raises(ValueError, match="scale"):
+            LoRARequest("x", 1, "/tmp", scale=bad)
 
 
 # ---- bad files: a copy of a good adapter, damaged one way each ----
@@ -284,16 +405,35 @@ def test_server_serves_adapters_by_model_name(lora_models, gguf_adapters):
         assert [(m["id"], m["parent"]) for m in models] == [("base", None), ("r8", "base"), ("pattern", "base"),
                                                             ("r8-gguf", "base")]
 
-        def complete(model):
-            body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        def complete(model, **extra):
+            body = {"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True, **extra}
             r = requests.post(f"{url}/v1/completions", json=body, timeout=60)
             assert r.status_code == 200, r.text
             return r.json()["choices"][0]["text"]
 
+        def greedy(lora_request):
+            out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY, lora_request=lora_request)
+            return llm.tokenizer.decode(out[0].outputs[0].token_ids)
+
         for model, name in (("r8", "llama-r8"), ("pattern", "llama-rank-pattern"), ("r8-gguf", "llama-r8")):
             assert complete(model) == llm.tokenizer.decode(lora_models["refs"][name][1])  # PEFT's greedy tokens
-        assert complete("base") == llm.tokenizer.decode(
-            llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY)[0].outputs[0].token_ids)
+        assert complete("base") == greedy(None)
+        # lora_scale: the request's scale of the adapter `model` names
+        r8 = loras[0]
+        assert complete("r8", lora_scale=0.5) == greedy(dataclasses.replace(r8, scale=0.5))
+        assert complete("r8", lora_scale=0) == complete("base")
+
+        def embedding(model, **extra):
+            e = requests.post(f"{url}/v1/embeddings", json={"model": model, "input": "Hi", **extra}, timeout=60)
+            assert e.status_code == 200, e.text
+            return e.json()["data"][0]["embedding"]
+
+        assert embedding("r8", lora_scale=0) == embedding("base") != embedding("r8") == embedding("r8", lora_scale=1)
+        for model, scale in (("r8", "half"), ("r8", float("nan")), ("r8", 1e39), ("base", 0.5), (None, 1.0)):
+            body = {"prompt": PROMPT, "max_tokens": 1, "lora_scale": scale, **({"model": model} if model else {})}
+            r = requests.post(f"{url}/v1/completions", data=json.dumps(body), timeout=10,
+                              headers={"Content-Type": "application/json"})
+            assert r.status_code == 400 and "lora_scale" in r.text, (model, scale, r.text)
         r = requests.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=10)
         assert r.status_code == 404
         for route in ("load_lora_adapter", "unload_lora_adapter"):  # not served without enable_lora_updates

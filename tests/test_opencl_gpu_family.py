@@ -262,8 +262,9 @@ def test_other_sizes_give_the_same_results(rng, monkeypatch):
 
 
 def test_lora_at_other_sizes(lora_setup, monkeypatch):
-    """LoRA's lane-group shrink at the sizes above: a step mixing adapters and the base within
-    the parity bound of the CPU backend's, each row as it scores alone."""
+    """LoRA's lane-group shrink at the sizes above: a step mixing adapters (one kept in f16, one
+    also at another request scale) and the base within the parity bound of the CPU backend's,
+    each row as it scores alone."""
     from test_lora import PROMPT as LORA_PROMPT
     from test_opencl_models import lora_llm, lora_request
     monkeypatch.setenv("FERRUM_OPENCL_GPU_TUNING", OTHER_SIZES)
@@ -271,8 +272,8 @@ def test_lora_at_other_sizes(lora_setup, monkeypatch):
     cpu = lora_llm(base, "cpu", None)
     ocl = ferrum.LLM(str(base), device="opencl", kv_dtype="f32", num_threads=2, kv_cache_tokens=1024, enable_lora=True,
                      max_loras=4, max_lora_rank=8, enable_prefix_caching=False)
-    names = ["llama-rank-pattern", None, "llama-r1-qv", "llama-all-linear"]
-    reqs = [lora_request(adapters, n) for n in names]
+    names = ["llama-rank-pattern", None, "llama-r1-qv", "llama-all-linear", "llama-r8-f16", "llama-r1-qv"]
+    reqs = [lora_request(adapters, n, s) for n, s in zip(names, [1, 1, 1, 1, 1, -0.5])]
     prompts = [LORA_PROMPT[i:] + LORA_PROMPT[:i] for i in range(len(names))]
     for p, r, got in zip(prompts, reqs, ocl.score(prompts, lora_request=reqs)):
         ref = cpu.score(p, lora_request=r)

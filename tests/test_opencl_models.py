@@ -114,13 +114,14 @@ def test_kv_cache_larger_than_the_device_is_memory_error():
 
 # ---- LoRA adapters per request (the adapters test_lora.py makes with PEFT) ----
 
-LORA_NAMES = ["llama-r8", "llama-r1-qv", "llama-rank-pattern", "llama-rslora-layers", "llama-all-linear", "llama-zero"]
+LORA_NAMES = ["llama-r8", "llama-r1-qv", "llama-rank-pattern", "llama-rslora-layers", "llama-all-linear",
+              "llama-r8-f16", "llama-r8-bf16", "llama-zero"]
 
 
 @pytest.fixture(scope="module")
 def lora_setup(tmp_path_factory):
     """The tiny f32 Llama base of test_lora.py and some of its adapters (fused q/k/v parts of
-    different ranks, parts and layers left out, every linear)."""
+    different ranks, parts and layers left out, every linear, saved in f16 and bf16)."""
     from test_lora import ADAPTERS, TOK
     from ferrum.tools.make_lora import make_lora
 
@@ -133,16 +134,17 @@ def lora_setup(tmp_path_factory):
 _lora_llms = {}
 
 
-def lora_llm(base, device, family):
-    key = (device, family if device == "opencl" else None)
+def lora_llm(base, device, family, lora_dtype="auto"):
+    key = (device, family if device == "opencl" else None, lora_dtype)
     if key not in _lora_llms:
         _lora_llms[key] = ferrum.LLM(str(base), device=device, kv_dtype="f32", num_threads=2, kv_cache_tokens=1024,
-                                     enable_lora=True, max_loras=4, max_lora_rank=8, enable_prefix_caching=False)
+                                     enable_lora=True, max_loras=6, max_lora_rank=8, enable_prefix_caching=False,
+                                     lora_dtype=lora_dtype)
     return _lora_llms[key]
 
 
-def lora_request(adapters, name):
-    return ferrum.LoRARequest(name, 1 + LORA_NAMES.index(name), str(adapters[name])) if name else None
+def lora_request(adapters, name, scale=1.0):
+    return ferrum.LoRARequest(name, 1 + LORA_NAMES.index(name), str(adapters[name]), scale=scale) if name else None
 
 
 def test_lora_logits_equal_cpu(lora_setup, kernel_family):
@@ -169,8 +171,10 @@ def test_lora_mixed_batch_equals_each_alone_and_zero_b_is_the_base(lora_setup, k
 
     base, adapters = lora_setup
     ocl = lora_llm(base, "opencl", kernel_family)
-    names = ["llama-r8", None, "llama-r1-qv", "llama-rank-pattern", "llama-rslora-layers"]
-    reqs = [lora_request(adapters, n) for n in names]
+    names = ["llama-r8", None, "llama-r1-qv", "llama-rank-pattern", "llama-rslora-layers", "llama-r8-f16",
+             "llama-r8-bf16", "llama-r8", "llama-r8"]
+    scales = [1.0] * 7 + [0.5, 0.0]  # one adapter at three request scales
+    reqs = [lora_request(adapters, n, s) for n, s in zip(names, scales)]
     prompts = [LORA_PROMPT[i:] + LORA_PROMPT[:i] for i in range(len(names))]
     params = ferrum.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     together = ocl.generate(prompt_token_ids=prompts, sampling_params=params, lora_request=reqs)
@@ -179,5 +183,24 @@ def test_lora_mixed_batch_equals_each_alone_and_zero_b_is_the_base(lora_setup, k
         assert np.array_equal(s, ocl.score(p, lora_request=r))
         alone = ocl.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0]
         assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+    assert np.array_equal(scores[-1], ocl.score(prompts[-1]))  # scale 0: the base's bits
     zero = lora_request(adapters, "llama-zero")
     assert np.array_equal(ocl.score(LORA_PROMPT, lora_request=zero), ocl.score(LORA_PROMPT))
+
+
+def test_lora_q8_0_and_request_scales_equal_cpu(lora_setup, kernel_family):
+    """Adapters kept in q8_0 (lora_dtype; B's rank-8 rows in f16) and a request scale: the OpenCL
+    logits within the CPU's bound, and the q8_0 adapter bit for bit as alone in a mixed batch."""
+    from test_lora import PROMPT as LORA_PROMPT
+
+    base, adapters = lora_setup
+    for lora_dtype, name, scale in (("q8_0", "llama-r8", 1.0), ("q8_0", "llama-r8-f16", -1.5), ("auto", "llama-r8", 0.5)):
+        cpu, ocl = lora_llm(base, "cpu", None, lora_dtype), lora_llm(base, "opencl", kernel_family, lora_dtype)
+        req = lora_request(adapters, name, scale)
+        ref, got = cpu.score(LORA_PROMPT, lora_request=req), ocl.score(LORA_PROMPT, lora_request=req)
+        assert np.abs(got - ref).max() < 1e-4 * max(np.abs(ref).max(), 1.0), (lora_dtype, name, scale)
+    q8 = lora_llm(base, "opencl", kernel_family, "q8_0")
+    reqs = [lora_request(adapters, n) for n in ("llama-r8", None, "llama-all-linear")]
+    prompts = [LORA_PROMPT[i:] + LORA_PROMPT[:i] for i in range(len(reqs))]
+    for p, r, s in zip(prompts, reqs, q8.score(prompts, lora_request=reqs)):
+        assert np.array_equal(s, q8.score(p, lora_request=r))

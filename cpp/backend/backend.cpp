@@ -21,8 +21,8 @@ void Backend::moe_experts(Stream&, const Tensor&, const Tensor&, const Tensor&, 
   throw ValueError(std::string("moe_experts is not supported by the ") + name() + " backend");
 }
 
-void Backend::lora(Stream&, const Tensor&, const Tensor&, std::shared_ptr<const LoraSlots>, int64_t, int64_t,
-                   const Tensor&) {
+void Backend::lora(Stream&, const Tensor&, const Tensor&, const Tensor&, std::shared_ptr<const LoraSlots>, int64_t,
+                   int64_t, const Tensor&) {
   throw ValueError(std::string("LoRA adapters are not supported by the ") + name() + " backend");
 }
 

@@ -62,8 +62,14 @@ struct KvLayer {
 };
 
 // LoRA (low-rank adapters). One update of a projection's output columns [out_col, out_col + N):
-//   out[t, out_col + n] += scale * sum_j (sum_k x[t, k] a[j, k]) b[n, j]
-// with a f32 [r, K] and b f32 [N, r]. A fused projection (q/k/v, gate/up) takes one per part.
+//   out[t, out_col + n] += (scale * row_scale[t]) * sum_j (sum_k x[t, k] a[j, k]) b[n, j]
+// with a [r, K] and b [N, r] in a storage dtype (lora_storage_dtype; Q8_0 only for rows of whole
+// blocks). Backends compute with their values converted to f32, as the same update stored in f32
+// computes: a row's result depends on those values only. A fused projection (q/k/v, gate/up)
+// takes one per part.
+inline bool lora_storage_dtype(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0;
+}
 struct LoraUpdate {
   Tensor a, b;
   int64_t out_col = 0;
@@ -194,11 +200,12 @@ class Backend {
   // ---- LoRA; optional: the default throws ValueError (supports(Op::Lora) must then be false) ----
   // For each row t of x f32[T, K] whose slot = row_slots[t] (i32[T]) is in [0, slots.slots.size())
   // and holds an adapter: that adapter's updates at `site` are added into out f32[T, >= cols], as
-  // LoraUpdate says; other rows (slot -1, an empty slot, an adapter without updates there) are
-  // left as they are. Slots and row_slots are read at submit time. A row's result does not depend
+  // LoraUpdate says, each scaled by the row's request scale row_scales[t] (f32[T]) on top of its
+  // own; other rows (slot -1, an empty slot, an adapter without updates there) are left as they
+  // are. Slots, row_slots and row_scales are read at submit time. A row's result does not depend
   // on the other rows. Each update's ranks are at most max_rank (sizes the op's scratch).
-  virtual void lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::shared_ptr<const LoraSlots> slots,
-                    int64_t site, int64_t max_rank, const Tensor& out);
+  virtual void lora(Stream& s, const Tensor& x, const Tensor& row_slots, const Tensor& row_scales,
+                    std::shared_ptr<const LoraSlots> slots, int64_t site, int64_t max_rank, const Tensor& out);
 };
 
 // Creates "cpu" or "opencl[:platform[:device]]" backends. opencl_kernels picks the OpenCL

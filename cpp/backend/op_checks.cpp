@@ -209,14 +209,16 @@ void moe_experts(const Tensor& x, const Tensor& gate, const Tensor& up, const Te
            ", top_k]");
 }
 
-void lora(const Tensor& x, const Tensor& row_slots, int64_t site_rank, const Tensor& out) {
+void lora(const Tensor& x, const Tensor& row_slots, const Tensor& row_scales, int64_t site_rank, const Tensor& out) {
   const std::string op = "lora";
   f32(x, op, "x");
   i32(row_slots, op, "row_slots");
+  f32(row_scales, op, "row_scales");
   f32(out, op, "out");
   need(x.shape.size() == 2 && out.shape.size() == 2 && out.rows() == x.rows(), op,
        "x " + x.str() + " and out " + out.str() + " must be [T, K] and [T, N]");
   need(row_slots.numel() == x.rows(), op, "row_slots " + row_slots.str() + " must have one entry per row of x");
+  need(row_scales.numel() == x.rows(), op, "row_scales " + row_scales.str() + " must have one entry per row of x");
   need(site_rank >= 1, op, "site_rank must be >= 1");
 }
 

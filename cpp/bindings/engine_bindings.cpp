@@ -32,21 +32,24 @@ void bind_engine(py::module_& m) {
            py::arg("runner"), py::arg("max_num_seqs") = 32, py::arg("max_num_batched_tokens") = 512,
            py::keep_alive<1, 2>())
       .def("add_sequence",
-           [](Engine& e, const std::vector<int64_t>& prompt, int64_t rows_from, std::shared_ptr<LoraAdapter> lora) {
-             return e.add_sequence(prompt, rows_from, std::move(lora));
-           }, py::arg("prompt"), py::arg("rows_from") = -1, py::arg("lora") = nullptr,
+           [](Engine& e, const std::vector<int64_t>& prompt, int64_t rows_from, std::shared_ptr<LoraAdapter> lora,
+              float lora_scale) { return e.add_sequence(prompt, rows_from, std::move(lora), lora_scale); },
+           py::arg("prompt"), py::arg("rows_from") = -1, py::arg("lora") = nullptr, py::arg("lora_scale") = 1.0f,
            "Queues a generation; returns its id. ValueError when it could never run. rows_from >= 0 also "
-           "returns the logits of the prompt's positions rows_from .. (prompt logprobs). lora: a LoraAdapter (ModelRunner.make_lora) it runs with.")
+           "returns the logits of the prompt's positions rows_from .. (prompt logprobs). lora: a LoraAdapter (ModelRunner.make_lora) it runs with, "
+           "its updates scaled by lora_scale (finite) on top of the file's scaling.")
       .def("add_score", [](Engine& e, const std::vector<int64_t>& tokens, int64_t rows_from, bool embed,
-                           std::shared_ptr<LoraAdapter> lora) {
-             return e.add_score(tokens, rows_from, embed ? SeqKind::Embed : SeqKind::Score, std::move(lora));
+                           std::shared_ptr<LoraAdapter> lora, float lora_scale) {
+             return e.add_score(tokens, rows_from, embed ? SeqKind::Embed : SeqKind::Score, std::move(lora),
+                                lora_scale);
            }, py::arg("tokens"), py::arg("rows_from"), py::arg("embed") = false, py::arg("lora") = nullptr,
+           py::arg("lora_scale") = 1.0f,
            "Queues a score of the tokens: logits rows at positions rows_from .. len - 1 (each predicting "
            "the next token), or with embed=True their final hidden states, come out of the steps that "
            "compute them, with f32 activations; it finishes by itself. Returns its id.")
       .def("add_prompt_embeds",
            [](Engine& e, py::array_t<float, py::array::c_style> rows, const std::string& kind, int64_t rows_from,
-              std::shared_ptr<LoraAdapter> lora) {
+              std::shared_ptr<LoraAdapter> lora, float lora_scale) {
              if (rows.ndim() != 2 || rows.shape(1) != e.hidden_size())
                throw ValueError("prompt embeddings must be a float32 [tokens, " + std::to_string(e.hidden_size()) +
                                 "] array");
@@ -54,8 +57,9 @@ void bind_engine(py::module_& m) {
              if (kind != "generate" && kind != "score" && kind != "embed")
                throw ValueError("kind must be 'generate', 'score' or 'embed'");
              const SeqKind k = kind == "generate" ? SeqKind::Generate : kind == "score" ? SeqKind::Score : SeqKind::Embed;
-             return e.add_prompt_embeds(std::move(v), k, rows_from, std::move(lora));
+             return e.add_prompt_embeds(std::move(v), k, rows_from, std::move(lora), lora_scale);
            }, py::arg("rows"), py::arg("kind") = "generate", py::arg("rows_from") = -1, py::arg("lora") = nullptr,
+           py::arg("lora_scale") = 1.0f,
            "Queues a prompt given as embeddings (float32 [tokens, hidden]) instead of token ids: a generation "
            "(kind 'generate', continuing from its sampled ids), a score or an embedding (rows from rows_from). "
            "Its cached blocks are shared only with the same rows. Returns its id.")

@@ -139,15 +139,22 @@ void bind_model(py::module_& m) {
                if (t.size() != 5) throw ValueError("a LoRA update is (site, a, b, out_col, scale)");
                LoraPart p;
                p.site = t[0].cast<int64_t>();
-               const auto a = t[1].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
-               const auto b = t[2].cast<py::array_t<float, py::array::c_style | py::array::forcecast>>();
-               if (a.ndim() != 2 || b.ndim() != 2 || a.shape(0) != b.shape(1))
+               // A stored matrix: (dtype name, (rows, cols), its raw bytes as a uint8 array).
+               auto stored = [&](const py::handle& m, DType* dtype, std::vector<uint8_t>* bytes) {
+                 const py::tuple mt = m.cast<py::tuple>();
+                 if (mt.size() != 3) throw ValueError("a LoRA matrix is (dtype, (rows, cols), bytes)");
+                 *dtype = dtype_from_name(mt[0].cast<std::string>());
+                 const auto shape = mt[1].cast<std::pair<int64_t, int64_t>>();
+                 const auto raw = mt[2].cast<py::array_t<uint8_t, py::array::c_style>>();
+                 bytes->assign(raw.data(), raw.data() + raw.size());
+                 return shape;
+               };
+               const auto a_shape = stored(t[1], &p.a_dtype, &p.a), b_shape = stored(t[2], &p.b_dtype, &p.b);
+               if (a_shape.first != b_shape.second)
                  throw ValueError("LoRA update at site " + std::to_string(p.site) +
                                   ": A must be [rank, in] and B [out, rank]");
-               p.rank = a.shape(0);
-               p.n = b.shape(0);
-               p.a.assign(a.data(), a.data() + a.size());
-               p.b.assign(b.data(), b.data() + b.size());
+               p.rank = a_shape.first;
+               p.n = b_shape.first;
                p.out_col = t[3].cast<int64_t>();
                p.scale = t[4].cast<float>();
                parts.push_back(std::move(p));
@@ -156,7 +163,9 @@ void bind_model(py::module_& m) {
              return std::const_pointer_cast<LoraAdapter>(r.make_lora(std::move(parts), cache_key));
            },
            py::arg("updates"), py::arg("cache_key"),
-           "A LoRA adapter from its updates [(site, A f32 [rank, in], B f32 [out, rank], out_col, scale)]: "
+           "A LoRA adapter from its updates [(site, A [rank, in], B [out, rank], out_col, scale)], A and B "
+           "each (dtype 'f32' | 'f16' | 'bf16' | 'q8_0', (rows, cols), raw bytes as a uint8 array), kept in "
+           "that dtype: "
            "site = layer * 4 + (0 qkv, 1 o, 2 gate_up, 3 down), out_col the first column of the fused "
            "output it adds to. cache_key keys its prefix-cache blocks. ValueError for anything that does "
            "not fit the model.")

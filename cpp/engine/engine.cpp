@@ -45,20 +45,21 @@ void Engine::check_lora(const LoraRef& lora) const {
   if (lora && runner_.max_loras() == 0) throw ValueError("a LoRA adapter needs a model loaded with enable_lora");
 }
 
-int64_t Engine::add_sequence(const std::vector<int64_t>& prompt, int64_t rows_from, LoraRef lora) {
+int64_t Engine::add_sequence(const std::vector<int64_t>& prompt, int64_t rows_from, LoraRef lora, float lora_scale) {
   const std::vector<int32_t> tokens = admitted(prompt);
   check_lora(lora);
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t id = sched_.add(tokens, rows_from, {}, std::move(lora));
+  const int64_t id = sched_.add(tokens, rows_from, {}, std::move(lora), lora_scale);
   note_busy();
   return id;
 }
 
-int64_t Engine::add_score(const std::vector<int64_t>& tokens, int64_t rows_from, SeqKind kind, LoraRef lora) {
+int64_t Engine::add_score(const std::vector<int64_t>& tokens, int64_t rows_from, SeqKind kind, LoraRef lora,
+                          float lora_scale) {
   const std::vector<int32_t> admitted_tokens = admitted(tokens);
   check_lora(lora);
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t id = sched_.add_score(admitted_tokens, rows_from, kind, {}, std::move(lora));
+  const int64_t id = sched_.add_score(admitted_tokens, rows_from, kind, {}, std::move(lora), lora_scale);
   note_busy();
   return id;
 }
@@ -71,7 +72,8 @@ uint64_t fnv1a(const void* data, size_t bytes) {
 }
 }  // namespace
 
-int64_t Engine::add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t rows_from, LoraRef lora) {
+int64_t Engine::add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t rows_from, LoraRef lora,
+                                  float lora_scale) {
   check_lora(lora);
   const int64_t hidden = runner_.config().hidden;
   if (rows.empty() || rows.size() % size_t(hidden) != 0)
@@ -85,8 +87,9 @@ int64_t Engine::add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t
   const std::vector<int32_t> placeholders(size_t(n), 0);
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t id = kind == SeqKind::Generate
-                         ? sched_.add(placeholders, rows_from, std::move(embeds), std::move(lora))
-                         : sched_.add_score(placeholders, rows_from, kind, std::move(embeds), std::move(lora));
+                         ? sched_.add(placeholders, rows_from, std::move(embeds), std::move(lora), lora_scale)
+                         : sched_.add_score(placeholders, rows_from, kind, std::move(embeds), std::move(lora),
+                                            lora_scale);
   note_busy();
   return id;
 }
@@ -147,6 +150,7 @@ void Engine::launch(SchedulerOutput plan) {
       f.embeds_len = s.prompt_len;
     }
     f.lora = s.lora;
+    f.lora_scale = s.lora_scale;
     f.kind = c.kind;
     f.decode = c.decode;
     f.start = c.start;

@@ -57,17 +57,20 @@ class Engine {
 
   // Queues a generation; ValueError when it could never run. Returns its id. The logits of its
   // prompt's positions rows_from .. come out too (-1: none).
-  int64_t add_sequence(const std::vector<int64_t>& prompt, int64_t rows_from = -1, LoraRef lora = nullptr);
+  // lora_scale: the request's scale of the adapter's updates (finite), on top of the file's.
+  int64_t add_sequence(const std::vector<int64_t>& prompt, int64_t rows_from = -1, LoraRef lora = nullptr,
+                       float lora_scale = 1.0f);
   // Queues a score of `tokens` (logits rows) or an embedding (hidden-state rows): rows at positions
   // rows_from .. end come out of the steps that compute them, with f32 activations. ValueError
   // when it could never run.
   int64_t add_score(const std::vector<int64_t>& tokens, int64_t rows_from, SeqKind kind = SeqKind::Score,
-                    LoraRef lora = nullptr);
+                    LoraRef lora = nullptr, float lora_scale = 1.0f);
   // Queues a prompt given as embeddings: f32 rows [tokens, hidden] (row-major) fed instead of
   // token ids. A generation (kind Generate; rows_from as add_sequence's) continues from its
   // sampled ids; a score or embedding returns rows from rows_from. ValueError for a width other
   // than the hidden size, no rows, a non-finite value, or one that could never run.
-  int64_t add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t rows_from, LoraRef lora = nullptr);
+  int64_t add_prompt_embeds(std::vector<float> rows, SeqKind kind, int64_t rows_from, LoraRef lora = nullptr,
+                            float lora_scale = 1.0f);
   // Ends a sequence wherever it is (waiting, mid-prefill, decoding); unknown ids are ignored.
   void abort(int64_t seq);
   EngineStep step();

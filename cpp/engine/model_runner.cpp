@@ -248,6 +248,7 @@ void ModelRunner::plan(const std::vector<ForwardItem>& items) {
   p.row_index.assign(size_t(Rb), 0);
   p.loras.clear();
   p.lora_rows.assign(max_loras_ > 0 ? size_t(Tb) : 0, -1);
+  p.lora_scales.assign(max_loras_ > 0 ? size_t(Tb) : 0, 0.0f);
   p.embeds = false;
   for (const ForwardItem& it : items) p.embeds = p.embeds || (it.embeds && it.start < it.embeds_len);
   const int64_t H = cfg_.hidden;
@@ -277,7 +278,10 @@ void ModelRunner::plan(const std::vector<ForwardItem>& items) {
         throw std::logic_error("ModelRunner::forward: more adapters in one step than max_loras");
     }
     for (int64_t j = 0; j < it.count; ++j, ++t) {
-      if (slot >= 0) p.lora_rows[size_t(t)] = slot;
+      if (slot >= 0) {
+        p.lora_rows[size_t(t)] = slot;
+        p.lora_scales[size_t(t)] = it.lora_scale;
+      }
       const int64_t pos = it.start + j;
       p.ids[size_t(t)] = it.tokens[j];
       p.token_seq[size_t(t)] = int32_t(i);
@@ -320,6 +324,7 @@ void ModelRunner::compute(const StepPlan& p, ForwardOutput& out) {
   if (LoraSlots* slots = decoder_->lora_slots()) {
     for (size_t k = 0; k < slots->slots.size(); ++k) slots->slots[k] = k < p.loras.size() ? p.loras[k] : nullptr;
     be_->upload(b.lora_rows, p.lora_rows.data(), p.lora_rows.size() * 4);
+    be_->upload(b.lora_scales, p.lora_scales.data(), p.lora_scales.size() * 4);
   }
   if (p.embeds) {
     be_->upload(b.inputs.slice(p.tokens, p.tokens), p.embed_rows.data(), p.embed_rows.size() * 4);

@@ -71,8 +71,9 @@ struct ForwardItem {
   // the tokens at those positions.
   const float* embeds = nullptr;
   int64_t embeds_len = 0;
-  // The LoRA adapter its tokens run with (null: the base model).
+  // The LoRA adapter its tokens run with (null: the base model), and the request's scale of it.
   std::shared_ptr<const LoraAdapter> lora;
+  float lora_scale = 1.0f;
 };
 
 struct ForwardOutput {
@@ -107,6 +108,7 @@ struct StepPlan {
   // With LoRA: the step's adapters (one per slot used) and each token row's slot (-1: none).
   std::vector<std::shared_ptr<const LoraAdapter>> loras;
   std::vector<int32_t> lora_rows;                         // [tokens]
+  std::vector<float> lora_scales;                         // [tokens]: each row's request scale
 };
 
 struct RunnerStats {

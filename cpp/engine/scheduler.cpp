@@ -1,6 +1,8 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -30,13 +32,23 @@ namespace {
 // Where a kind of sequence keeps its cached blocks (BlockManager::add_sequence): scores and
 // embeddings compute alike (f32 activations), generations apart.
 // A prompt given as embeddings caches in a domain of its rows' content, a sequence with a LoRA
-// adapter in one of the adapter's key (both: of the two together; never 0 or 1).
-int64_t cache_domain(SeqKind kind, const PromptEmbeds& embeds, const LoraAdapter* lora) {
+// adapter in one of the adapter's key and the request's scale of it (both: of the two together;
+// never 0 or 1).
+int64_t cache_domain(SeqKind kind, const PromptEmbeds& embeds, const LoraAdapter* lora, float lora_scale) {
   const int64_t numerics = kind == SeqKind::Generate ? 0 : 1;
   if (!embeds.rows && !lora) return numerics;
   uint64_t h = embeds.rows ? embeds.content_hash : 0;
-  if (lora) h = (h ^ lora->cache_key) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
+  if (lora) {
+    uint32_t scale_bits = 0;
+    std::memcpy(&scale_bits, &lora_scale, 4);
+    h = (h ^ lora->cache_key) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
+    h = (h ^ scale_bits) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
+  }
   return int64_t(h & ~uint64_t(3)) | 2 | numerics;
+}
+
+void check_lora_scale(float scale) {
+  if (!std::isfinite(scale)) throw ValueError("the LoRA scale must be finite, got " + std::to_string(scale));
 }
 
 void check_embeds(const PromptEmbeds& embeds, int64_t n) {
@@ -54,7 +66,7 @@ int64_t Scheduler::enqueue(Sequence s) {
 }
 
 int64_t Scheduler::add(const std::vector<int32_t>& prompt, int64_t rows_from, PromptEmbeds embeds,
-                       std::shared_ptr<const LoraAdapter> lora) {
+                       std::shared_ptr<const LoraAdapter> lora, float lora_scale) {
   const int64_t n = int64_t(prompt.size());
   if (n == 0) throw ValueError("the prompt is empty (no tokens)");
   if (n >= opt_.max_model_len)
@@ -65,10 +77,12 @@ int64_t Scheduler::add(const std::vector<int32_t>& prompt, int64_t rows_from, Pr
                      std::to_string(blocks_.num_blocks() * BlockManager::kBlockSize) + " tokens)");
   if (rows_from > n) throw ValueError("the prompt's first returned row must be in [0, " + std::to_string(n) + "]");
   check_embeds(embeds, n);
+  check_lora_scale(lora_scale);
   Sequence s;
-  s.cache_domain = cache_domain(SeqKind::Generate, embeds, lora.get());
+  s.cache_domain = cache_domain(SeqKind::Generate, embeds, lora.get(), lora_scale);
   s.embeds = std::move(embeds.rows);
   s.lora = std::move(lora);
+  s.lora_scale = lora_scale;
   s.tokens = prompt;
   s.prompt_len = n;
   s.rows_from = rows_from < 0 ? n : rows_from;
@@ -76,7 +90,7 @@ int64_t Scheduler::add(const std::vector<int32_t>& prompt, int64_t rows_from, Pr
 }
 
 int64_t Scheduler::add_score(const std::vector<int32_t>& tokens, int64_t rows_from, SeqKind kind,
-                             PromptEmbeds embeds, std::shared_ptr<const LoraAdapter> lora) {
+                             PromptEmbeds embeds, std::shared_ptr<const LoraAdapter> lora, float lora_scale) {
   const int64_t n = int64_t(tokens.size());
   if (kind == SeqKind::Generate) throw ValueError("add_score takes a score or an embedding");
   if (n == 0) throw ValueError("nothing to score (no tokens)");
@@ -89,11 +103,13 @@ int64_t Scheduler::add_score(const std::vector<int32_t>& tokens, int64_t rows_fr
     throw ValueError("a sequence of " + std::to_string(n) + " tokens can never fit in the KV cache (" +
                      std::to_string(blocks_.num_blocks() * BlockManager::kBlockSize) + " tokens)");
   check_embeds(embeds, n);
+  check_lora_scale(lora_scale);
   Sequence s;
   s.kind = kind;
-  s.cache_domain = cache_domain(kind, embeds, lora.get());
+  s.cache_domain = cache_domain(kind, embeds, lora.get(), lora_scale);
   s.embeds = std::move(embeds.rows);
   s.lora = std::move(lora);
+  s.lora_scale = lora_scale;
   s.tokens = tokens;
   s.prompt_len = n;
   s.rows_from = rows_from;

@@ -67,13 +67,15 @@ class Scheduler {
   // Queues a generation; ValueError when it could never run (empty, too long, too big for the
   // pool). Rows of its prompt's positions rows_from .. come out too (prompt logprobs); the
   // default, the prompt's length, asks for none.
-  // lora: the adapter it runs with (null: the base model).
+  // lora: the adapter it runs with (null: the base model), lora_scale the request's scale of it
+  // (finite; ValueError otherwise).
   int64_t add(const std::vector<int32_t>& prompt, int64_t rows_from = -1, PromptEmbeds embeds = {},
-              std::shared_ptr<const LoraAdapter> lora = nullptr);
+              std::shared_ptr<const LoraAdapter> lora = nullptr, float lora_scale = 1.0f);
   // Queues a score (or an embedding) of `tokens` returning its rows at positions rows_from ..
   // end; ValueError when it could never run.
   int64_t add_score(const std::vector<int32_t>& tokens, int64_t rows_from, SeqKind kind = SeqKind::Score,
-                    PromptEmbeds embeds = {}, std::shared_ptr<const LoraAdapter> lora = nullptr);
+                    PromptEmbeds embeds = {}, std::shared_ptr<const LoraAdapter> lora = nullptr,
+                    float lora_scale = 1.0f);
   // Ends a sequence (finished or aborted) and frees its blocks; full blocks stay in the prefix
   // cache. Unknown ids are ignored, so aborting twice is harmless.
   void finish(int64_t seq);

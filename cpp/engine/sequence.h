@@ -27,8 +27,10 @@ struct Sequence {
   // feed instead of their tokens (placeholders, 0); generated tokens feed their ids as usual.
   // Its cached blocks are keyed by the rows' content (cache_domain), so only the same rows share them.
   std::shared_ptr<const std::vector<float>> embeds;
-  // The LoRA adapter it runs with (null: the base model); its blocks cache under its key.
+  // The LoRA adapter it runs with (null: the base model) and the request's scale of its updates;
+  // its blocks cache under the adapter's key and the scale.
   std::shared_ptr<const LoraAdapter> lora;
+  float lora_scale = 1.0f;
   int64_t cache_domain = 0;
   int64_t computed = 0;          // leading tokens whose K/V are in the cache
   // First position whose row is still to be returned. A generation returns rows from there (its

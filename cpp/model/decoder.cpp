@@ -58,7 +58,10 @@ StepBuffers Decoder::alloc_step(int64_t T, int64_t S, int64_t R, int64_t max_blo
     b.expert_weights = be.alloc(DType::F32, {T, c.experts_per_token});
   }
   b.down = be.alloc(DType::F32, {T, c.hidden});
-  if (lora_) b.lora_rows = be.alloc(DType::I32, {T});
+  if (lora_) {
+    b.lora_rows = be.alloc(DType::I32, {T});
+    b.lora_scales = be.alloc(DType::F32, {T});
+  }
   if (ordered_inputs_ > 0) b.ordered = be.alloc(DType::F32, {T * ordered_inputs_});
   b.h_rows = be.alloc(DType::F32, {R, c.hidden});
   b.logits = be.alloc(DType::F32, {std::max<int64_t>(split.logit_rows, 1), c.vocab});
@@ -86,7 +89,7 @@ void Decoder::matmul(Stream& s, const StepBuffers& b, const Linear& w, const Ten
   });
   if (!lora_ || site < 0) return;
   const LoraSiteShape shape = lora_site_shape(cfg_, site);
-  be_->lora(s, x, b.lora_rows, lora_, site, shape.parts * max_lora_rank_, out);
+  be_->lora(s, x, b.lora_rows, b.lora_scales, lora_, site, shape.parts * max_lora_rank_, out);
 }
 
 void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector<KvLayer>& kv) const {

@@ -40,6 +40,8 @@ struct StepBuffers {
   Tensor router_logits, expert_ids, expert_weights;  // MoE layers: f32[T, E], i32 / f32[T, k]
   // With LoRA: i32[tokens], the slot (Decoder::lora_slots) of each token row's adapter, -1 none.
   Tensor lora_rows;
+  // With LoRA: f32[tokens], each token row's request scale of its adapter's updates.
+  Tensor lora_scales;
   // With projections whose inputs are reordered (Linear::input_order): f32 scratch for the
   // reordered rows, [tokens x the widest such input].
   Tensor ordered;

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
+#include "quant/quant.h"
 
 namespace ferrum {
 
@@ -48,18 +50,31 @@ std::shared_ptr<const LoraAdapter> make_lora_adapter(Backend& be, const ModelCon
                        ") are outside the projection's " + std::to_string(shape.out));
     if (i > 0 && parts[i - 1].site == p.site && parts[i - 1].out_col + parts[i - 1].n > p.out_col)
       throw ValueError(where + ": two updates overlap in columns");
-    if (p.a.size() != size_t(p.rank * shape.in) || p.b.size() != size_t(p.n * p.rank))
+    for (const auto& [name, t, rows, cols] : {std::tuple{"A", p.a_dtype, p.rank, shape.in},
+                                              std::tuple{"B", p.b_dtype, p.n, p.rank}}) {
+      if (!lora_storage_dtype(t))
+        throw ValueError(where + ": " + name + " is " + dtype_name(t) +
+                         "; adapters are kept in f32, f16, bf16 or q8_0");
+      if (cols % dtype_info(t).block_elems != 0)
+        throw ValueError(where + ": " + name + "'s rows of " + std::to_string(cols) + " are not whole " +
+                         dtype_name(t) + " blocks");
+    }
+    if (p.a.size() != dtype_bytes(p.a_dtype, p.rank * shape.in) || p.b.size() != dtype_bytes(p.b_dtype, p.n * p.rank))
       throw ValueError(where + ": A must be [" + std::to_string(p.rank) + ", " + std::to_string(shape.in) +
                        "] and B [" + std::to_string(p.n) + ", " + std::to_string(p.rank) + "]");
     if (!std::isfinite(p.scale)) throw ValueError(where + ": the scale is not finite");
-    for (const std::vector<float>* v : {&p.a, &p.b})
-      for (float f : *v)
+    for (const auto& [t, bytes, n] : {std::tuple{p.a_dtype, &p.a, p.rank * shape.in},
+                                      std::tuple{p.b_dtype, &p.b, p.n * p.rank}}) {
+      std::vector<float> values(static_cast<size_t>(n));
+      quant::dequantize_row(t, bytes->data(), values.data(), n);
+      for (float f : values)
         if (!std::isfinite(f)) throw ValueError(where + ": non-finite value " + std::to_string(f));
+    }
     std::vector<LoraUpdate>& site = adapter->sites[size_t(p.site)];
     if (int64_t(site.size()) >= shape.parts) throw ValueError(where + ": more updates than the projection has parts");
     LoraUpdate u;
-    u.a = be.from_host(p.a.data(), DType::F32, {p.rank, shape.in});
-    u.b = be.from_host(p.b.data(), DType::F32, {p.n, p.rank});
+    u.a = be.from_host(p.a.data(), p.a_dtype, {p.rank, shape.in});
+    u.b = be.from_host(p.b.data(), p.b_dtype, {p.n, p.rank});
     u.out_col = p.out_col;
     u.scale = p.scale;
     adapter->bytes += int64_t(u.a.nbytes() + u.b.nbytes());

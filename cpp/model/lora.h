@@ -31,15 +31,17 @@ struct LoraAdapter : LoraWeights {
   uint64_t cache_key = 0;
 };
 
-// One update as read from a file, on the host: a f32 [rank, in] and b f32 [n, rank] row-major.
+// One update as read from a file, on the host: a [rank, in] and b [n, rank] row-major, each the
+// raw bytes of its storage dtype (F32, F16, BF16, or Q8_0 for rows that are whole blocks).
 struct LoraPart {
   int64_t site = 0, rank = 0, n = 0, out_col = 0;
   float scale = 1.0f;
-  std::vector<float> a, b;
+  DType a_dtype = DType::F32, b_dtype = DType::F32;
+  std::vector<uint8_t> a, b;
 };
 
-// Checks the parts against the model (site, shapes, column ranges that do not overlap, rank <=
-// max_rank, finite values; ValueError naming the site) and uploads them.
+// Checks the parts against the model (site, dtypes, shapes, column ranges that do not overlap,
+// rank <= max_rank, finite values; ValueError naming the site) and uploads them in their dtypes.
 std::shared_ptr<const LoraAdapter> make_lora_adapter(Backend& be, const ModelConfig& cfg, int64_t max_rank,
                                                      std::vector<LoraPart> parts, uint64_t cache_key);
 

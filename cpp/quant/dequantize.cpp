@@ -1,6 +1,7 @@
 // Reference dequantizers: these define the formats. Each expression keeps the operation order of
 // the format definition (and this file is compiled with -ffp-contract=off), so results are bit
 // for bit those of llama.cpp's dequantize_row_* and gguf-py.
+#include <immintrin.h>
 #include <cstring>
 
 #include "core/cpu_features.h"
@@ -211,8 +212,18 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       const uint16_t* h = static_cast<const uint16_t*>(src);
       static const bool avx512 = cpu_features().avx512f && cpu_features().avx512bw &&
                                  cpu_features().avx512vl && cpu_features().f16c;
-      if (avx512) detail::avx512_f16_to_f32(h, dst, n);
-      else for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+      if (avx512) {
+        detail::avx512_f16_to_f32(h, dst, n);
+        return;
+      }
+      int64_t i = 0;
+#if defined(__F16C__)  // exact, as f16_to_f32 (LoRA adapters kept in f16 convert a block per step)
+      static const bool f16c = cpu_features().f16c;
+      if (f16c)
+        for (; i + 8 <= n; i += 8)
+          _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+#endif
+      for (; i < n; ++i) dst[i] = f16_to_f32(h[i]);
       return;
     }
     case DType::BF16: {

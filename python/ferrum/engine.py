@@ -126,7 +126,8 @@ class Engine:
                     prompt: Optional[str] = None, request_id: Optional[str] = None, lora=None) -> str:
         """Queues a request (its ``params.best_of`` completions); ValueError when it could never
         run. A prompt of embeddings has no prompt ids: penalties and prompt lookup see the
-        generated tokens only. lora: the runner's LoraAdapter its completions run with."""
+        generated tokens only. lora: (the runner's LoraAdapter its completions run with, the
+        request's scale of it)."""
         if not isinstance(params, SamplingParams):
             raise TypeError("sampling params must be a ferrum.SamplingParams")
         embeds = prompt_ids if isinstance(prompt_ids, PromptEmbeds) else None
@@ -145,6 +146,7 @@ class Engine:
         if params.best_of > self._kv_blocks:  # also keeps an absurd n from building that many completions
             raise ValueError(f"{params.best_of} completions (n / best_of) is more than the KV cache's "
                              f"{self._kv_blocks} blocks: each completion needs one of its own")
+        lora, lora_scale = lora or (None, 1.0)
         request_id = str(next(self._ids)) if request_id is None else str(request_id)
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -155,10 +157,10 @@ class Engine:
             for i in range(params.best_of):
                 # The first completion returns its prompt's rows: each predicts the next prompt token.
                 if embeds is not None:
-                    seq = self.core.add_prompt_embeds(embeds.rows, "generate", lora=lora)
+                    seq = self.core.add_prompt_embeds(embeds.rows, "generate", lora=lora, lora_scale=lora_scale)
                 else:
                     seq = self.core.add_sequence(prompt_ids, 0 if i == 0 and req.prompt_logprobs is not None else -1,
-                                                 lora=lora)
+                                                 lora=lora, lora_scale=lora_scale)
                 progress = RequestProgress(params, self.tokenizer.eos_token_ids, index=i)
                 state = SamplingState(params, prompt_ids, index=i, output_token_ids=progress.token_ids)
                 if params.structured_outputs is not None:
@@ -221,11 +223,14 @@ class Engine:
         """Queues a score of `token_ids`: the logits at positions ``rows_from ..`` (each
         predicting the next token), or with `embed` the final hidden states there, go to
         ``consume`` as steps compute them, with f32 activations. Returns its sequence;
-        ``score_finished(seq)`` tells when it is done. ValueError when it could never run."""
+        ``score_finished(seq)`` tells when it is done. ValueError when it could never run. lora:
+        as add_request's."""
+        lora, lora_scale = lora or (None, 1.0)
         if isinstance(token_ids, PromptEmbeds):
-            seq = self.core.add_prompt_embeds(token_ids.rows, "embed" if embed else "score", rows_from, lora=lora)
+            seq = self.core.add_prompt_embeds(token_ids.rows, "embed" if embed else "score", rows_from, lora=lora,
+                                              lora_scale=lora_scale)
         else:
-            seq = self.core.add_score(token_ids, rows_from, embed, lora=lora)
+            seq = self.core.add_score(token_ids, rows_from, embed, lora=lora, lora_scale=lora_scale)
         self._consumers[seq] = consume
         self._scores.add(seq)
         return seq

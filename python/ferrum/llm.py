@@ -13,7 +13,7 @@ import numpy as np
 from . import _core, dist
 from .embedding import PooledHiddenStates
 from .engine import Engine, RowConsumer, token_ids_of
-from .lora import LoraCache, LoRARequest
+from .lora import LoraCache, LoRARequest, lora_storage
 from .outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestDelta, RequestOutput
 from .prompt_embeds import PromptEmbeds, prompt_embeds_of
 from .sampling import SamplingParams
@@ -57,7 +57,9 @@ class LLM:
       path)``, a PEFT directory or a llama.cpp .gguf adapter), loaded on first use; up to
       max_loras different adapters run in one step (requests on others wait), each of rank <=
       max_lora_rank, and max_cpu_loras (default max_loras) stay loaded in host memory, least
-      recently used dropped first. docs/lora.md.
+      recently used dropped first. lora_dtype: what A and B are kept in, "auto" (as the file
+      stores them: f32, f16, bf16 or a GGUF's q8_0), "float32", "float16", "bfloat16", or "q8_0"
+      (rows that are not whole 32-element blocks, B's for ranks under 32, in f16). docs/lora.md.
     pipeline_parallel_size: split the model's layers between this many stages, each of
       ``tensor_parallel_size`` ranks (``tensor_parallel_size * pipeline_parallel_size`` ranks in
       all); the hidden rows pass from stage to stage. pipeline_layer_partition: layers per stage
@@ -79,7 +81,8 @@ class LLM:
                  max_num_batched_tokens: int = 512, speculative_config: Union[dict, str, None] = None,
                  tensor_parallel_size: int = 1, enable_prompt_embeds: bool = False, enable_lora: bool = False,
                  max_loras: int = 1, max_lora_rank: int = 16, max_cpu_loras: Optional[int] = None,
-                 pipeline_parallel_size: int = 1, pipeline_layer_partition: Union[str, Sequence[int], None] = None):
+                 lora_dtype: str = "auto", pipeline_parallel_size: int = 1,
+                 pipeline_layer_partition: Union[str, Sequence[int], None] = None):
         if kv_dtype not in ("f16", "f32", "int8"):
             raise ValueError(f"kv_dtype must be 'f16', 'f32' or 'int8', got {kv_dtype!r}")
         for name, v in (("num_threads", num_threads), ("max_model_len", max_model_len),
@@ -92,6 +95,7 @@ class LLM:
                         ("enable_lora", enable_lora)):
             if not isinstance(v, bool):
                 raise ValueError(f"{name} must be True or False, got {v!r}")
+        lora_storage(lora_dtype)
         self.enable_prompt_embeds = enable_prompt_embeds
         self.enable_lora = enable_lora
         fraction = kv_cache_memory_fraction
@@ -121,7 +125,7 @@ class LLM:
                 prefix_cache=enable_prefix_caching, progress=progress, group=group,
                 max_loras=max_loras if enable_lora else 0, max_lora_rank=max_lora_rank,
                 pipeline_stages=pipeline_parallel_size, layer_partition=partition)
-        self._loras = LoraCache(self._runner, max_cpu_loras or max_loras) if enable_lora else None
+        self._loras = LoraCache(self._runner, max_cpu_loras or max_loras, lora_dtype) if enable_lora else None
         speculative = SpeculativeConfig.parse(speculative_config)
         draft = None
         if speculative is not None and speculative.method == "draft_model":
@@ -418,7 +422,8 @@ class LLM:
         return self._loras
 
     def _lora_list(self, lora_request: LoraRequests, n: int) -> list:
-        """The runner's adapter for each of n prompts (None: the base model), loaded as needed."""
+        """(the runner's adapter, the request's scale) for each of n prompts (None: the base
+        model), loaded as needed."""
         if lora_request is None:
             return [None] * n
         reqs = [lora_request] * n if isinstance(lora_request, LoRARequest) else list(lora_request)
@@ -427,7 +432,7 @@ class LLM:
         if any(r is not None for r in reqs):
             self._lora_cache()
         with self._lock:
-            return [None if r is None else self._loras.get(r) for r in reqs]
+            return [None if r is None else (self._loras.get(r), r.scale) for r in reqs]
 
     # ---- helpers ----
     def _prepare(self, prompts, prompt_token_ids) -> List[tuple]:

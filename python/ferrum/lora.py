@@ -8,12 +8,17 @@ order), which map onto the decoder's projections: q/k/v fill their columns of th
 output, gate/up theirs of gate_up; o and down as they are. What ferrum does not apply (DoRA,
 ``modules_to_save``, ``lora_bias``, embedding / lm_head / router / expert targets, aLoRA) is
 refused when the adapter loads, never silently skipped.
+
+A and B stay in the dtype the file stores them in (f32, f16, bf16; llama.cpp's q8_0), or the one
+``lora_dtype`` asks for; kernels read them as the f32 values they stand for. A request may scale
+its adapter (``LoRARequest(..., scale=)``) on top of the file's alpha / r.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+import numbers
 import os
 import re
 import struct
@@ -41,11 +46,15 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 class LoRARequest:
     """An adapter for a request (vLLM's ``LoRARequest``): ``lora_name`` (what the server lists),
     ``lora_int_id`` (>= 1, the cache's key: one id is one adapter), ``lora_path`` (a PEFT adapter
-    directory or a llama.cpp ``.gguf`` adapter file)."""
+    directory or a llama.cpp ``.gguf`` adapter file). ``scale`` (llama.cpp's per-request scale, a
+    finite number, default 1) multiplies the adapter's update on top of its alpha / r scaling: 0
+    gives the base model's output, and requests on one adapter with different scales share its
+    loaded copy and run in one step."""
     lora_name: str
     lora_int_id: int
     lora_path: str = ""
     base_model_name: Optional[str] = None
+    scale: float = 1.0
 
     def __post_init__(self):
         if not isinstance(self.lora_name, str) or not self.lora_name:
@@ -54,6 +63,10 @@ class LoRARequest:
             raise ValueError(f"lora_int_id must be an integer >= 1, got {self.lora_int_id!r}")
         if not isinstance(self.lora_path, (str, os.PathLike)) or not str(self.lora_path):
             raise ValueError(f"lora_path must name an adapter directory or .gguf file, got {self.lora_path!r}")
+        if isinstance(self.scale, bool) or not isinstance(self.scale, numbers.Real) or not math.isfinite(self.scale) \
+                or abs(self.scale) > _F32_MAX:
+            raise ValueError(f"the LoRA scale must be a finite number (within float32's range), got {self.scale!r}")
+        object.__setattr__(self, "scale", float(self.scale))
 
     @property
     def adapter_id(self) -> int:
@@ -68,13 +81,55 @@ class LoRARequest:
         return str(self.lora_path)
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+# ---- how adapters are kept ----
+# LLM(lora_dtype=...) -> the dtype A and B are kept in (None: as the file stores them).
+LORA_DTYPES = {"auto": None, "float32": "f32", "float16": "f16", "bfloat16": "bf16", "q8_0": "q8_0"}
+_Q8_0_BLOCK = 32
+
+
+class LoraMatrix(NamedTuple):
+    """A or B as an adapter keeps it: ``dtype`` ("f32", "f16", "bf16" or "q8_0"), ``shape``
+    (rows, cols) and ``data``, its raw bytes (a uint8 array)."""
+    dtype: str
+    shape: Tuple[int, int]
+    data: np.ndarray
+
+    def values(self) -> np.ndarray:
+        """The f32 values it stands for, [rows, cols]."""
+        from . import _core
+        return _core.quant.dequantize(self.dtype, self.data, self.shape[0] * self.shape[1]).reshape(self.shape)
+
+
+def lora_storage(lora_dtype: str) -> Optional[str]:
+    """The storage dtype ``lora_dtype`` names (None for "auto"); ValueError for another name."""
+    if lora_dtype not in LORA_DTYPES:
+        raise ValueError(f"lora_dtype must be one of {', '.join(map(repr, LORA_DTYPES))}, got {lora_dtype!r}")
+    return LORA_DTYPES[lora_dtype]
+
+
+def _stored(values: np.ndarray, dtype: str, source: str, name: str) -> LoraMatrix:
+    """values (f32, exactly representable in `dtype` when the file stored them so) kept in
+    `dtype`; q8_0 keeps rows that are not whole blocks in f16, as llama.cpp's converter does."""
+    from . import _core
+    rows, cols = values.shape
+    if dtype == "q8_0" and cols % _Q8_0_BLOCK:
+        dtype = "f16"
+    m = LoraMatrix(dtype, (rows, cols), _core.quant.quantize(dtype, np.ascontiguousarray(values, np.float32).ravel()))
+    if dtype != "f32" and not np.isfinite(m.values()).all():
+        raise ValueError(f"{source}: tensor {name} has values outside {dtype}'s range (lora_dtype)")
+    return m
+
+
 # ---- safetensors, read with numpy (the format: u64 header size, JSON header, raw data) ----
 _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 
 
-def read_safetensors(path: Path) -> Dict[str, np.ndarray]:
-    """Every tensor of a safetensors file as float32. ValueError for a damaged file or a dtype
-    other than f64 / f32 / f16 / bf16."""
+def read_safetensors(path: Path, dtypes: Optional[Dict[str, str]] = None) -> Dict[str, np.ndarray]:
+    """Every tensor of a safetensors file as float32 (and into `dtypes`, when given, the dtype
+    each is stored in: "f32" for F64 and F32, "f16", "bf16"). ValueError for a damaged file or a
+    dtype other than f64 / f32 / f16 / bf16."""
     data = path.read_bytes()
     if len(data) < 8:
         raise ValueError(f"{path}: not a safetensors file (too short)")
@@ -106,6 +161,8 @@ def read_safetensors(path: Path) -> Dict[str, np.ndarray]:
         if dtype == "BF16":
             a = (a.astype(np.uint32) << 16).view(np.float32)
         out[name] = a.astype(np.float32)
+        if dtypes is not None:
+            dtypes[name] = {"F16": "f16", "BF16": "bf16"}.get(dtype, "f32")
     return out
 
 
@@ -179,7 +236,8 @@ def _reorder_rope_rows(b: np.ndarray, heads: int, to_interleaved: bool) -> np.nd
 
 class _Pair(NamedTuple):
     """One projection an adapter updates, as read from its file: `module` is PEFT's name for it,
-    `label` what messages call it; q/k rows of `b` in HF's order unless the reader says otherwise."""
+    `label` what messages call it; `a` and `b` as f32, stored in `a_dtype` / `b_dtype`; q/k rows
+    of `b` in HF's order unless the reader says otherwise."""
     module: str
     label: str
     a_name: str
@@ -188,12 +246,16 @@ class _Pair(NamedTuple):
     b: np.ndarray
     rank: int
     scale: float
+    a_dtype: str = "f32"
+    b_dtype: str = "f32"
 
 
-def _updates(pairs: List[_Pair], cfg: dict, max_rank: int, source: str, interleaved: bool) -> List[tuple]:
-    """The runner's updates [(site, A, B, out_col, scale)] of `pairs` for a model of config `cfg`:
-    ValueError, naming the tensor, for a rank over max_rank, a shape the base does not have or
-    non-finite values. interleaved: q/k rows of B come in llama.cpp's interleaved order."""
+def _updates(pairs: List[_Pair], cfg: dict, max_rank: int, source: str, interleaved: bool,
+             storage: Optional[str] = None) -> List[tuple]:
+    """The runner's updates [(site, A, B, out_col, scale)] of `pairs` for a model of config `cfg`,
+    A and B LoraMatrix in `storage` (None: as stored): ValueError, naming the tensor, for a rank
+    over max_rank, a shape the base does not have or non-finite values. interleaved: q/k rows of
+    B come in llama.cpp's interleaved order."""
     modules = _module_names(cfg)
     base_interleaved = cfg.get("rope_layout") == "interleaved"
     updates = []
@@ -211,8 +273,8 @@ def _updates(pairs: List[_Pair], cfg: dict, max_rank: int, source: str, interlea
         b = p.b
         if proj in ("q_proj", "k_proj") and interleaved != base_interleaved:
             b = _reorder_rope_rows(b, cfg["num_heads"] if proj == "q_proj" else cfg["num_kv_heads"], base_interleaved)
-        updates.append((layer * SITES_PER_LAYER + site, np.ascontiguousarray(p.a), np.ascontiguousarray(b), col,
-                        float(p.scale)))
+        updates.append((layer * SITES_PER_LAYER + site, _stored(p.a, storage or p.a_dtype, source, p.a_name),
+                        _stored(b, storage or p.b_dtype, source, p.b_name), col, float(p.scale)))
     return updates
 
 
@@ -222,10 +284,11 @@ _REFUSED_FLAGS = (("use_dora", "DoRA (use_dora)"), ("lora_bias", "lora_bias"),
                   ("alora_invocation_tokens", "aLoRA (alora_invocation_tokens)"), ("use_qalora", "QALoRA"))
 
 
-def read_peft_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
+def read_peft_adapter(path, cfg: dict, max_rank: int, storage: Optional[str] = None) -> List[tuple]:
     """A PEFT LoRA directory as the runner's updates [(site, A, B, out_col, scale)] for a model of
-    config `cfg` (ModelRunner.config). ValueError, naming the field or tensor, for anything ferrum
-    would not apply exactly as PEFT does."""
+    config `cfg` (ModelRunner.config), A and B kept in `storage` (None: the file's dtype).
+    ValueError, naming the field or tensor, for anything ferrum would not apply exactly as PEFT
+    does."""
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"{path}: not a PEFT adapter directory")
@@ -305,7 +368,8 @@ def read_peft_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
             return False
         return not layers or layer_index(name) in layers
 
-    tensors = read_safetensors(weights)
+    dtypes: Dict[str, str] = {}
+    tensors = read_safetensors(weights, dtypes)
     found: Dict[str, Dict[str, np.ndarray]] = {}
     for key, value in tensors.items():
         m = re.fullmatch(r"base_model\.model\.(.+)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B|"
@@ -347,10 +411,10 @@ def read_peft_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
                 raise ValueError(f"{weights.name}: missing tensor base_model.model.{name}.{part}.weight")
         rank = _pattern_value(patterns["rank_pattern"], name, r)
         a_alpha = _pattern_value(patterns["alpha_pattern"], name, alpha)
-        pairs.append(_Pair(name, name, f"base_model.model.{name}.lora_A.weight", pair["lora_A"],
-                           f"base_model.model.{name}.lora_B.weight", pair["lora_B"], rank,
-                           a_alpha / math.sqrt(rank) if rslora else a_alpha / rank))
-    updates = _updates(pairs, cfg, max_rank, weights.name, interleaved=False)
+        a_name, b_name = f"base_model.model.{name}.lora_A.weight", f"base_model.model.{name}.lora_B.weight"
+        pairs.append(_Pair(name, name, a_name, pair["lora_A"], b_name, pair["lora_B"], rank,
+                           a_alpha / math.sqrt(rank) if rslora else a_alpha / rank, dtypes[a_name], dtypes[b_name]))
+    updates = _updates(pairs, cfg, max_rank, weights.name, interleaved=False, storage=storage)
     if not updates:
         raise ValueError(f"{path}: the adapter updates none of the model's projections (target_modules "
                          f"{config.get('target_modules')!r})")
@@ -372,9 +436,10 @@ _GGUF_REFUSED = {"token_embd": "embedding targets", "output": "lm_head targets",
 _GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
 
 
-def read_gguf_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
-    """A llama.cpp GGUF LoRA adapter as the runner's updates for a model of config `cfg`, applied
-    as llama.cpp applies it: every lora_a / lora_b pair, scaled by adapter.lora.alpha / rank
+def read_gguf_adapter(path, cfg: dict, max_rank: int, storage: Optional[str] = None) -> List[tuple]:
+    """A llama.cpp GGUF LoRA adapter as the runner's updates for a model of config `cfg` (A and B
+    kept in `storage`, None: the file's type, which its f32 values re-encode exactly), applied as
+    llama.cpp applies it: every lora_a / lora_b pair, scaled by adapter.lora.alpha / rank
     (1 when the file has no alpha or alpha 0). ValueError, naming the field or tensor, for a file
     that is not a LoRA adapter of this base or that ferrum would not apply exactly."""
     from . import _core
@@ -411,6 +476,7 @@ def read_gguf_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
             raise ValueError(f"{src}: tensor {key!r} has type {dtype}; adapters are read in "
                              f"{', '.join(_GGUF_DTYPES)}")
         found.setdefault(key[:-len(".lora_a")], {})[part] = value
+        found[key[:-len(".lora_a")]][part + "_dtype"] = dtype
 
     pairs = []
     for weight, pair in found.items():
@@ -421,26 +487,31 @@ def read_gguf_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
         layer, name = weight.split(".")[1:3]
         rank = pair["b"].shape[-1]  # llama.cpp's: lora_b's columns
         pairs.append(_Pair(f"model.layers.{layer}.{_GGUF_PROJECTIONS[name]}", weight, f"{weight}.lora_a", pair["a"],
-                           f"{weight}.lora_b", pair["b"], rank, alpha / rank if alpha else 1.0))
+                           f"{weight}.lora_b", pair["b"], rank, alpha / rank if alpha else 1.0,
+                           pair["a_dtype"], pair["b_dtype"]))
     if not pairs:
         raise ValueError(f"{src}: the adapter has no lora_a / lora_b tensors")
-    return _updates(pairs, cfg, max_rank, src, interleaved=arch in _GGUF_INTERLEAVED)
+    return _updates(pairs, cfg, max_rank, src, interleaved=arch in _GGUF_INTERLEAVED, storage=storage)
 
 
-def read_adapter(path, cfg: dict, max_rank: int) -> List[tuple]:
-    """A PEFT directory or a llama.cpp .gguf file as the runner's updates."""
+def read_adapter(path, cfg: dict, max_rank: int, lora_dtype: str = "auto") -> List[tuple]:
+    """A PEFT directory or a llama.cpp .gguf file as the runner's updates, A and B kept as
+    `lora_dtype` says (LORA_DTYPES)."""
+    storage = lora_storage(lora_dtype)
     if Path(path).suffix == GGUF_SUFFIX and not Path(path).is_dir():
-        return read_gguf_adapter(path, cfg, max_rank)
-    return read_peft_adapter(path, cfg, max_rank)
+        return read_gguf_adapter(path, cfg, max_rank, storage)
+    return read_peft_adapter(path, cfg, max_rank, storage)
 
 
 def cache_key(updates: List[tuple]) -> int:
-    """A 64-bit hash of the updates' content and scales: what keys their prefix-cache blocks."""
+    """A 64-bit hash of the updates' content, storage dtypes and scales: what keys their
+    prefix-cache blocks (with each request's scale)."""
     h = hashlib.sha256()
     for site, a, b, col, scale in updates:
         h.update(struct.pack("<qqqqd", site, col, a.shape[0], b.shape[0], scale))
-        h.update(a.tobytes())
-        h.update(b.tobytes())
+        for m in (a, b):
+            h.update(m.dtype.encode() + b"\0")
+            h.update(m.data.tobytes())
     return int.from_bytes(h.digest()[:8], "little")
 
 
@@ -448,9 +519,11 @@ class LoraCache:
     """The adapters loaded for one runner, by lora_int_id, least recently used first; at most
     `capacity` stay (requests that run with an evicted or removed adapter keep it until they end)."""
 
-    def __init__(self, runner, capacity: int):
+    def __init__(self, runner, capacity: int, lora_dtype: str = "auto"):
         self.runner = runner
         self.capacity = capacity
+        self.lora_dtype = lora_dtype
+        lora_storage(lora_dtype)
         self._loaded: "OrderedDict[int, Tuple[LoRARequest, object]]" = OrderedDict()
 
     def get(self, request: LoRARequest):
@@ -461,7 +534,7 @@ class LoraCache:
         if entry is not None and entry[0].path == request.path:
             self._loaded.move_to_end(request.lora_int_id)
             return entry[1]
-        updates = read_adapter(request.path, self.runner.config, self.runner.max_lora_rank)
+        updates = read_adapter(request.path, self.runner.config, self.runner.max_lora_rank, self.lora_dtype)
         adapter = self.runner.make_lora(updates, cache_key(updates))
         self._loaded[request.lora_int_id] = (request, adapter)
         self._loaded.move_to_end(request.lora_int_id)

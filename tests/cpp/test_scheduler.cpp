@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <random>
@@ -366,6 +367,30 @@ TEST(Scheduler, ScoresAndGenerationsShareCachedBlocksOnlyWithTheirOwnKind) {
   h.run_to_end();
   EXPECT_EQ(first_chunk_start(h.add(40, 1, 3)), 32);  // the generation's blocks
   h.run_to_end();
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
+
+TEST(Scheduler, LoraSequencesShareCachedBlocksOnlyAtTheSameAdapterAndScale) {
+  Harness h(64, 4, 64, 4096, /*prefix=*/true);
+  const std::vector<int32_t> tokens = prompt_of(40, 3);
+  auto adapter = std::make_shared<LoraAdapter>();
+  adapter->cache_key = 0x1234;
+  auto first_chunk_start = [&](float scale) {
+    const int64_t id = h.sched.add(tokens, -1, {}, adapter, scale);
+    h.max_tokens[id] = 1;
+    const SchedulerOutput s = h.step();
+    h.run_to_end();
+    for (const ScheduledChunk& c : s.chunks)
+      if (c.seq == id) return c.start;
+    return int64_t(-1);
+  };
+  EXPECT_EQ(first_chunk_start(1.0f), 0);
+  EXPECT_EQ(first_chunk_start(0.5f), 0);  // another scale: blocks of its own
+  EXPECT_EQ(first_chunk_start(1.0f), 32);
+  EXPECT_EQ(first_chunk_start(0.5f), 32);
+  EXPECT_EQ(first_chunk_start(0.0f), 0);
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY})
+    EXPECT_THROW(h.sched.add(tokens, -1, {}, adapter, bad), ValueError);
   EXPECT_EQ(h.blocks.num_used(), 0);
 }
 

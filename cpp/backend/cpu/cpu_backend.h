@@ -148,7 +148,8 @@ class CpuBackend : public Backend {
                    const Tensor& out) override;
   // Shrink (x A^T into scratch) then expand (+= scale * that B^T), rows grouped by slot: each
   // adapter's A and B are read once per call, whatever its row count (cpu_lora.cpp).
-  void lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::shared_ptr<const LoraSlots> slots,
+  void lora(Stream& s, const Tensor& x, const Tensor& row_slots, const Tensor& row_scales,
+            std::shared_ptr<const LoraSlots> slots,
             int64_t site, int64_t site_rank, const Tensor& out) override;
 
  private:

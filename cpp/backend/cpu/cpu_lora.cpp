@@ -2,8 +2,11 @@
 // the shrink gives each thread blocks of kShrinkRanks rank rows of A (every row of the group
 // against the block, each x row read once per block), the expand whole 16-column chunks of B
 // (transposed once per call so a row's 16 outputs are one vector), so each adapter's A and B are
-// read once per call however many rows use it. Each output element is one fixed-order sum of its
-// row's own values: a row's result does not depend on its batch.
+// read once per call however many rows use it. A rank block of A or a batch of B's chunks stored
+// in f16 / bf16 / q8_0 is converted to f32 once per call (into an L1-sized buffer) and computed
+// from as an f32 one, so the stored bytes are read once and the results are those of the f32
+// update with those values. Each output element is one fixed-order sum of its row's own values,
+// times its row's request scale: a row's result does not depend on its batch.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,6 +18,7 @@
 #include "backend/cpu/fast_math.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
+#include "quant/quant.h"
 
 namespace ferrum {
 
@@ -89,6 +93,17 @@ int64_t count_units(const std::vector<SlotRows>& groups, const Units& units_of) 
 int64_t rank_units(const LoraUpdate& up) { return (up.a.dim(0) + kShrinkRanks - 1) / kShrinkRanks; }
 int64_t col_units(const LoraUpdate& up) { return (up.b.dim(0) + kExpandCols - 1) / kExpandCols; }
 
+// Rows [r0, r0 + rows) of m (2-D, a storage dtype) as f32: m's own floats when it is f32, else
+// converted into buf.
+const float* f32_rows(const Tensor& m, int64_t r0, int64_t rows, std::vector<float>& buf) {
+  const int64_t cols = m.dim(1);
+  if (m.dtype == DType::F32) return host_ptr<float>(m) + r0 * cols;
+  buf.resize(size_t(rows * cols));
+  quant::dequantize_row(m.dtype, host_ptr<uint8_t>(m) + r0 * int64_t(dtype_bytes(m.dtype, cols)), buf.data(),
+                        rows * cols);
+  return buf.data();
+}
+
 // a * b + c, rounded once, on 8 lanes (one AVX2 register; GCC keeps arrays of 16-lane vectors
 // in memory on AVX2).
 inline cpu::f32x8 fma8(cpu::f32x8 a, cpu::f32x8 b, cpu::f32x8 c) {
@@ -142,13 +157,12 @@ void shrink_rows(const float* const* x, const float* a, int64_t K, int64_t n, fl
     }
 }
 
-// out[r][c * 16 + n] += scale * sum_j v[r][j] bt[c][j][n] for R rows, the chunks c of 16 columns
-// in [0, chunks) (the last `last` wide), j in order from 0: the same floats whatever R is.
+// out[r][c * 16 + n] += scale[r] * sum_j v[r][j] bt[c][j][n] for R rows, the chunks c of 16
+// columns in [0, chunks) (the last `last` wide), j in order from 0: the same floats whatever R is.
 template <int R>
-void expand_rows(const float* const* v, const float* bt, int64_t rank, int64_t chunks, int64_t last, float scale,
-                 float* const* out) {
+void expand_rows(const float* const* v, const float* bt, int64_t rank, int64_t chunks, int64_t last,
+                 const float* scale, float* const* out) {
   using cpu::f32x8;
-  const f32x8 s = splat8(scale);
   for (int64_t c = 0; c < chunks; ++c) {
     const float* b = bt + c * rank * kExpandCols;
     f32x8 acc[R][2] = {};
@@ -163,10 +177,11 @@ void expand_rows(const float* const* v, const float* bt, int64_t rank, int64_t c
     for (int r = 0; r < R; ++r) {
       float* o = out[r] + c * kExpandCols;
       if (c + 1 < chunks || last == kExpandCols) {
+        const f32x8 s = splat8(scale[r]);
         store8(o, fma8(s, acc[r][0], load8(o)));
         store8(o + 8, fma8(s, acc[r][1], load8(o + 8)));
       } else {
-        for (int64_t n = 0; n < last; ++n) o[n] = std::fma(scale, acc[r][n / 8][n % 8], o[n]);
+        for (int64_t n = 0; n < last; ++n) o[n] = std::fma(scale[r], acc[r][n / 8][n % 8], o[n]);
       }
     }
   }
@@ -187,10 +202,10 @@ constexpr int64_t kExpandBatch = 16;
 
 }  // namespace
 
-void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::shared_ptr<const LoraSlots> slots,
-                      int64_t site, int64_t site_rank, const Tensor& out) {
-  own({&x, &row_slots, &out});
-  checks::lora(x, row_slots, site_rank, out);
+void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const Tensor& row_scales,
+                      std::shared_ptr<const LoraSlots> slots, int64_t site, int64_t site_rank, const Tensor& out) {
+  own({&x, &row_slots, &row_scales, &out});
+  checks::lora(x, row_slots, row_scales, site_rank, out);
   if (!slots) throw ValueError("lora: no slots");
   const int64_t T = x.rows(), K = x.cols(), ld = out.cols();
   auto tmp = scratch(Scratch::Lora, size_t(T * site_rank) * 4);
@@ -205,9 +220,10 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::
     int64_t b, e;
     split_range(count_units(g, rank_units), ith, nth, &b, &e);
     float* t = reinterpret_cast<float*>(tmp->data());
+    std::vector<float> a_f32;  // a block of A's rows converted, for A not in f32
     for_units(g, b, e, rank_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t block) {
       const int64_t j0 = block * kShrinkRanks, nj = std::min(kShrinkRanks, up.a.dim(0) - j0);
-      const float* a = host_ptr<float>(up.a) + j0 * K;
+      const float* a = f32_rows(up.a, j0, nj, a_f32);
       auto run = [&](const int64_t* rows, auto r_count) {
         constexpr int R = decltype(r_count)::value;
         const float* xs[R];
@@ -224,17 +240,19 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::
     int64_t b, e;
     split_range(count_units(g, col_units), ith, nth, &b, &e);
     const float* t = reinterpret_cast<const float*>(tmp->data());
+    const float* row_scale = host_ptr<float>(row_scales);
     std::vector<float> bt;  // kExpandBatch chunks of B, each transposed: [chunk][rank][kExpandCols]
+    std::vector<float> b_f32;  // B's rows of those chunks converted, for B not in f32
     for_update_units(g, b, e, col_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t c0, int64_t c1) {
       const int64_t r = up.b.dim(1), N = up.b.dim(0);
-      const float* bm = host_ptr<float>(up.b);
       for (int64_t cb = c0; cb < c1; cb += kExpandBatch) {
         const int64_t chunks = std::min(kExpandBatch, c1 - cb), n0 = cb * kExpandCols;
         const int64_t n1 = std::min(N, (cb + chunks) * kExpandCols), last = n1 - (cb + chunks - 1) * kExpandCols;
+        const float* bm = f32_rows(up.b, n0, n1 - n0, b_f32);  // rows n0 .. n1
         bt.assign(size_t(chunks * r * kExpandCols), 0.0f);
         for (int64_t c = 0; c < chunks; ++c)
           for (int64_t n = 0; n < kExpandCols && n0 + c * kExpandCols + n < n1; ++n) {
-            const float* src = bm + (n0 + c * kExpandCols + n) * r;
+            const float* src = bm + (c * kExpandCols + n) * r;
             float* dst = bt.data() + c * r * kExpandCols + n;
             for (int64_t j = 0; j < r; ++j) dst[j * kExpandCols] = src[j];
           }
@@ -242,9 +260,12 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::
           constexpr int R = decltype(r_count)::value;
           const float* vs[R];
           float* outs[R];
-          for (int i = 0; i < R; ++i)
+          float scales[R];
+          for (int i = 0; i < R; ++i) {
             vs[i] = t + rows[i] * site_rank + offset, outs[i] = host_ptr<float>(out) + rows[i] * ld + up.out_col + n0;
-          expand_rows<R>(vs, bt.data(), r, chunks, last, up.scale, outs);
+            scales[i] = up.scale * row_scale[rows[i]];
+          }
+          expand_rows<R>(vs, bt.data(), r, chunks, last, scales, outs);
         };
         by_row_blocks<kExpandRows>(grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kExpandRows>()); },
                                    [&](const int64_t* rows) { run(rows, std::integral_constant<int, 1>()); });

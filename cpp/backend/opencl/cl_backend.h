@@ -82,7 +82,8 @@ class ClBackend : public Backend {
   void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                    const Tensor& down, const Tensor& ids, const Tensor& weights,
                    const Tensor& out) override;
-  void lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::shared_ptr<const LoraSlots> slots,
+  void lora(Stream& s, const Tensor& x, const Tensor& row_slots, const Tensor& row_scales,
+            std::shared_ptr<const LoraSlots> slots,
             int64_t site, int64_t max_rank, const Tensor& out) override;
 
  private:

@@ -18,7 +18,22 @@ namespace ferrum::ocl {
 
 namespace {
 constexpr int64_t kUpdateInts = 8;  // kernels/lora.cl: LORA_UPDATE_INTS
-constexpr int64_t kWeightsAlign = 16;  // floats
+constexpr int64_t kWeightsAlign = 16;  // floats: the weights start on 64 bytes
+constexpr int64_t kMatrixAlign = 16;   // bytes
+int64_t aligned_bytes(const Tensor& m) {
+  return int64_t((m.nbytes() + kMatrixAlign - 1) / kMatrixAlign * kMatrixAlign);
+}
+
+// kernels/lora.cl's LORA_F32 ...
+int32_t lora_dtype_code(DType t) {
+  switch (t) {
+    case DType::F32: return 0;
+    case DType::F16: return 1;
+    case DType::BF16: return 2;
+    case DType::Q8_0: return 3;
+    default: throw ValueError(std::string("lora: no OpenCL kernels for adapters in ") + dtype_name(t));
+  }
+}
 }  // namespace
 
 // The device copy of a slot set: held are the adapters it was built from.
@@ -29,7 +44,7 @@ struct LoraArena {
   std::mutex mu;
   std::vector<std::shared_ptr<const LoraWeights>> held;
   bool built = false;
-  Tensor buf;  // f32 elements; the table's ints first
+  Tensor buf;  // the table's ints, then the weights' bytes (an f32 tensor only for its size)
   int64_t weights_offset = 0;  // in floats
 
   // Brings buf up to date with `slots` (nothing when they hold what they held last time).
@@ -40,20 +55,20 @@ void LoraArena::update(const LoraSlots& slots) {
   std::lock_guard<std::mutex> lock(mu);
   if (built && held == slots.slots) return;
   const int64_t S = int64_t(slots.slots.size());
-  int64_t sites = 0, updates = 0, floats = 0;
+  int64_t sites = 0, updates = 0, bytes = 0;
   for (const auto& w : slots.slots) {
     if (!w) continue;
     sites = std::max<int64_t>(sites, int64_t(w->sites.size()));
     for (const auto& site : w->sites)
       for (const LoraUpdate& u : site) {
         updates++;
-        floats += u.a.numel() + u.b.numel();
+        bytes += aligned_bytes(u.a) + aligned_bytes(u.b);
       }
   }
   const int64_t table_ints = 2 + 2 * S * sites + kUpdateInts * updates;
   const int64_t woff = (table_ints + kWeightsAlign - 1) / kWeightsAlign * kWeightsAlign;
-  const int64_t total = std::max<int64_t>(woff + floats, kWeightsAlign);
-  if (total > INT32_MAX) throw ResourceError("the LoRA adapters in use exceed 2^31 floats on the OpenCL device");
+  const int64_t total = std::max<int64_t>(woff + (bytes + 3) / 4, kWeightsAlign);
+  if (total * 4 > INT32_MAX) throw ResourceError("the LoRA adapters in use exceed 2 GiB on the OpenCL device");
   if (!buf.defined() || buf.numel() < total) {
     Tensor t;
     t.dtype = DType::F32;
@@ -69,10 +84,10 @@ void LoraArena::update(const LoraSlots& slots) {
   auto copy = [&](const Tensor& src) {
     const BufferView v = single_buffer(src, "lora");
     cl_check(clEnqueueCopyBuffer(dc->queue(), v.mem, dst.mem, v.byte_offset,
-                                 dst.byte_offset + size_t(woff + at) * 4, src.nbytes(), 0, nullptr, nullptr),
+                                 dst.byte_offset + size_t(woff * 4 + at), src.nbytes(), 0, nullptr, nullptr),
              "clEnqueueCopyBuffer");
     const int64_t offset = at;
-    at += src.numel();
+    at += aligned_bytes(src);
     return int32_t(offset);
   };
   for (int64_t s = 0; s < S; ++s) {
@@ -92,6 +107,7 @@ void LoraArena::update(const LoraSlots& slots) {
         e[4] = int32_t(up.out_col);
         e[5] = int32_t(rank_col);
         std::memcpy(&e[6], &up.scale, 4);
+        e[7] = lora_dtype_code(up.a.dtype) | lora_dtype_code(up.b.dtype) << 8;
         rank_col += up.a.dim(0);
         u++;
       }
@@ -121,10 +137,10 @@ std::shared_ptr<LoraArena> ClBackend::lora_arena(const std::shared_ptr<const Lor
   return arena;
 }
 
-void ClBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::shared_ptr<const LoraSlots> slots,
-                     int64_t site, int64_t site_rank, const Tensor& out) {
-  for (const Tensor* t : {&x, &row_slots, &out}) check_owned(*t, "lora");
-  checks::lora(x, row_slots, site_rank, out);
+void ClBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const Tensor& row_scales,
+                     std::shared_ptr<const LoraSlots> slots, int64_t site, int64_t site_rank, const Tensor& out) {
+  for (const Tensor* t : {&x, &row_slots, &row_scales, &out}) check_owned(*t, "lora");
+  checks::lora(x, row_slots, row_scales, site_rank, out);
   if (!slots) throw ValueError("lora: no slots");
   const int64_t T = x.rows(), K = x.cols(), ld = out.cols();
   if (T == 0) return;
@@ -137,14 +153,16 @@ void ClBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::s
                                       tuning_.lanes * tuning_.gemv_groups)
                       : launch(program, "lora_shrink", T * site_rank, 64);
   Launch expand = launch(program, "lora_expand", T * ld, gpu ? 256 : 64);
-  // Arguments 4 .. 7 (the table and the weights) are bound at submit, to the arena.
+  // Arguments 4 .. 7 (the table and the weights) are bound at submit, to the arena: the table's
+  // offset in ints, the weights' in bytes.
   constexpr cl_uint kArenaArg = 4;
   KernelArgs a(shrink);
   a.tensor(x, "lora").tensor(row_slots, "lora").tensor(placeholder(), "lora").tensor(placeholder(), "lora")
       .tensor(t, "lora").i32(T).i32(K).i32(site).i32(site_rank);
   if (gpu) a.local_floats(tuning_.lanes * tuning_.gemv_groups);
   KernelArgs(expand).tensor(t, "lora").tensor(row_slots, "lora").tensor(placeholder(), "lora")
-      .tensor(placeholder(), "lora").tensor(out, "lora").i32(T).i32(ld).i32(site).i32(site_rank);
+      .tensor(placeholder(), "lora").tensor(out, "lora").i32(T).i32(ld).i32(site).i32(site_rank)
+      .tensor(row_scales, "lora");
   std::shared_ptr<LoraArena> arena = lora_arena(slots);
   std::vector<cl_kernel> kernels = {shrink.kernel, expand.kernel};
   struct Binding {
@@ -159,7 +177,7 @@ void ClBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, std::s
     arena->update(*slots);
     const BufferView v = single_buffer(arena->buf, "lora");
     const cl_long table_off = cl_long(v.byte_offset / 4);
-    const Binding now{v.mem, table_off, table_off + arena->weights_offset};
+    const Binding now{v.mem, table_off, cl_long(v.byte_offset) + cl_long(arena->weights_offset) * 4};
     if (now == *bound) return false;
     for (cl_kernel k : kernels) {
       cl_check(clSetKernelArg(k, kArenaArg, sizeof(cl_mem), &now.mem), "lora");

@@ -23,7 +23,7 @@ router = APIRouter()
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request):
     serving: Serving = request.app.state.serving
-    serving.check_model(body.model)
+    serving.check_model(body.model, body.lora_scale)
     prompt_ids, params, split = prepare(serving, body)
     serving.check_room()
     return await reply(request, "chatcmpl", serving.model_name, body.stream,
@@ -77,7 +77,7 @@ def _finish_reason(m: Message, reason):
 async def _complete(serving: Serving, body: ChatCompletionRequest, split: ReplySplitter, prompt_ids, params,
                     header: dict) -> dict:
     output = None
-    async for delta in serving.generate(prompt_ids, params, serving.lora_for(body.model)):
+    async for delta in serving.generate(prompt_ids, params, serving.lora_for(body.model, body.lora_scale)):
         output = delta.output
     choices = []
     for c in output.outputs:
@@ -103,7 +103,7 @@ async def _stream(serving: Serving, body: ChatCompletionRequest, split: ReplySpl
                   "finish_reason": None} for i in range(body.n)])
     streams = [split.stream() for _ in range(body.n)]
     completion_tokens = 0
-    async for delta in serving.generate(prompt_ids, params, serving.lora_for(body.model)):
+    async for delta in serving.generate(prompt_ids, params, serving.lora_for(body.model, body.lora_scale)):
         for d in delta.outputs:
             completion_tokens += len(d.token_ids)
             logprobs = None

@@ -28,7 +28,7 @@ class _Prompt:
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request):
     serving: Serving = request.app.state.serving
-    serving.check_model(body.model)
+    serving.check_model(body.model, body.lora_scale)
     try:
         prompts = [_Prompt(serving, p) for p in body.prompts()]
         params = None if body.max_tokens == 0 else body.sampling_params(body.max_tokens, body.logprobs,
@@ -44,7 +44,7 @@ async def create_completion(body: CompletionRequest, request: Request):
 
 
 async def _complete(serving: Serving, body: CompletionRequest, prompts: List[_Prompt], params, header: dict) -> dict:
-    lora = serving.lora_for(body.model)
+    lora = serving.lora_for(body.model, body.lora_scale)
 
     async def one(p: _Prompt):
         """(the request's output or None without generation, the prompt's logprobs or None)"""
@@ -87,7 +87,7 @@ async def _final_output(serving: Serving, prompt_ids: List[int], params, lora=No
 
 async def _stream(serving: Serving, body: CompletionRequest, prompts: List[_Prompt], params, header: dict):
     n = body.n
-    lora = serving.lora_for(body.model)
+    lora = serving.lora_for(body.model, body.lora_scale)
     event = Chunks(header, "text_completion", body.include_usage)
     if body.echo:
         for i, p in enumerate(prompts):

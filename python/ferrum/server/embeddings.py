@@ -20,7 +20,7 @@ router = APIRouter()
 @router.post("/v1/embeddings")
 async def create_embedding(body: EmbeddingRequest, request: Request):
     serving: Serving = request.app.state.serving
-    serving.check_model(body.model)
+    serving.check_model(body.model, body.lora_scale)
     hidden = serving.engine.llm.runner.config["hidden_size"]
     if body.dimensions is not None and body.dimensions != hidden:
         raise APIError(400, f"dimensions: this model's embeddings have {hidden} dimensions and cannot be "
@@ -35,7 +35,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request):
     pooled = [PooledHiddenStates(len(ids), "last") for ids in prompts]
     try:
         await asyncio.gather(*(serving.engine.score(ids, p, p.rows_from, embed=True,
-                                                    lora_request=serving.lora_for(body.model))
+                                                    lora_request=serving.lora_for(body.model, body.lora_scale))
                                for ids, p in zip(prompts, pooled)))
     except ValueError as e:
         raise APIError(400, str(e)) from None

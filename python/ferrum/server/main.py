@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank (default: 16)")
     p.add_argument("--max-cpu-loras", type=int, default=None,
                    help="adapters kept loaded in host memory (default: max(--max-loras, the modules given))")
+    p.add_argument("--lora-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16", "q8_0"],
+                   help="what adapters' A and B are kept in (default: auto, as their files store them)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="split the model between this many ranks over MPI (docs/distributed.md)")
     p.add_argument("--pipeline-parallel-size", type=int, default=1,
@@ -102,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
               enable_prefix_caching=not args.no_prefix_caching, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, speculative_config=args.speculative_config,
               enable_lora=enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
-              max_cpu_loras=args.max_cpu_loras or max(args.max_loras, len(loras), 1),
+              max_cpu_loras=args.max_cpu_loras or max(args.max_loras, len(loras), 1), lora_dtype=args.lora_dtype,
               tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size)
     for lora in loras:  # a bad adapter stops the server before it serves
         llm.add_lora(lora)

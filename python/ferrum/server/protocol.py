@@ -72,6 +72,9 @@ class ResponseFormat(OpenAIModel):
 class SamplingRequest(OpenAIModel):
     """The fields completions and chat completions share."""
     model: Optional[str] = None
+    # ferrum's: the request's scale of the LoRA adapter `model` names (llama.cpp's per-request
+    # scale), on top of the adapter's alpha / r.
+    lora_scale: Optional[float] = Field(None, allow_inf_nan=False)
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: Optional[float] = Field(None, ge=0, le=100)
     top_p: Optional[float] = Field(None, gt=0, le=1)
@@ -291,6 +294,9 @@ class EmbeddingRequest(OpenAIModel):
     """OpenAI's /v1/embeddings: ``input`` as a text, texts, token ids or lists of token ids."""
     model: Optional[str] = None
     input: Union[str, List[str], TokenIds, List[TokenIds]]
+    # ferrum's: the request's scale of the LoRA adapter `model` names (llama.cpp's per-request
+    # scale), on top of the adapter's alpha / r.
+    lora_scale: Optional[float] = Field(None, allow_inf_nan=False)
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = Field(None, ge=1)
     user: Optional[str] = None
@@ -305,6 +311,9 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: Optional[str] = None
     input: Union[str, List[Dict[str, Any]]]
+    # ferrum's: the request's scale of the LoRA adapter `model` names (llama.cpp's per-request
+    # scale), on top of the adapter's alpha / r.
+    lora_scale: Optional[float] = Field(None, allow_inf_nan=False)
     instructions: Optional[str] = None
     tools: Optional[List[Dict[str, Any]]] = None
     tool_choice: Union[str, Dict[str, Any], None] = None

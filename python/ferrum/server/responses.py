@@ -153,7 +153,7 @@ def chat_request(body: ResponsesRequest, history: List[dict]) -> ChatCompletionR
 async def create_response(body: ResponsesRequest, request: Request):
     serving: Serving = request.app.state.serving
     store: ResponseStore = request.app.state.responses
-    serving.check_model(body.model)
+    serving.check_model(body.model, body.lora_scale)
     history = list(store.get(body.previous_response_id)[1]) if body.previous_response_id else []
     try:
         history += chat_messages(body.input)
@@ -232,7 +232,8 @@ class _Run:
 
     async def whole(self, params, store: ResponseStore) -> dict:
         output = None
-        async for delta in self.serving.generate(self.prompt_ids, params, self.serving.lora_for(self.body.model)):
+        lora = self.serving.lora_for(self.body.model, self.body.lora_scale)
+        async for delta in self.serving.generate(self.prompt_ids, params, lora):
             output = delta.output
         c = output.outputs[0]
         self.output_tokens = len(c.token_ids)
@@ -291,7 +292,8 @@ class _Run:
                             **({} if kind == "reasoning" else {"logprobs": []}))
 
         reason = None
-        async for delta in self.serving.generate(self.prompt_ids, params, self.serving.lora_for(self.body.model)):
+        lora = self.serving.lora_for(self.body.model, self.body.lora_scale)
+        async for delta in self.serving.generate(self.prompt_ids, params, lora):
             d = delta.outputs[0]
             self.output_tokens += len(d.token_ids)
             for e in send(stream.feed(d.text)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 import uuid
@@ -62,17 +63,29 @@ class Serving:
                                  else REASONING_FORMATS.get(reasoning_parser))
 
     # ---- checks ----
-    def check_model(self, name: Optional[str]) -> None:
+    def check_model(self, name: Optional[str], lora_scale: Optional[float] = None) -> None:
+        """404 for a model not served; 400 for a lora_scale without an adapter or out of range."""
         if name is not None and name != self.model_name and name not in self.lora_modules:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
+        self.lora_for(name, lora_scale)
 
-    def lora_for(self, name: Optional[str]) -> Optional[LoRARequest]:
-        """The adapter a request's `model` names (None: the base model); 404 for an adapter
-        unloaded since check_model, so that its request never runs on the base instead."""
+    def lora_for(self, name: Optional[str], lora_scale: Optional[float] = None) -> Optional[LoRARequest]:
+        """The adapter a request's `model` names (None: the base model), at the request's
+        lora_scale when given; 404 for an adapter unloaded since check_model, so that its request
+        never runs on the base instead."""
         if name is None or name == self.model_name:
+            if lora_scale is not None:
+                raise APIError(400, "lora_scale needs a LoRA adapter, named by `model`", "lora_scale")
             return None
-        self.check_model(name)
-        return self.lora_modules[name]
+        if name not in self.lora_modules:
+            raise APIError(404, f"The model `{name}` does not exist.", "model")
+        lora = self.lora_modules[name]
+        if lora_scale is None:
+            return lora
+        try:
+            return dataclasses.replace(lora, scale=lora_scale)
+        except ValueError as e:
+            raise APIError(400, str(e), "lora_scale") from None
 
     # ---- adapters loaded and unloaded while serving (vLLM's /v1/load_lora_adapter) ----
     async def load_lora(self, name: str, path: str, load_inplace: bool = False) -> None:
