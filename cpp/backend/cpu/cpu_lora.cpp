@@ -133,11 +133,35 @@ inline cpu::f32x8 load8(const float* p) {
   return v;
 }
 
+// A matrix's elements as f32, read in its storage dtype: f32, f16 or bf16 (each converts exactly).
+struct Elements {
+  const uint8_t* p;
+  DType dtype;
+  float at(int64_t i) const {
+    if (dtype == DType::F32) return reinterpret_cast<const float*>(p)[i];
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    if (dtype == DType::F16) return _cvtsh_ss(h);
+    const uint32_t bits = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  cpu::f32x8 load8(int64_t i) const {
+    if (dtype == DType::F32) return ::ferrum::load8(reinterpret_cast<const float*>(p) + i);
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
+    if (dtype == DType::F16) return cpu::f32x8(_mm256_cvtph_ps(h));
+    return cpu::f32x8(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+};
+
+bool direct_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
 // out[r][i] = x[r] . a[i] for R rows x[r] and n <= kShrinkRanks rows of a (K apart): each
 // product one 8-lane chain, its lanes summed, then the tail (K % 8) in order; the same floats
 // whatever R is. (8 lanes: 2 x 4 chains fit AVX2's registers.)
 template <int R>
-void shrink_rows(const float* const* x, const float* a, int64_t K, int64_t n, float* const* out) {
+void shrink_rows(const float* const* x, const Elements& a, int64_t K, int64_t n, float* const* out) {
   cpu::f32x8 acc[R][kShrinkRanks] = {};
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
@@ -145,15 +169,53 @@ void shrink_rows(const float* const* x, const float* a, int64_t K, int64_t n, fl
     for (int r = 0; r < R; ++r) v[r] = load8(x[r] + k);
     for (int64_t i = 0; i < kShrinkRanks; ++i) {
       if (i >= n) break;
-      const cpu::f32x8 w = load8(a + i * K + k);
+      const cpu::f32x8 w = a.load8(i * K + k);
       for (int r = 0; r < R; ++r) acc[r][i] = fma8(v[r], w, acc[r][i]);
     }
   }
   for (int r = 0; r < R; ++r)
     for (int64_t i = 0; i < n; ++i) {
       float sum = hsum8(acc[r][i]);
-      for (int64_t kk = k; kk < K; ++kk) sum = std::fma(x[r][kk], a[i * K + kk], sum);
+      for (int64_t kk = k; kk < K; ++kk) sum = std::fma(x[r][kk], a.at(i * K + kk), sum);
       out[r][i] = sum;
+    }
+}
+
+// bt[j][0..8) = (m[0][j], ..., m[7][j]) for j in [j0, j0 + 8): eight rows of a matrix, 8 of their
+// columns transposed in registers.
+void transpose8(const Elements& m, const int64_t* row_offsets, int64_t j0, float* bt, int64_t ld) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = row_offsets[i] < 0 ? _mm256_setzero_ps() : __m256(m.load8(row_offsets[i] + j0));
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(bt + 0 * ld, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(bt + 1 * ld, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(bt + 2 * ld, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(bt + 3 * ld, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(bt + 4 * ld, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(bt + 5 * ld, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(bt + 6 * ld, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(bt + 7 * ld, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+// bt = rows [n0, n1) of b (rank r, r % 8 == 0) as `chunks` chunks [chunk][r][kExpandCols], the
+// columns past n1 zero.
+void transpose_chunks(const Elements& b, int64_t r, int64_t n0, int64_t n1, int64_t chunks, float* bt) {
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t half = 0; half < 2; ++half) {
+      int64_t offsets[8];
+      for (int64_t i = 0; i < 8; ++i) {
+        const int64_t n = n0 + c * kExpandCols + half * 8 + i;
+        offsets[i] = n < n1 ? n * r : -1;
+      }
+      for (int64_t j = 0; j < r; j += 8)
+        transpose8(b, offsets, j, bt + (c * r + j) * kExpandCols + half * 8, kExpandCols);
     }
 }
 
@@ -223,7 +285,9 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
     std::vector<float> a_f32;  // a block of A's rows converted, for A not in f32
     for_units(g, b, e, rank_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t block) {
       const int64_t j0 = block * kShrinkRanks, nj = std::min(kShrinkRanks, up.a.dim(0) - j0);
-      const float* a = f32_rows(up.a, j0, nj, a_f32);
+      const Elements a = direct_dtype(up.a.dtype)
+                             ? Elements{host_ptr<uint8_t>(up.a) + j0 * int64_t(dtype_bytes(up.a.dtype, K)), up.a.dtype}
+                             : Elements{reinterpret_cast<const uint8_t*>(f32_rows(up.a, j0, nj, a_f32)), DType::F32};
       auto run = [&](const int64_t* rows, auto r_count) {
         constexpr int R = decltype(r_count)::value;
         const float* xs[R];
@@ -248,14 +312,19 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
       for (int64_t cb = c0; cb < c1; cb += kExpandBatch) {
         const int64_t chunks = std::min(kExpandBatch, c1 - cb), n0 = cb * kExpandCols;
         const int64_t n1 = std::min(N, (cb + chunks) * kExpandCols), last = n1 - (cb + chunks - 1) * kExpandCols;
-        const float* bm = f32_rows(up.b, n0, n1 - n0, b_f32);  // rows n0 .. n1
-        bt.assign(size_t(chunks * r * kExpandCols), 0.0f);
-        for (int64_t c = 0; c < chunks; ++c)
-          for (int64_t n = 0; n < kExpandCols && n0 + c * kExpandCols + n < n1; ++n) {
-            const float* src = bm + (c * kExpandCols + n) * r;
-            float* dst = bt.data() + c * r * kExpandCols + n;
-            for (int64_t j = 0; j < r; ++j) dst[j * kExpandCols] = src[j];
-          }
+        bt.resize(size_t(chunks * r * kExpandCols));
+        if (direct_dtype(up.b.dtype) && r % 8 == 0) {
+          transpose_chunks(Elements{host_ptr<uint8_t>(up.b), up.b.dtype}, r, n0, n1, chunks, bt.data());
+        } else {
+          const float* bm = f32_rows(up.b, n0, n1 - n0, b_f32);  // rows n0 .. n1
+          std::fill(bt.begin(), bt.end(), 0.0f);
+          for (int64_t c = 0; c < chunks; ++c)
+            for (int64_t n = 0; n < kExpandCols && n0 + c * kExpandCols + n < n1; ++n) {
+              const float* src = bm + (c * kExpandCols + n) * r;
+              float* dst = bt.data() + c * r * kExpandCols + n;
+              for (int64_t j = 0; j < r; ++j) dst[j * kExpandCols] = src[j];
+            }
+        }
         auto run = [&](const int64_t* rows, auto r_count) {
           constexpr int R = decltype(r_count)::value;
           const float* vs[R];
