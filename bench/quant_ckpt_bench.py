@@ -2,24 +2,28 @@
 ferrum's pp / tg on each, tg as a share of the bandwidth roof, llama.cpp on the same model as Q4_0
 and Q4_K_M GGUF, transformers running the checkpoints on the CPU, and ferrum's memory.
 
-usage: python bench/quant_ckpt_bench.py [-p 128] [-n 128] [-t 2] [-r 2] [--hf-tokens 8]
+usage: python bench/quant_ckpt_bench.py [-p 128] [-n 128] [-t 2] [-r 3] [--hf-tokens 8]
                                         [--data-dir ~/.cache/ferrum-bench] [--out FILE.json]
 
-The checkpoints (group size 128, random weights with seed 0) are written once into --data-dir:
-GPTQ plain and act-order (desc_act) and AWQ (gemm, zero points) by GPTQModel itself from a f16
-model (8 short calibration texts), compressed-tensors pack-quantized W4A16 (symmetric) by
-compressed-tensors as tests/test_compressed_tensors.py writes them, the GGUFs by ferrum's
-generator from the same random weights. Each checkpoint is checked once against its library's
-own dequantization (ferrum's weights equal it exactly) before it is measured.
+The checkpoints (4 bits, groups of 128, one random f16 model with seed 0) are written once into
+--data-dir: GPTQ (sym) quantized by GPTQModel itself (8 short calibration texts, as
+tests/test_gptq.py does); GPTQ act-order (desc_act) as that file's codes regrouped in a random input
+order per module (write_act_order); AWQ (gemm, zero points) as min-max codes packed by
+GPTQModel's own AWQ gemm packer (GPTQModel's act-order and AWQ searches take as long again
+each on 2 cores; speed does not depend on the codes); compressed-tensors pack-quantized W4A16 (symmetric) as
+tests/test_compressed_tensors.py writes it, its float tensors then stored in f16; the GGUFs by
+ferrum's generator from the same random weights. Each checkpoint is checked once against its
+library's own dequantization (ferrum's weights equal it exactly, every module) before it is measured.
 
-Per round (-r rounds, alternating): every checkpoint by `ferrum bench` in a fresh process, the
-read bandwidth (a torch sum over 1 GiB, -t threads) before and after each; llama.cpp on the two
-GGUFs (../shared/bench/llamacpp/run.sh). The roof is a token's bytes read, as ferrum holds the
-weights (GPTQ / AWQ / compressed-tensors translated into Q4_0 / Q5_0 blocks; the untied embedding
-one row) over the bandwidth read around the run. After the rounds, transformers (with GPTQModel's
-torch kernel for GPTQ / AWQ, compressed-tensors' decompression for W4A16) generates --hf-tokens
-greedy tokens from a -p token prompt once per checkpoint. Prints a markdown table (medians) and
-writes every run and the 1-minute load averages to --out.
+Per round (-r rounds, the order reversed every other round): every model by `ferrum bench` in a
+fresh process with the read bandwidth (a torch sum over 1 GiB, -t threads) before and after it,
+and llama.cpp (../shared/bench/llamacpp/run.sh) after ferrum on each GGUF. The roof is the read
+bandwidth over the bytes a token reads as ferrum holds the weights (GPTQ / AWQ / compressed-tensors
+translated into Q4_0 / Q5_0 blocks; the untied embedding not counted); each run's share is against
+its own two readings. After the rounds, transformers (GPTQModel's torch kernels for GPTQ / AWQ;
+compressed-tensors decompressing W4A16 at load) generates 1 + --hf-tokens greedy tokens from a
+-p token prompt once per checkpoint, tg timed from the first new token to the last. Prints a
+markdown table (medians) and writes every run and the 1-minute load averages to --out.
 """
 import argparse
 import datetime
@@ -44,13 +48,12 @@ GROUP = 128
 # name: (GPTQModel QuantizeConfig keywords, quantize() keywords)
 GPTQMODEL_JOBS = {
     "gptq": (dict(bits=4, group_size=GROUP, sym=True, desc_act=False, format="gptq"), {}),
-    "gptq-act-order": (dict(bits=4, group_size=GROUP, sym=True, desc_act=True, format="gptq"), {}),
 }
 # GPTQModel's AWQ search takes as long again on 2 cores: the AWQ file holds min-max codes instead,
 # packed by GPTQModel's own gemm packer (the layout AWQ's quantizer writes; speed does not depend
 # on the codes).
 AWQ_CONFIG = {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": GROUP, "zero_point": True}
-CHECKPOINTS = [*GPTQMODEL_JOBS, "awq", "compressed-tensors"]
+CHECKPOINTS = ["gptq", "gptq-act-order", "awq", "compressed-tensors"]
 GGUFS = ["q4_0", "q4_k_m"]
 
 
@@ -82,6 +85,49 @@ def write_gptqmodel(src, out, job):
     env = dict(os.environ, GPTQMODEL_CPU_WORKERS="2", CUDA_VISIBLE_DEVICES="")
     subprocess.run([sys.executable, "-c", QUANTIZE, str(src), json.dumps({str(part): job})],
                    check=True, env=env, cwd=src.parent, stdout=subprocess.DEVNULL)
+    return _publish(part, out)
+
+
+def write_act_order(plain, out, seed=0):
+    """GPTQModel's plain checkpoint with each module's inputs regrouped as act-order groups them:
+    a random order per input (q/k/v and gate/up share theirs, as GPTQModel gives them one), group
+    g the inputs at ranks g x GROUP onwards, each keeping its codes, the scales and zeros as they
+    are; qweight repacked in the inputs' order and g_idx written as GPTQModel writes it with
+    desc_act (a different model, the same work: GPTQModel's act-order search takes as long again
+    as its plain one on 2 cores)."""
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file, save_file
+    part = Path(str(out) + ".part")
+    shutil.rmtree(part, ignore_errors=True)
+    shutil.copytree(plain, part, ignore=shutil.ignore_patterns("*.safetensors"))
+    st = load_file(plain / "model.safetensors")
+    rng = np.random.default_rng(seed)
+    shares = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}
+    orders = {}
+    for name in sorted(k[:-len(".qweight")] for k in st if k.endswith(".qweight")):
+        packed = st[name + ".qweight"].numpy().view(np.uint32)  # [K / 8, N], input 8r + b at bits 4b
+        K = packed.shape[0] * 8
+        prefix, module = name.rsplit(".", 1)
+        key = prefix + "." + shares.get(module, module)
+        if key not in orders:
+            orders[key] = rng.permutation(K)
+        order = orders[key]  # input j of the plain file becomes input order[j]
+        codes = (packed[:, None, :] >> (4 * np.arange(8, dtype=np.uint32))[None, :, None]) & 15
+        moved = np.empty_like(codes.reshape(K, -1))
+        moved[order] = codes.reshape(K, -1)
+        repacked = (moved.reshape(K // 8, 8, -1) << (4 * np.arange(8, dtype=np.uint32))[None, :, None]).sum(
+            1, dtype=np.uint32)
+        g_idx = np.empty(K, dtype=np.int32)
+        g_idx[order] = np.arange(K, dtype=np.int32) // GROUP
+        st[name + ".qweight"] = torch.from_numpy(repacked.view(np.int32).copy())
+        st[name + ".g_idx"] = torch.from_numpy(g_idx)
+    save_file(st, part / "model.safetensors", metadata={"format": "pt"})
+    for f in ("config.json", "quantize_config.json"):
+        if (part / f).exists():
+            c = json.loads((part / f).read_text())
+            (c["quantization_config"] if f == "config.json" else c)["desc_act"] = True
+            (part / f).write_text(json.dumps(c, indent=2))
     return _publish(part, out)
 
 
@@ -184,6 +230,8 @@ def prepare(d):
             write_gptqmodel(src, out, job)
             print(f"{name}: written by GPTQModel in {time.time() - t0:.0f} s", flush=True)
         paths[name] = out
+    out = d / f"{PRESET}-gptq-act-order-4bit-g{GROUP}"
+    paths["gptq-act-order"] = out if out.exists() else write_act_order(paths["gptq"], out)
     out = d / f"{PRESET}-awq-4bit-g{GROUP}"
     paths["awq"] = out if out.exists() else write_awq(src, out)
     out = d / f"{PRESET}-compressed-tensors-w4a16-g{GROUP}"
@@ -235,15 +283,21 @@ load_s = time.perf_counter() - t0
 ids = torch.randint(1, model.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
 kinds = sorted({type(m).__name__ for m in model.modules() if "proj" in type(m).__name__.lower()
                 or "linear" in type(m).__name__.lower()})
-def timed(n):
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-    return time.perf_counter() - t0, out.shape[1] - prompt_tokens
-first_s, _ = timed(1)
-all_s, made = timed(new_tokens + 1)
-print(json.dumps({"load_s": round(load_s, 1), "pp_tok_s": round(prompt_tokens / first_s, 2),
-                  "tg_tok_s": round((made - 1) / (all_s - first_s), 3), "new_tokens": made - 1,
+from transformers.generation.streamers import BaseStreamer
+class Clock(BaseStreamer):  # generate() puts the prompt, then each new token
+    def __init__(self):
+        self.times = []
+    def put(self, value):
+        self.times.append(time.perf_counter())
+    def end(self):
+        pass
+clock = Clock()
+t0 = time.perf_counter()
+with torch.no_grad():
+    model.generate(ids, max_new_tokens=new_tokens + 1, min_new_tokens=new_tokens + 1, do_sample=False, streamer=clock)
+first, last, made = clock.times[1], clock.times[-1], len(clock.times) - 1
+print(json.dumps({"load_s": round(load_s, 1), "pp_tok_s": round(prompt_tokens / (first - t0), 2),
+                  "tg_tok_s": round((made - 1) / (last - first), 3), "new_tokens": made - 1,
                   "linear_modules": kinds, "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
 """
 
