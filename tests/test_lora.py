@@ -125,6 +125,20 @@ def test_zero_b_adapter_equals_the_base(lora_models):
     assert a[0].outputs[0].token_ids == b[0].outputs[0].token_ids
 
 
+def batched_equals_alone(llm, reqs):
+    """Rotations of PROMPT, one per request, generated and scored together: each gets the tokens
+    and the score bits it gets alone. Returns (prompts, outputs, scores) of the batch."""
+    prompts = [PROMPT[i:] + PROMPT[:i] for i in range(len(reqs))]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    together = llm.generate(prompt_token_ids=prompts, sampling_params=params, lora_request=reqs)
+    scores = llm.score(prompts, lora_request=reqs)
+    for p, r, out, score in zip(prompts, reqs, together, scores):
+        alone = llm.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0]
+        assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+        assert np.array_equal(score, llm.score(p, lora_request=r))
+    return prompts, together, scores
+
+
 @pytest.mark.parametrize("lora_dtype", ["auto", "q8_0"])
 def test_a_batch_mixing_adapters_equals_each_alone(lora_models, lora_dtype):
     """Scores (f32 activations, which the base computes the same in any batch) bit for bit;
@@ -133,14 +147,7 @@ def test_a_batch_mixing_adapters_equals_each_alone(lora_models, lora_dtype):
     names = ["llama-r8", None, "llama-r1-qv", "llama-rank-pattern", "llama-rslora-layers", "llama-r8-f16",
              "llama-r8-bf16"]
     reqs = [request(lora_models, n) if n else None for n in names]
-    prompts = [PROMPT[i:] + PROMPT[:i] for i in range(len(names))]
-    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    together = llm.generate(prompt_token_ids=prompts, sampling_params=params, lora_request=reqs)
-    scores = llm.score(prompts, lora_request=reqs)
-    for p, r, out, score in zip(prompts, reqs, together, scores):
-        alone = llm.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0]
-        assert out.outputs[0].token_ids == alone.outputs[0].token_ids
-        assert np.array_equal(score, llm.score(p, lora_request=r))
+    batched_equals_alone(llm, reqs)
 
 
 def _as_f32(adapter, out):
@@ -222,17 +229,11 @@ def test_request_scales_share_a_step_and_scale_0_is_the_base(lora_models):
     llm = llm_for(lora_models["bases"]["llama"], enable_prefix_caching=False)
     r8 = request(lora_models, "llama-r8")
     reqs = [dataclasses.replace(r8, scale=s) for s in (1.0, 0.5, 0.0, -1.0)] + [None]
-    prompts = [PROMPT[i:] + PROMPT[:i] for i in range(len(reqs))]
-    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    together = llm.generate(prompt_token_ids=prompts, sampling_params=params, lora_request=reqs)
-    scores = llm.score(prompts, lora_request=reqs)
-    for p, r, out, score in zip(prompts, reqs, together, scores):
-        alone = llm.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0]
-        assert out.outputs[0].token_ids == alone.outputs[0].token_ids
-        assert np.array_equal(score, llm.score(p, lora_request=r))
+    prompts, together, scores = batched_equals_alone(llm, reqs)
     assert not np.array_equal(scores[0], scores[1])
     assert np.array_equal(scores[2], llm.score(prompts[2]))
-    base = llm.generate(prompt_token_ids=[prompts[2]], sampling_params=params)[0]
+    base = llm.generate(prompt_token_ids=[prompts[2]], sampling_params=SamplingParams(
+        max_tokens=6, temperature=0, ignore_eos=True))[0]
     assert together[2].outputs[0].token_ids == base.outputs[0].token_ids
     assert llm.list_loras().count(r8.lora_int_id) == 1
 
