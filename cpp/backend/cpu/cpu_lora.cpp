@@ -50,23 +50,9 @@ std::vector<SlotRows> group_rows(const LoraSlots& slots, int64_t site, const int
   return groups;
 }
 
-// Calls fn(group, update, offset of the update's ranks in a row of scratch, unit) for the units
-// [begin, end) of all groups' updates, where an update has units_of(update) units.
-template <typename Units, typename Fn>
-void for_units(const std::vector<SlotRows>& groups, int64_t begin, int64_t end, const Units& units_of, const Fn& fn) {
-  int64_t u0 = 0;
-  for (const SlotRows& g : groups) {
-    int64_t offset = 0;
-    for (const LoraUpdate& up : *g.updates) {
-      const int64_t n = units_of(up);
-      for (int64_t u = std::max(begin, u0); u < std::min(end, u0 + n); ++u) fn(g, up, offset, u - u0);
-      u0 += n;
-      offset += up.a.dim(0);
-    }
-  }
-}
-
-// As for_units, but once per update with its units' range [u0, u1) within [begin, end).
+// Calls fn(group, update, offset of the update's ranks in a row of scratch, u0, u1) once per
+// update with units in [begin, end) of all groups' updates (an update has units_of(update)
+// units), [u0, u1) being those units numbered within the update.
 template <typename Units, typename Fn>
 void for_update_units(const std::vector<SlotRows>& groups, int64_t begin, int64_t end, const Units& units_of,
                       const Fn& fn) {
@@ -283,20 +269,26 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
     split_range(count_units(g, rank_units), ith, nth, &b, &e);
     float* t = reinterpret_cast<float*>(tmp->data());
     std::vector<float> a_f32;  // a block of A's rows converted, for A not in f32
-    for_units(g, b, e, rank_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t block) {
-      const int64_t j0 = block * kShrinkRanks, nj = std::min(kShrinkRanks, up.a.dim(0) - j0);
-      const Elements a = direct_dtype(up.a.dtype)
-                             ? Elements{host_ptr<uint8_t>(up.a) + j0 * int64_t(dtype_bytes(up.a.dtype, K)), up.a.dtype}
-                             : Elements{reinterpret_cast<const uint8_t*>(f32_rows(up.a, j0, nj, a_f32)), DType::F32};
-      auto run = [&](const int64_t* rows, auto r_count) {
-        constexpr int R = decltype(r_count)::value;
-        const float* xs[R];
-        float* outs[R];
-        for (int r = 0; r < R; ++r) xs[r] = host_ptr<float>(x) + rows[r] * K, outs[r] = t + rows[r] * site_rank + offset + j0;
-        shrink_rows<R>(xs, a, K, nj, outs);
-      };
-      by_row_blocks<kShrinkRows>(grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kShrinkRows>()); },
-                                 [&](const int64_t* rows) { run(rows, std::integral_constant<int, 1>()); });
+    for_update_units(g, b, e, rank_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t u0,
+                                              int64_t u1) {
+      for (int64_t block = u0; block < u1; ++block) {
+        const int64_t j0 = block * kShrinkRanks, nj = std::min(kShrinkRanks, up.a.dim(0) - j0);
+        const uint8_t* a_rows = host_ptr<uint8_t>(up.a) + j0 * int64_t(dtype_bytes(up.a.dtype, K));
+        const Elements a = direct_dtype(up.a.dtype)
+                               ? Elements{a_rows, up.a.dtype}
+                               : Elements{reinterpret_cast<const uint8_t*>(f32_rows(up.a, j0, nj, a_f32)), DType::F32};
+        auto run = [&](const int64_t* rows, auto r_count) {
+          constexpr int R = decltype(r_count)::value;
+          const float* xs[R];
+          float* outs[R];
+          for (int r = 0; r < R; ++r)
+            xs[r] = host_ptr<float>(x) + rows[r] * K, outs[r] = t + rows[r] * site_rank + offset + j0;
+          shrink_rows<R>(xs, a, K, nj, outs);
+        };
+        by_row_blocks<kShrinkRows>(
+            grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kShrinkRows>()); },
+            [&](const int64_t* rows) { run(rows, std::integral_constant<int, 1>()); });
+      }
     });
   });
   cs.record("lora_expand", [=](int ith, int nth) {
@@ -307,7 +299,8 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
     const float* row_scale = host_ptr<float>(row_scales);
     std::vector<float> bt;  // kExpandBatch chunks of B, each transposed: [chunk][rank][kExpandCols]
     std::vector<float> b_f32;  // B's rows of those chunks converted, for B not in f32
-    for_update_units(g, b, e, col_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t c0, int64_t c1) {
+    for_update_units(g, b, e, col_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t c0,
+                                             int64_t c1) {
       const int64_t r = up.b.dim(1), N = up.b.dim(0);
       for (int64_t cb = c0; cb < c1; cb += kExpandBatch) {
         const int64_t chunks = std::min(kExpandBatch, c1 - cb), n0 = cb * kExpandCols;
@@ -336,8 +329,9 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
           }
           expand_rows<R>(vs, bt.data(), r, chunks, last, scales, outs);
         };
-        by_row_blocks<kExpandRows>(grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kExpandRows>()); },
-                                   [&](const int64_t* rows) { run(rows, std::integral_constant<int, 1>()); });
+        by_row_blocks<kExpandRows>(
+            grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kExpandRows>()); },
+            [&](const int64_t* rows) { run(rows, std::integral_constant<int, 1>()); });
       }
     });
   });
