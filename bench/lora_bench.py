@@ -31,11 +31,6 @@ from engine_bench import peer_python  # noqa: E402
 RANK = 16
 
 
-def rss_mib():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-
-
 def make_files(data_dir, count):
     """The base GGUF, its HF twin (for PEFT and the converter), `count` f16 PEFT adapters and the
     first one as a llama.cpp GGUF adapter."""
@@ -101,6 +96,7 @@ def concurrent(llm, prompts, n, loras):
 def ferrum_figures(args, base, adapters):
     import ferrum
     from ferrum import LoRARequest
+    from ferrum.bench import _rss_mib as rss_mib
     count = len(adapters)
     llm = ferrum.LLM(base, num_threads=args.threads, enable_lora=True, max_loras=count,
                      max_lora_rank=RANK, max_cpu_loras=count, max_num_seqs=count,
