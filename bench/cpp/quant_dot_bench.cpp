@@ -317,8 +317,10 @@ void bench_read(Format f, int n, bool hot, int threads) {
   std::printf("\n  median share %.0f%%%s\n", 100 * shares[4], sinks[0] == 1 ? " " : "");
 }
 
-// The arithmetic ceiling: independent 512-bit f32 FMAs (GFMA/s, 16 a vector) and int8 VNNI dot
-// products (GMAC/s, 64 a vector), on 1 thread and on 2 at once.
+// The arithmetic ceiling: independent f32 FMAs (GFMA/s) and int8 dot products (GMAC/s), on 1
+// thread and on 2 at once. AVX-512: 512-bit FMAs (16 a vector) and VNNI (64 a vector). AVX2: 256-bit
+// FMAs (8 a vector) and maddubs accumulated by an int16 add (32 a vector, the least an AVX2 int8
+// dot product does per product: its GEMMs' ceiling).
 template <class Step>
 double peak_rate(int threads, double macs_per_step, Step step) {
   constexpr long kSteps = 20000000;
@@ -333,9 +335,11 @@ double peak_rate(int threads, double macs_per_step, Step step) {
   return threads * kSteps * macs_per_step / s / 1e9;
 }
 
+constexpr int kChains = 12;  // independent accumulators: more than latency x throughput
+
 __attribute__((target("avx512f"))) float fma_steps(long steps) {
-  __m512 acc[12];
-  for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_ps(float(j));
+  __m512 acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = _mm512_set1_ps(float(j));
   const __m512 b = _mm512_set1_ps(1.0f), c = _mm512_set1_ps(1e-7f);
   for (long i = 0; i < steps; ++i)
     for (__m512& a : acc) a = _mm512_fmadd_ps(a, b, c);
@@ -345,8 +349,8 @@ __attribute__((target("avx512f"))) float fma_steps(long steps) {
 }
 
 __attribute__((target("avx512f,avx512vnni"))) float vnni_steps(long steps) {
-  __m512i acc[12];
-  for (int j = 0; j < 12; ++j) acc[j] = _mm512_set1_epi32(j);
+  __m512i acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = _mm512_set1_epi32(j);
   const __m512i b = _mm512_set1_epi8(1), c = _mm512_set1_epi8(2);
   for (long i = 0; i < steps; ++i)
     for (__m512i& a : acc) a = _mm512_dpbusd_epi32(a, b, c);
@@ -355,14 +359,40 @@ __attribute__((target("avx512f,avx512vnni"))) float vnni_steps(long steps) {
   return float(s);
 }
 
+__attribute__((target("avx2,fma"))) float fma256_steps(long steps) {
+  __m256 acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = _mm256_set1_ps(float(j));
+  const __m256 b = _mm256_set1_ps(1.0f), c = _mm256_set1_ps(1e-7f);
+  for (long i = 0; i < steps; ++i)
+    for (__m256& a : acc) a = _mm256_fmadd_ps(a, b, c);
+  alignas(32) float lanes[8];
+  __m256 s = acc[0];
+  for (int j = 1; j < kChains; ++j) s = _mm256_add_ps(s, acc[j]);
+  _mm256_store_ps(lanes, s);
+  return lanes[0];
+}
+
+__attribute__((target("avx2"))) float maddubs_steps(long steps) {
+  __m256i acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = _mm256_set1_epi16(short(j));
+  // Each chain's products take its own accumulator's bytes: no two are the same, none is hoisted.
+  const __m256i c = _mm256_set1_epi8(2);
+  for (long i = 0; i < steps; ++i)
+    for (__m256i& a : acc) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(a, c));
+  __m256i s = acc[0];
+  for (int j = 1; j < kChains; ++j) s = _mm256_add_epi16(s, acc[j]);
+  return float(_mm256_extract_epi16(s, 0));
+}
+
 void bench_peak() {
-  if (!cpu_features().avx512f || !cpu_features().avx512_vnni) {
-    std::printf("peak: needs AVX-512 VNNI\n");
-    return;
+  for (int threads : {1, 2}) {
+    std::printf("%d thread%s:", threads, threads > 1 ? "s" : " ");
+    if (cpu_features().avx512f && cpu_features().avx512_vnni)
+      std::printf(" AVX-512 f32 FMA %.1f GFMA/s, int8 VNNI %.1f GMAC/s;", peak_rate(threads, kChains * 16, fma_steps),
+                  peak_rate(threads, kChains * 64, vnni_steps));
+    std::printf(" AVX2 f32 FMA %.1f GFMA/s, int8 maddubs + add %.1f GMAC/s\n", peak_rate(threads, kChains * 8, fma256_steps),
+                peak_rate(threads, kChains * 32, maddubs_steps));
   }
-  for (int threads : {1, 2})
-    std::printf("%d thread%s: f32 FMA %.1f GFMA/s, int8 VNNI %.1f GMAC/s\n", threads, threads > 1 ? "s" : " ",
-                peak_rate(threads, 12 * 16, fma_steps), peak_rate(threads, 12 * 64, vnni_steps));
 }
 
 int main(int argc, char** argv) {
