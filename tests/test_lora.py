@@ -288,6 +288,68 @@ def test_prefix_cache_is_keyed_by_adapter(lora_models):
     assert_close(llm.score(PROMPT, lora_request=b), lora_models["refs"]["llama-rank-pattern"][0])
 
 
+def test_chunked_prefill_and_prompt_logprobs_with_an_adapter(lora_models):
+    """A prompt prefilled 5 tokens a step under an adapter scores and generates as PEFT does, and
+    its prompt logprobs are the adapter's teacher-forced ones."""
+    name = "llama-rank-pattern"
+    logits, greedy, _ = lora_models["refs"][name]
+    req = request(lora_models, name)
+    llm = llm_for(lora_models["bases"]["llama"], max_num_batched_tokens=5, enable_prefix_caching=False)
+    assert_close(llm.score(PROMPT, lora_request=req), logits)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, prompt_logprobs=1)
+    out = llm.generate(prompt_token_ids=[PROMPT], sampling_params=params, lora_request=req)[0]
+    assert out.outputs[0].token_ids == greedy
+    want = llm.token_logprobs(PROMPT, start=1, lora_request=req).logprobs
+    got = [entry[t].logprob for entry, t in zip(out.prompt_logprobs[1:], PROMPT[1:])]
+    # this random model's logprobs reach -170: f32 rounding is relative
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
+    ref = torch.log_softmax(torch.tensor(logits[:-1]), -1)[torch.arange(len(PROMPT) - 1), torch.tensor(PROMPT[1:])]
+    assert_close(np.array(got), ref.numpy())
+
+
+def test_preempted_requests_on_adapters_equal_each_alone(lora_models):
+    """A pool too small for the batch preempts and recomputes requests on adapters: each finishes
+    with the tokens it gets alone."""
+    names = ["llama-r8", None, "llama-r1-qv", "llama-regex"] * 2
+    reqs = [request(lora_models, n) if n else None for n in names]
+    prompts = [PROMPT[i:] + PROMPT[:i] for i in range(len(reqs))]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    llm = llm_for(lora_models["bases"]["llama"], enable_prefix_caching=False, kv_cache_tokens=12 * 16)
+    together = llm.generate(prompt_token_ids=prompts, sampling_params=params, lora_request=reqs)
+    assert llm.stats()["preemptions"] > 0
+    alone = llm_for(lora_models["bases"]["llama"], enable_prefix_caching=False)
+    for p, r, out in zip(prompts, reqs, together):
+        want = alone.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0]
+        assert out.outputs[0].token_ids == want.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculative_decoding_verifies_with_the_adapter(lora_models, method):
+    """Prompt lookup, or the base model as a draft (which runs without the adapter): the target
+    verifies with each request's adapter, so the tokens are those of plain greedy decoding with it."""
+    base = lora_models["bases"]["llama"]
+    spec = ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+            if method == "ngram" else {"model": str(base), "num_speculative_tokens": 3})
+    names = ["llama-r8", None, "llama-rank-pattern"]
+    reqs = [request(lora_models, n) if n else None for n in names]
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    plain = llm_for(base, enable_prefix_caching=False)
+    # Each prompt, its own greedy continuation and the prompt again: prompt lookup finds the repeat.
+    starts = [PROMPT[3 * i:3 * i + 12] for i in range(len(reqs))]
+    prompts = [p + plain.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0].outputs[0].token_ids + p
+               for p, r in zip(starts, reqs)]
+    want = [plain.generate(prompt_token_ids=[p], sampling_params=params, lora_request=r)[0].outputs[0].token_ids
+            for p, r in zip(prompts, reqs)]
+    assert want[0] != want[1] and want[2] != want[1]  # the adapters change the tokens
+    llm = llm_for(base, enable_prefix_caching=False, speculative_config=json.dumps(spec))
+    got = llm.generate(prompt_token_ids=prompts, sampling_params=params, lora_request=reqs)
+    assert [o.outputs[0].token_ids for o in got] == want
+    st = llm.stats()
+    assert st["spec_proposed_tokens"] > 0
+    if method == "draft":  # the draft, without the adapters, proposes some of their tokens wrong
+        assert st["spec_accepted_tokens"] < st["spec_proposed_tokens"]
+
+
 def test_lru_and_remove(lora_models):
     llm = llm_for(lora_models["bases"]["llama"], max_cpu_loras=2)
     r8, r1, rp = (request(lora_models, n) for n in ("llama-r8", "llama-r1-qv", "llama-rank-pattern"))
