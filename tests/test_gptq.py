@@ -257,3 +257,25 @@ def test_tensor_parallelism(checkpoints):
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert "o_proj.weight' orders its inputs (GPTQ act-order), which tensor parallelism" in out["refused"]
     assert out["relative_error"] <= 1e-5
+
+
+def test_sharded_checkpoint_loads_as_one_file(checkpoints, tmp_path):
+    """The same tensors in two shards with an index (a module's qweight in one, its scales and
+    zeros in the other): the same weights and scores, bit for bit."""
+    src = checkpoints["asym4-g64-v2"]
+    dst = tmp_path / "sharded"
+    shutil.copytree(src, dst)
+    st = load_file(dst / "model.safetensors")
+    (dst / "model.safetensors").unlink()
+    shards = ({}, {})
+    for k, v in st.items():
+        shards[int(k.endswith((".scales", ".qzeros")) or "norm" in k)][k] = v
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    for shard, name in zip(shards, names):
+        save_file(shard, dst / name, metadata={"format": "pt"})
+    weight_map = {k: name for shard, name in zip(shards, names) for k in shard}
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    one, two = ferrum._core.ModelFile(str(src)), ferrum._core.ModelFile(str(dst))
+    assert np.array_equal(two.dequantized(L0 + ".weight"), one.dequantized(L0 + ".weight"))
+    score = lambda p: ferrum.LLM(str(p), kv_dtype="f32", num_threads=2).score(PROMPT)
+    assert np.array_equal(score(dst), score(src))
