@@ -21,6 +21,12 @@ namespace ferrum::quant::detail {
 
 FERRUM_AVX2_INLINE static float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
+// A running integer sum, kept in its register at this step. GCC otherwise reorders a chain of
+// integer vector adds across a fully unrolled loop, deferring them until every product is
+// computed: the products stay live, spill to the stack, and the loads and stores then bound
+// the kernel rather than its multiplies. Integer sums are exact in any order: no result changes.
+FERRUM_AVX2_INLINE static void keep_in_register(__m256i& sum) { asm("" : "+x"(sum)); }
+
 // The sum of 8 float lanes, in the one order the AVX2 float and k-quant kernels share.
 FERRUM_AVX2_INLINE static float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -52,9 +52,11 @@ struct Q4 : NibbleTraits<B, kZero, kMin> {
       }
       for (int j = 0; j < N; ++j) {
         const __m256i a_lo = broadcast_dword(a[j] + 4 * k), a_hi = broadcast_dword(a[j] + 16 + 4 * k);
-        for (int v = 0; v < V; ++v)
+        for (int v = 0; v < V; ++v) {
           acc[j][v] = _mm256_add_epi16(acc[j][v], _mm256_add_epi16(_mm256_maddubs_epi16(lo[v], a_lo),
                                                                     _mm256_maddubs_epi16(hi[v], a_hi)));
+          keep_in_register(acc[j][v]);
+        }
       }
     }
     const __m256i ones16 = _mm256_set1_epi16(1);
@@ -94,9 +96,11 @@ struct Q5 : NibbleTraits<B, kZero, kMin> {
       }
       for (int j = 0; j < N; ++j) {
         const __m256i a_lo = broadcast_dword(a[j] + 4 * k), a_hi = broadcast_dword(a[j] + 16 + 4 * k);
-        for (int v = 0; v < V; ++v)
+        for (int v = 0; v < V; ++v) {
           acc[j][v] = _mm256_add_epi16(acc[j][v], _mm256_add_epi16(_mm256_maddubs_epi16(lo[v], a_lo),
                                                                     _mm256_maddubs_epi16(hi[v], a_hi)));
+          keep_in_register(acc[j][v]);
+        }
       }
       if (k % 2 == 1) {
         for (int j = 0; j < N; ++j)
@@ -115,9 +119,11 @@ FERRUM_AVX2_INLINE void add_signed(const __m256i (&w)[V], const __m256i (&a)[N],
   const __m256i ones16 = _mm256_set1_epi16(1);
   for (int v = 0; v < V; ++v) {
     const __m256i magnitude = _mm256_sign_epi8(w[v], w[v]);
-    for (int j = 0; j < N; ++j)
+    for (int j = 0; j < N; ++j) {
       isum[j][v] = _mm256_add_epi32(
           isum[j][v], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(a[j], w[v])), ones16));
+      keep_in_register(isum[j][v]);
+    }
   }
 }
 

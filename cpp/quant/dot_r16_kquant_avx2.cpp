@@ -35,6 +35,7 @@ FERRUM_AVX2_INLINE void add_scaled(__m256i (&sum)[N][V], __m256i (&acc16)[N][V],
   for (int j = 0; j < N; ++j)
     for (int v = 0; v < V; ++v) {
       sum[j][v] = _mm256_add_epi32(sum[j][v], _mm256_madd_epi16(acc16[j][v], scale[v]));
+      keep_in_register(sum[j][v]);
       acc16[j][v] = _mm256_setzero_si256();
     }
 }
@@ -44,7 +45,10 @@ template <int N, int V>
 FERRUM_AVX2_INLINE void add_dword(__m256i (&acc16)[N][V], const __m256i (&w)[V], const int8_t* const a[N]) {
   for (int j = 0; j < N; ++j) {
     const __m256i act = broadcast_dword(a[j]);
-    for (int v = 0; v < V; ++v) acc16[j][v] = _mm256_add_epi16(acc16[j][v], _mm256_maddubs_epi16(w[v], act));
+    for (int v = 0; v < V; ++v) {
+      acc16[j][v] = _mm256_add_epi16(acc16[j][v], _mm256_maddubs_epi16(w[v], act));
+      keep_in_register(acc16[j][v]);
+    }
   }
 }
 
@@ -132,15 +136,10 @@ struct Sixteen {
     __m256i acc16[N][V];
     for (int j = 0; j < N; ++j)
       for (int v = 0; v < V; ++v) isum[j][v] = acc16[j][v] = _mm256_setzero_si256();
-    // The zero points' terms take the scales again: unpacked once (Q2_K's, cheap, where used).
-    __m256i scales[F::kHasMin ? 1 : 16][V];
-    if constexpr (!F::kHasMin)
-      for (int s = 0; s < 16; ++s)
-        for (int v = 0; v < V; ++v) scales[s][v] = F::scale16(q, s, v);
 #pragma GCC unroll 16
     for (int s = 0; s < 16; ++s) {
       __m256i scale[V];
-      for (int v = 0; v < V; ++v) scale[v] = F::kHasMin ? F::scale16(q, s, v) : scales[s][v];
+      for (int v = 0; v < V; ++v) scale[v] = F::scale16(q, s, v);
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
         const int g = 32 * (s / 8) + 8 * (s % 8 / 2) + 4 * (s % 2) + i;
@@ -159,8 +158,8 @@ struct Sixteen {
         __m256i pair;
         if constexpr (F::kHasMin)
           pair = F::min_pair(q, k, v);
-        else
-          pair = _mm256_blend_epi16(scales[2 * k][v], scales[2 * k + 1][v], 0xaa);
+        else  // the zero points' terms take the scales again: unpacked again, not held in 16 registers
+          pair = _mm256_blend_epi16(F::scale16(q, 2 * k, v), F::scale16(q, 2 * k + 1, v), 0xaa);
         for (int j = 0; j < N; ++j) {
           const __m256i term = _mm256_madd_epi16(pair, _mm256_set1_epi32(terms[j][k]));
           if constexpr (F::kHasMin)
@@ -275,8 +274,10 @@ struct XS {
         }
         for (int j = 0; j < N; ++j) {
           const __m256i act = broadcast_dword(a[j] + 32 * s + 4 * i);
-          for (int v = 0; v < V; ++v)
+          for (int v = 0; v < V; ++v) {
             isum[j][v] = _mm256_add_epi32(isum[j][v], _mm256_madd_epi16(signed_pairs(w[v], act), scale[v]));
+            keep_in_register(isum[j][v]);
+          }
         }
       }
     }
