@@ -35,7 +35,7 @@ namespace {
 // output, with this rank's rows of each: its fused output is its rows of each part in turn.
 struct FusedPart {
   int64_t begin = 0, count = 0;
-  SplitRange share;
+  IndexRange share;
 };
 
 std::vector<FusedPart> fused_parts(const ModelConfig& c, const TensorSplit& split, LoraSite site) {
@@ -85,7 +85,7 @@ bool keep_share(const ModelConfig& c, const TensorSplit& split, LoraPart& p) {
   if (split.whole()) return true;
   const LoraSite kind = LoraSite(p.site % kLoraSitesPerLayer);
   if (!column_parallel(p.site)) {  // o, down: the rank's input columns of A
-    const SplitRange in = kind == LoraSite::O ? split.q_rows(c) : split.inter_rows();
+    const IndexRange in = kind == LoraSite::O ? split.q_rows(c) : split.inter_rows();
     keep_columns(&p.a_dtype, &p.a, p.rank, lora_site_shape(c, p.site).in, in.begin, in.count);
     return true;
   }

@@ -249,7 +249,7 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
   const bool qk_norm = L.find(kQNorm, 0) != nullptr;
   const bool qkv_bias = L.find(kQBias, 0) != nullptr;
   // This rank's rows of q, and of k and v (their heads' rows, biases alike).
-  const SplitRange qs = split.q_rows(c), kvs = split.kv_rows(c), inters = split.inter_rows();
+  const IndexRange qs = split.q_rows(c), kvs = split.kv_rows(c), inters = split.inter_rows();
   const auto q_rows = [&](const TensorInfo& t) { return rows_of(t, qs.begin, qs.count); };
   const auto kv_rows = [&](const TensorInfo& t) { return rows_of(t, kvs.begin, kvs.count); };
   for (int64_t i = stage.layer0; i < stage.layer0 + stage.layers; ++i) {
