@@ -4,7 +4,8 @@ tp_ranks.py's.
 
     python pp_ranks.py compare SPEC.json OUT.npz   refused partitions, every model's results
                                                    (tp_ranks.model_results) with its ranks' stages
-                                                   and memory, and the engine invariants
+                                                   and memory, the engine invariants, and LoRA
+                                                   adapters (tp_ranks.lora_results)
 SPEC: {"tp": T, "pp": P, "models": [{"name", "path", "tokenizer", "partition"}], ...} (see the test).
 """
 import json
@@ -44,6 +45,7 @@ def compare(spec, out_path):
         inv = tp_ranks.engine_invariants(spec["invariants_model"], tp, spec["invariant_prompts"],
                                          spec["shared_prompts"], pp)
         results.update({f"invariants/{k}": v for k, v in inv.items()})
+    results.update({f"lora/{k}": v for k, v in tp_ranks.lora_results(spec["lora_model"], tp, pp, prompts).items()})
     np.savez(out_path, **results)
 
 

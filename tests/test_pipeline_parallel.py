@@ -20,8 +20,9 @@ import ferrum
 import tp_ranks
 from conftest import STORIES, STORIES_FORMATS
 from ferrum.tools.make_model import make_model
-from test_tensor_parallel import (ENV, HERE, INVARIANT_PROMPTS, MPI, PROMPTS, SHARED_PROMPTS, finish, gone_within,
-                                  relative_error, start_generating, wait_for_line)
+from test_tensor_parallel import (ENV, HERE, INVARIANT_PROMPTS, MPI, PROMPTS, SHARED_PROMPTS,
+                                  assert_lora_equal_to_one_process, finish, gone_within, relative_error,
+                                  start_generating, wait_for_line, with_adapters)
 
 STORIES_TOK = os.path.join(STORIES, "tok512.bin")
 
@@ -66,6 +67,12 @@ def memory_model(tmp_path_factory):
     return {"name": "memory", "path": str(path), "tokenizer": STORIES_TOK, "memory_only": True}
 
 
+@pytest.fixture(scope="module")
+def lora_model(models, tmp_path_factory):
+    """The 4-layer Llama with two adapters (the second of layers 0 and 3: one on each stage)."""
+    return with_adapters(models["llama-hf"], tmp_path_factory.mktemp("lora"))
+
+
 REFUSED = ["2,2", "1,1,3", "5,0", "6,-1"]  # stories260K has 5 layers, 2 stages
 
 
@@ -79,23 +86,24 @@ def run_job(ranks, spec, d, timeout):
 
 
 @pytest.fixture(scope="module")
-def two_stages(models, memory_model, tmp_path_factory):
-    """One mpirun job of 2 ranks, 2 stages: refused partitions, every model, the invariants."""
+def two_stages(models, memory_model, lora_model, tmp_path_factory):
+    """One mpirun job of 2 ranks, 2 stages: refused partitions, every model, the invariants, LoRA
+    adapters."""
     spec = {"tp": 1, "pp": 2, "prompts": PROMPTS, "refused": [[STORIES_MODEL, p] for p in REFUSED],
             "models": list(models.values()) + list(EXTRA_MODELS.values()) + [memory_model],
             "invariants_model": STORIES_MODEL, "invariant_prompts": INVARIANT_PROMPTS,
-            "shared_prompts": SHARED_PROMPTS}
+            "shared_prompts": SHARED_PROMPTS, "lora_model": lora_model}
     return run_job(2, spec, tmp_path_factory.mktemp("pp2"), timeout=600)
 
 
 @pytest.fixture(scope="module")
-def two_by_two(models, tmp_path_factory):
+def two_by_two(models, lora_model, tmp_path_factory):
     """4 ranks: 2 stages of 2 tensor-parallel ranks."""
     spec = {"tp": 2, "pp": 2, "prompts": PROMPTS, "refused": [],
             "models": [models[n] for n in ("llama-hf", "qwen2-hf", "qwen3-hf", "mistral-gguf-f16-window", "qwen3_moe-hf")]
             + [STORIES_MODEL],
             "invariants_model": STORIES_MODEL, "invariant_prompts": INVARIANT_PROMPTS[:4],
-            "shared_prompts": SHARED_PROMPTS}
+            "shared_prompts": SHARED_PROMPTS, "lora_model": lora_model}
     return run_job(4, spec, tmp_path_factory.mktemp("pp2tp2"), timeout=600)
 
 
@@ -150,6 +158,12 @@ def test_two_stages_of_two_tensor_parallel_ranks_equal_one_process(name, models,
     assert two_by_two[f"{name}/all_reduces"] > 0
     stages = two_by_two[f"{name}/memory"][:, 0]
     assert stages.tolist() == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("got", ["two_stages", "two_by_two"])
+def test_lora_adapters_under_pipeline_parallelism(got, lora_model, request):
+    tp = 1 if got == "two_stages" else 2
+    assert_lora_equal_to_one_process(request.getfixturevalue(got), lora_model, tp, 2)
 
 
 def layer_cost(cfg, layer):

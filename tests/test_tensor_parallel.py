@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import pytest
 import ferrum
 import tp_ranks
 from conftest import MODELS as SHARED_MODELS, STORIES, STORIES_FORMATS
+from ferrum.tools.make_lora import make_lora
 from ferrum.tools.make_model import make_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -77,6 +79,21 @@ def refused_model(tmp_path_factory):
     return {"name": "refused", "path": path, "tokenizer": TOK}
 
 
+def with_adapters(model, d):
+    """`model` (HF) with two adapters PEFT makes for it: every projection at rank 8, in f32; q, v
+    and down at ranks 4, 4 and 2 of its first and last layers, in bf16."""
+    layers = json.loads((Path(model["path"]) / "config.json").read_text())["num_hidden_layers"]
+    a = make_lora(model["path"], d / "a", r=8, lora_alpha=16, seed=1)
+    b = make_lora(model["path"], d / "b", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                  rank_pattern={"down_proj": 2}, layers_to_transform=[0, layers - 1], seed=2, dtype="bfloat16")
+    return dict(model, loras=[str(a), str(b)])
+
+
+@pytest.fixture(scope="module")
+def lora_model(models, tmp_path_factory):
+    return with_adapters(models["llama-hf"], tmp_path_factory.mktemp("lora"))
+
+
 STORIES_MODEL = {"name": "stories260K", "path": STORIES_FORMATS["gguf"]}
 STORIES_OPENCL = dict(STORIES_MODEL, name="stories260K-opencl", device="opencl")  # a sum through host memory
 EXTRA_MODELS = {m["name"]: m for m in (STORIES_MODEL, STORIES_OPENCL)}
@@ -90,13 +107,13 @@ def run_ranks(args, timeout, spawn=False):
 
 
 @pytest.fixture(scope="module")
-def compared(models, refused_model, tmp_path_factory):
-    """One mpirun job: every model's results under 2 ranks, then the engine invariants."""
+def compared(models, refused_model, lora_model, tmp_path_factory):
+    """One mpirun job: every model's results under 2 ranks, the engine invariants, LoRA adapters."""
     d = tmp_path_factory.mktemp("compare")
     spec = {"ranks": RANKS, "prompts": PROMPTS, "models": list(models.values()) + list(EXTRA_MODELS.values()),
             "refused": [refused_model],
             "invariants_model": STORIES_MODEL, "invariant_prompts": INVARIANT_PROMPTS,
-            "shared_prompts": SHARED_PROMPTS}
+            "shared_prompts": SHARED_PROMPTS, "lora_model": lora_model}
     (d / "spec.json").write_text(json.dumps(spec))
     run_ranks(["compare", str(d / "spec.json"), str(d / "out.npz")], timeout=600)
     return dict(np.load(d / "out.npz"))
@@ -150,6 +167,43 @@ def test_engine_invariants_hold_under_tensor_parallelism(compared):
     assert miss == tp_ranks.greedy(single, SHARED_PROMPTS)
     assert inv["prefix_first"].tolist() == miss and inv["prefix_hit"].tolist() == miss  # hit == miss
     assert inv["prefix_hit_tokens"] > 0 and inv["blocks_used_after"] == 0
+
+
+def assert_lora_equal_to_one_process(got, model, tp, pp):
+    """tp_ranks.lora_results under `pp` stages of `tp` ranks against one process: scored logits
+    within 1e-5, greedy tokens identical, under each adapter, the base and other request scales; a
+    batch of two adapters and the base gives each prompt what it gets alone, bit for bit; every rank
+    holds its share of each adapter, and frees it once rank 0 removes the adapter."""
+    want = tp_ranks.lora_results(model, 1, 1, PROMPTS)
+    got = {k.split("/", 1)[1]: v for k, v in got.items() if k.startswith("lora/")}
+    for key, w in want.items():
+        if key.startswith("held"):
+            continue
+        assert got[key].shape == w.shape, key
+        if "greedy" in key:
+            assert got[key].tolist() == w.tolist(), key
+        else:
+            assert relative_error(got[key], w) <= 1e-5, key
+    last = len(PROMPTS) - 1
+    for name, other in (("a", "base"), ("b", "base"), ("a_half", "a"), ("a_negative", "base")):
+        assert relative_error(want[f"score_{name}{last}"], want[f"score_{other}{last}"]) > 1e-3, name  # they matter
+    for i in range(len(PROMPTS)):
+        alone = tp_ranks.LORA_MIXED[i % len(tp_ranks.LORA_MIXED)]
+        assert np.array_equal(got[f"mixed_score{i}"], got[f"score_{alone}{i}"]), i
+        assert got["mixed_greedy"][i].tolist() == got[f"greedy_{alone}"][i].tolist(), i
+    whole = want["held"][0, 1]  # both adapters' bytes in one process
+    held = got["held"]
+    assert want["held"][0, 0] == 2 and held.shape == (tp * pp, 2) and (held[:, 0] == 2).all()
+    assert (held[:, 1] > 0).all() and (held[:, 1] < whole).all()
+    if tp == 1:  # each layer's updates on one stage
+        assert held[:, 1].sum() == whole
+    assert want["held_removed"].tolist() == [[0, 0]] and (got["held_removed"] == 0).all()
+    assert (got["held_again"][:, 0] == 1).all()  # loaded again on every rank
+    assert np.array_equal(got["score_a_again"], got["score_a0"])
+
+
+def test_lora_adapters_under_tensor_parallelism(lora_model, compared):
+    assert_lora_equal_to_one_process(compared, lora_model, RANKS, 1)
 
 
 def test_cli_generate_under_mpirun_equals_one_process():

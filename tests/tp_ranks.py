@@ -1,14 +1,16 @@
 """What tests/test_tensor_parallel.py runs in tensor-parallel processes (under mpirun, or spawning
 its ranks), and the single-process references it compares them with.
 
-    python tp_ranks.py compare SPEC.json OUT.npz   every model's results (model_results) and the
-                                                   engine invariants on stories260K
+    python tp_ranks.py compare SPEC.json OUT.npz   every model's results (model_results), the
+                                                   engine invariants on stories260K, and LoRA
+                                                   adapters (lora_results)
     python tp_ranks.py spawn SPEC.json OUT.json    a refused split, then greedy tokens and each
                                                    rank's memory, ranks spawned by LLM()
     python tp_ranks.py generate SPEC.json          generates until a rank is killed: prints the
                                                    ranks' pids, then how the failure ended it
 SPEC: {"ranks": N, "models": [{"name", "path", "tokenizer"}], ...} (see the test).
 """
+import dataclasses
 import glob
 import json
 import sys
@@ -70,8 +72,45 @@ def embeds_results(model, ranks, pp, prompts):
     return out
 
 
-def greedy(llm, prompts):
-    return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY)]
+def greedy(llm, prompts, lora_request=None):
+    return [o.outputs[0].token_ids for o in llm.generate(prompt_token_ids=prompts, sampling_params=GREEDY,
+                                                         lora_request=lora_request)]
+
+
+# The requests of lora_results: two adapters, the base, and the first at other request scales.
+LORA_REQUESTS = ("a", "b", "base", "a_half", "a_negative")
+LORA_MIXED = ("a", "base", "b")  # the adapters of a batch's prompts, in turn
+
+
+def lora_results(model, ranks, pp, prompts):
+    """LoRA adapters (model["loras"]: two PEFT directories) under `pp` stages of `ranks` ranks, and
+    in one process alike: every position's logits of each prompt scored and greedy tokens under
+    each of LORA_REQUESTS; the prompts scored and generated in one batch of LORA_MIXED; each rank's
+    adapters held ([count, bytes]), after both are removed, and after the first is used again."""
+    llm = make_llm(model, ranks, pp, enable_lora=True, max_loras=2, max_lora_rank=8, enable_prefix_caching=False)
+    a, b = (ferrum.LoRARequest(f"adapter{i}", i + 1, path) for i, path in enumerate(model["loras"]))
+    reqs = dict(zip(LORA_REQUESTS, (a, b, None, dataclasses.replace(a, scale=0.5),
+                                    dataclasses.replace(a, scale=-1.0))))
+    out = {}
+    for name, req in reqs.items():
+        for i, p in enumerate(prompts):
+            out[f"score_{name}{i}"] = llm.score(p, lora_request=req)
+        out[f"greedy_{name}"] = np.array(greedy(llm, prompts, req))
+    mixed = [reqs[LORA_MIXED[i % len(LORA_MIXED)]] for i in range(len(prompts))]
+    for i, s in enumerate(llm.score(prompts, lora_request=mixed)):
+        out[f"mixed_score{i}"] = s
+    out["mixed_greedy"] = np.array(greedy(llm, prompts, mixed))
+    out["held"] = held_loras(llm)
+    for r in (a, b):
+        assert llm.remove_lora(r.lora_int_id)
+    out["held_removed"] = held_loras(llm)
+    out["score_a_again"] = llm.score(prompts[0], lora_request=a)
+    out["held_again"] = held_loras(llm)
+    return out
+
+
+def held_loras(llm):
+    return np.array([[m["loras"], m["lora_bytes"]] for m in llm.runner.rank_memory()])
 
 
 def engine_invariants(model, ranks, prompts, shared, pp=1):
@@ -124,6 +163,7 @@ def compare(spec, out_path):
         del llm
     inv = engine_invariants(spec["invariants_model"], ranks, spec["invariant_prompts"], spec["shared_prompts"])
     results.update({f"invariants/{k}": v for k, v in inv.items()})
+    results.update({f"lora/{k}": v for k, v in lora_results(spec["lora_model"], ranks, 1, prompts).items()})
     np.savez(out_path, **results)
 
 

@@ -234,12 +234,15 @@ void bind_model(py::module_& m) {
           d["stage"] = m.stage;
           d["layer0"] = m.layer0;
           d["layers"] = m.layers;
+          d["loras"] = m.loras;
+          d["lora_bytes"] = m.lora_bytes;
           out.append(d);
         }
         return out;
       }, "Each tensor-parallel rank's memory (one entry without a group): weight and KV buffers' bytes, "
          "the process's resident and peak resident bytes and what loading the weights added, its pid, and "
-         "its pipeline stage and layers (stage, layer0, layers).");
+         "its pipeline stage and layers (stage, layer0, layers), and the LoRA adapters it holds (loras: "
+         "their shares on this rank; lora_bytes).");
 }
 
 }  // namespace ferrum::bindings

@@ -54,6 +54,12 @@ void follow_orders(const std::shared_ptr<Communicator>& group) {
       case OrderKind::Memory:
         model(order).report_memory();
         break;
+      case OrderKind::AddLora:
+        model(order).add_lora(order.payload);
+        break;
+      case OrderKind::DropLora:
+        model(order).drop_lora(order.payload);
+        break;
       case OrderKind::Close:
         models.erase(order.model);
         break;

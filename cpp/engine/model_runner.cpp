@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include <unistd.h>
@@ -22,6 +23,16 @@ int64_t token_bucket(int64_t t) { return t <= 32 ? t : (t + 31) / 32 * 32; }
 }  // namespace
 
 ModelRunner::ModelRunner(const std::string& path, const RunnerOptions& opt) : ModelRunner(open_model_file(path), opt) {}
+
+// Adapters are freed on whichever thread drops the last reference to one (a request ending, the
+// Python cache evicting it), and made on any: they count themselves here and queue their orders,
+// which the thread that drives the runner sends before the next step.
+struct ModelRunner::LoraRegistry {
+  std::mutex mutex;
+  int64_t numbered = 0;             // numbers given
+  int64_t live = 0, live_bytes = 0;  // adapters alive
+  std::vector<std::pair<OrderKind, std::vector<char>>> orders;  // AddLora / DropLora, in order
+};
 
 namespace {
 
@@ -99,12 +110,11 @@ ModelRunner::ModelRunner(ModelFile file, const RunnerOptions& opt) : group_(opt.
                        std::to_string(cfg_.max_positions) + " positions");
     be_ = make_backend(opt.device, threads_of(opt));
     if (opt.max_loras < 0 || opt.max_lora_rank < 1) throw ValueError("max_loras must be >= 0 and max_lora_rank >= 1");
-    if (opt.max_loras > 0 && group_)
-      throw ValueError("LoRA adapters (enable_lora) do not run with tensor parallelism yet");
     if (opt.max_loras > 0 && !be_->supports(Op::Lora))
       throw ValueError("the " + be_->name() + " backend does not run LoRA adapters (enable_lora): use device='cpu'");
     max_loras_ = opt.max_loras;
     max_lora_rank_ = opt.max_lora_rank;
+    if (max_loras_ > 0) loras_ = std::make_shared<LoraRegistry>();
     const int64_t rss = proc_status_bytes("VmRSS:");
     w = load_weights(*be_, file.weights, cfg_, split_, stage_, opt.load_progress);
     file.weights = WeightSource{};  // the file stays mapped only where weights are used as stored
@@ -191,8 +201,12 @@ void ModelRunner::begin(const std::vector<ForwardItem>& items) {
   plan(items);
   const StepPlan& p = plan_;
   InFlight f;
-  if (group_) f.order = std::make_unique<SentOrder>(*group_, OrderKind::Step, model_number_, encode_step(p));
+  if (group_) {
+    send_lora_orders(f.lora_orders);
+    f.order = std::make_unique<SentOrder>(*group_, OrderKind::Step, model_number_, encode_step(p));
+  }
   compute(p, f.out);
+  plan_.loras.clear();  // a removed adapter goes once its requests end, not with the next step
   if (!stage_.whole()) {  // rank 0 is the first stage: the last stage's first rank sends the rows
     const int last = (stage_.stages - 1) * tp_size_;
     f.out.logits.resize(size_t(p.logit_rows * cfg_.vocab));
@@ -208,6 +222,7 @@ ForwardOutput ModelRunner::end() {
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
   for (auto& r : f.rows) r->wait();
+  for (auto& o : f.lora_orders) o->wait();
   if (f.order) f.order->wait();
   return std::move(f.out);
 }
@@ -294,11 +309,20 @@ void ModelRunner::plan(const std::vector<ForwardItem>& items) {
       }
     }
   }
+  p.lora_numbers.clear();
+  for (const auto& lora : p.loras) p.lora_numbers.push_back(lora->number);
 }
 
-void ModelRunner::run(const StepPlan& p) {
+void ModelRunner::run(StepPlan& p) {
+  p.loras.clear();
+  for (int64_t number : p.lora_numbers) {
+    const auto it = rank_loras_.find(number);
+    if (it == rank_loras_.end()) throw std::logic_error("a step names a LoRA adapter this rank does not hold");
+    p.loras.push_back(it->second);
+  }
   ForwardOutput out;
   compute(p, out);
+  p.loras.clear();
   if (!stage_.whole()) rows_to_rank0(p, out);
 }
 
@@ -384,8 +408,59 @@ void ModelRunner::gather_logits(const Tensor& logits, int64_t rows, std::vector<
 
 std::shared_ptr<const LoraAdapter> ModelRunner::make_lora(std::vector<LoraPart> parts, uint64_t cache_key) {
   if (max_loras_ == 0) throw ValueError("LoRA adapters need a model loaded with enable_lora");
-  return make_lora_adapter(*be_, cfg_, max_lora_rank_, std::move(parts), cache_key);
+  const std::shared_ptr<LoraRegistry> reg = loras_;
+  int64_t number;
+  {
+    std::lock_guard<std::mutex> lock(reg->mutex);
+    number = ++reg->numbered;
+  }
+  std::vector<char> order;  // the whole updates: each rank takes its share
+  if (group_) order = encode_lora(number, cache_key, parts);
+  std::shared_ptr<LoraAdapter> made =
+      make_lora_adapter(*be_, cfg_, max_lora_rank_, std::move(parts), cache_key, split_, stage_);
+  made->number = number;
+  const bool told = bool(group_);
+  {
+    std::lock_guard<std::mutex> lock(reg->mutex);
+    reg->live++;
+    reg->live_bytes += made->bytes;
+    if (told) reg->orders.emplace_back(OrderKind::AddLora, std::move(order));
+  }
+  // The caller's handle: freeing it frees the adapter, and tells the other ranks to free theirs.
+  return std::shared_ptr<const LoraAdapter>(made.get(), [made, reg, told](const LoraAdapter*) mutable {
+    {
+      std::lock_guard<std::mutex> lock(reg->mutex);
+      reg->live--;
+      reg->live_bytes -= made->bytes;
+      if (told) reg->orders.emplace_back(OrderKind::DropLora, encode_drop_lora(made->number));
+    }
+    made.reset();
+  });
 }
+
+void ModelRunner::send_lora_orders(std::vector<std::unique_ptr<SentOrder>>& sent) {
+  if (!loras_) return;
+  std::vector<std::pair<OrderKind, std::vector<char>>> orders;
+  {
+    std::lock_guard<std::mutex> lock(loras_->mutex);
+    orders.swap(loras_->orders);
+  }
+  for (auto& [kind, payload] : orders)
+    sent.push_back(std::make_unique<SentOrder>(*group_, kind, model_number_, std::move(payload)));
+}
+
+void ModelRunner::add_lora(const std::vector<char>& order) {
+  int64_t number = 0;
+  uint64_t cache_key = 0;
+  std::vector<LoraPart> parts;
+  decode_lora(order, &number, &cache_key, &parts);
+  std::shared_ptr<LoraAdapter> made =
+      make_lora_adapter(*be_, cfg_, max_lora_rank_, std::move(parts), cache_key, split_, stage_);
+  made->number = number;
+  rank_loras_[number] = std::move(made);
+}
+
+void ModelRunner::drop_lora(const std::vector<char>& order) { rank_loras_.erase(decode_drop_lora(order)); }
 
 RankMemory ModelRunner::memory() const {
   RankMemory m;
@@ -400,11 +475,23 @@ RankMemory ModelRunner::memory() const {
   m.stage = stage_.stage;
   m.layer0 = stage_.layer0;
   m.layers = stage_.layers;
+  if (loras_ && (!group_ || leads())) {  // the others' are in rank_loras_
+    std::lock_guard<std::mutex> lock(loras_->mutex);
+    m.loras = loras_->live;
+    m.lora_bytes = loras_->live_bytes;
+  }
+  for (const auto& held : rank_loras_) {
+    m.loras++;
+    m.lora_bytes += held.second->bytes;
+  }
   return m;
 }
 
 std::vector<RankMemory> ModelRunner::rank_memory() {
   if (!group_) return {memory()};
+  std::vector<std::unique_ptr<SentOrder>> lora_orders;  // the adapters freed since the last step go first
+  send_lora_orders(lora_orders);
+  for (auto& o : lora_orders) o->wait();
   send_order(*group_, OrderKind::Memory, model_number_);
   const RankMemory mine = memory();
   std::vector<RankMemory> all(size_t(group_->size()));

@@ -7,10 +7,12 @@
 // weights and of the KV heads (model/tensor_split.h). Rank 0's runner is the one the scheduler
 // drives: it tells the other ranks' runners what to load and then each forward's plan (the host
 // arrays and the graph key), which they all run through the same recorded steps
-// (engine/follower.h, engine/rank_orders.h); the logits come together on rank 0.
+// (engine/follower.h, engine/rank_orders.h); the logits come together on rank 0. LoRA adapters
+// made on rank 0 reach the others in orders too, each rank keeping its share of them.
 #pragma once
 #include <deque>
 #include <list>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,8 +42,9 @@ struct RunnerOptions {
   // one machine, num_threads 0 gives each rank its share of the cores; the KV cache sizes are
   // each rank's (the ranks agree on the smallest pool).
   std::shared_ptr<Communicator> group;
-  // LoRA: up to max_loras different adapters per step (0: none), each of rank <= max_lora_rank.
-  // One process only (no group), on a backend that supports(Op::Lora).
+  // LoRA: up to max_loras different adapters per step (0: none), each of rank <= max_lora_rank,
+  // on a backend that supports(Op::Lora). In a group each rank holds its share of each adapter
+  // (model/lora.h's make_lora_adapter).
   int64_t max_loras = 0;
   int64_t max_lora_rank = 16;
   // Pipeline parallelism: the group's ranks form this many stages of group size / stages
@@ -105,8 +108,10 @@ struct StepPlan {
   std::vector<int32_t> ids, token_seq, token_pos, slots;  // [tokens]
   std::vector<int32_t> block_tables;                      // [seqs, max_blocks]
   std::vector<int32_t> row_index;                         // [rows]: the token row of each output row
-  // With LoRA: the step's adapters (one per slot used) and each token row's slot (-1: none).
+  // With LoRA: the step's adapters (one per slot used) and each token row's slot (-1: none). The
+  // other ranks of a group know the adapters by rank 0's numbers for them (LoraAdapter::number).
   std::vector<std::shared_ptr<const LoraAdapter>> loras;
+  std::vector<int64_t> lora_numbers;                      // [loras]
   std::vector<int32_t> lora_rows;                         // [tokens]
   std::vector<float> lora_scales;                         // [tokens]: each row's request scale
 };
@@ -123,12 +128,13 @@ struct RunnerStats {
 };
 
 // One rank's memory: its weights' and KV pool's buffers, its process's resident set (now, at its
-// peak, and what loading the weights added to it), the process, and the pipeline stage and
-// layers [layer0, layer0 + layers) it holds.
+// peak, and what loading the weights added to it), the process, the pipeline stage and layers
+// [layer0, layer0 + layers) it holds, and the LoRA adapters it holds (its shares) and their bytes.
 struct RankMemory {
   int64_t weight_bytes = 0, kv_bytes = 0, rss_bytes = 0, peak_rss_bytes = 0, load_rss_bytes = 0;
   int64_t pid = 0;
   int64_t stage = 0, layer0 = 0, layers = 0;
+  int64_t loras = 0, lora_bytes = 0;
 };
 
 class ModelRunner {
@@ -148,8 +154,12 @@ class ModelRunner {
   int64_t max_loras() const { return max_loras_; }
   int64_t max_lora_rank() const { return max_lora_rank_; }
   // An adapter from its updates (model/lora.h: checked against this model, then uploaded);
-  // ValueError when LoRA is off.
+  // ValueError when LoRA is off. In a group, the other ranks are sent its updates before the next
+  // step (or memory report), and told once it is freed; any thread may make and free adapters.
   std::shared_ptr<const LoraAdapter> make_lora(std::vector<LoraPart> parts, uint64_t cache_key);
+  // The other ranks of a group: rank 0's AddLora and DropLora orders (engine/rank_orders.h).
+  void add_lora(const std::vector<char>& order);
+  void drop_lora(const std::vector<char>& order);
 
   BlockManager& blocks() { return *blocks_; }
   const BlockManager& blocks() const { return *blocks_; }
@@ -167,8 +177,8 @@ class ModelRunner {
   // Forwards worth keeping in flight: one per pipeline stage.
   int64_t pipeline_depth() const { return stage_.stages; }
   // Runs a planned forward as the other ranks of a group do with rank 0's plan (the last stage
-  // sends its rows to rank 0).
-  void run(const StepPlan& plan);
+  // sends its rows to rank 0); its adapters are looked up by their numbers (plan.loras).
+  void run(StepPlan& plan);
 
   // Each rank's memory, gathered on rank 0 (one entry without a group). Rank 0 calls it; the
   // others answer in the follower's loop (report_memory).
@@ -203,8 +213,11 @@ class ModelRunner {
   void compute(const StepPlan& plan, ForwardOutput& out);
   // Pipeline parallelism: the last stage's first rank sends its rows to rank 0.
   void rows_to_rank0(const StepPlan& plan, const ForwardOutput& out);
-  // A begun forward: its order to the other ranks and its rows, on their way.
+  // Rank 0 in a group: the AddLora and DropLora orders queued since the last were sent, sent now.
+  void send_lora_orders(std::vector<std::unique_ptr<SentOrder>>& sent);
+  // A begun forward: its orders to the other ranks (adapters, then the step) and its rows, on their way.
   struct InFlight {
+    std::vector<std::unique_ptr<SentOrder>> lora_orders;
     std::unique_ptr<SentOrder> order;
     ForwardOutput out;
     std::vector<std::unique_ptr<Communicator::Pending>> rows;
@@ -226,6 +239,10 @@ class ModelRunner {
   std::string format_;
   int64_t max_model_len_ = 0, max_blocks_ = 0;
   int64_t max_loras_ = 0, max_lora_rank_ = 0;
+  // With LoRA: rank 0's (or one process's) adapters alive, and the orders about them for the others.
+  struct LoraRegistry;
+  std::shared_ptr<LoraRegistry> loras_;
+  std::map<int64_t, std::shared_ptr<const LoraAdapter>> rank_loras_;  // the other ranks': by rank 0's number
   std::vector<KvLayer> kv_;
   std::unique_ptr<BlockManager> blocks_;
   bool replay_ = true;

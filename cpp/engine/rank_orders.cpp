@@ -132,7 +132,7 @@ void SentOrder::wait() {
 Order receive_order(Communicator& group) {
   OrderHeader h{};
   group.broadcast(&h, sizeof h, 0, Communicator::Wait::Forever);
-  if (h.kind < int64_t(OrderKind::Load) || h.kind > int64_t(OrderKind::End) || h.payload_bytes < 0)
+  if (h.kind < int64_t(OrderKind::Load) || h.kind > int64_t(OrderKind::DropLora) || h.payload_bytes < 0)
     throw std::logic_error("an unknown tensor-parallel order");
   Order o{OrderKind(h.kind), h.model, std::vector<char>(size_t(h.payload_bytes))};
   if (!o.payload.empty()) group.broadcast(o.payload.data(), o.payload.size(), 0);
@@ -155,6 +155,7 @@ std::vector<char> encode_load(const std::string& path, const RunnerOptions& o) {
   w.put(std::filesystem::absolute(path).string()).put(o.device).put(int64_t(o.num_threads)).put(int64_t(o.kv_dtype)).put(o.max_model_len);
   w.put(o.kv_cache_tokens).put(o.kv_cache_bytes).put(o.kv_cache_fraction).put(int64_t(o.prefix_cache));
   w.put(int64_t(o.pipeline_stages)).put(int64_t(o.layer_partition.size())).put(o.layer_partition);
+  w.put(o.max_loras).put(o.max_lora_rank);
   return std::move(w.bytes);
 }
 
@@ -171,6 +172,8 @@ void decode_load(const std::vector<char>& payload, std::string* path, RunnerOpti
   o->prefix_cache = r.get<int64_t>() != 0;
   o->pipeline_stages = int(r.get<int64_t>());
   r.get_into(o->layer_partition, size_t(r.get<int64_t>()));
+  o->max_loras = r.get<int64_t>();
+  o->max_lora_rank = r.get<int64_t>();
 }
 
 std::vector<char> encode_step(const StepPlan& p) {
@@ -180,6 +183,8 @@ std::vector<char> encode_step(const StepPlan& p) {
   w.put(int64_t(p.replay)).put(int64_t(p.block_tables.size()));
   w.put(p.ids).put(p.token_seq).put(p.token_pos).put(p.slots).put(p.block_tables).put(p.row_index);
   w.put(int64_t(p.embeds)).put(int64_t(p.embed_rows.size())).put(p.embed_rows).put(p.input_rows);
+  w.put(int64_t(p.lora_numbers.size())).put(p.lora_numbers);
+  w.put(int64_t(p.lora_rows.size())).put(p.lora_rows).put(p.lora_scales);
   return std::move(w.bytes);
 }
 
@@ -206,7 +211,47 @@ void decode_step(const std::vector<char>& payload, StepPlan* p) {
   const size_t embed_values = size_t(r.get<int64_t>());
   r.get_into(p->embed_rows, embed_values);
   r.get_into(p->input_rows, p->embeds ? T : 0);
+  r.get_into(p->lora_numbers, size_t(r.get<int64_t>()));
+  const size_t lora_rows = size_t(r.get<int64_t>());
+  r.get_into(p->lora_rows, lora_rows);
+  r.get_into(p->lora_scales, lora_rows);
 }
+
+std::vector<char> encode_lora(int64_t number, uint64_t cache_key, const std::vector<LoraPart>& parts) {
+  Writer w;
+  w.put(number).put(cache_key).put(int64_t(parts.size()));
+  for (const LoraPart& p : parts) {
+    w.put(p.site).put(p.rank).put(p.n).put(p.out_col).put(p.scale).put(int64_t(p.a_dtype)).put(int64_t(p.b_dtype));
+    w.put(int64_t(p.a.size())).put(p.a).put(int64_t(p.b.size())).put(p.b);
+  }
+  return std::move(w.bytes);
+}
+
+void decode_lora(const std::vector<char>& payload, int64_t* number, uint64_t* cache_key, std::vector<LoraPart>* parts) {
+  Reader r(payload);
+  *number = r.get<int64_t>();
+  *cache_key = r.get<uint64_t>();
+  parts->resize(size_t(r.get<int64_t>()));
+  for (LoraPart& p : *parts) {
+    p.site = r.get<int64_t>();
+    p.rank = r.get<int64_t>();
+    p.n = r.get<int64_t>();
+    p.out_col = r.get<int64_t>();
+    p.scale = r.get<float>();
+    p.a_dtype = DType(r.get<int64_t>());
+    p.b_dtype = DType(r.get<int64_t>());
+    r.get_into(p.a, size_t(r.get<int64_t>()));
+    r.get_into(p.b, size_t(r.get<int64_t>()));
+  }
+}
+
+std::vector<char> encode_drop_lora(int64_t number) {
+  Writer w;
+  w.put(number);
+  return std::move(w.bytes);
+}
+
+int64_t decode_drop_lora(const std::vector<char>& payload) { return Reader(payload).get<int64_t>(); }
 
 int64_t agree_on_load(Communicator& group, std::exception_ptr error, int64_t kv_blocks) {
   const LoadStatus mine = status_of(error, kv_blocks);

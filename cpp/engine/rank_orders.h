@@ -6,7 +6,10 @@
 //   Step    run one forward of the model (its StepPlan);
 //   Memory  report this rank's memory for the model (gathered on rank 0);
 //   Close   the model is done with: drop it;
-//   End     leave the group.
+//   End     leave the group;
+//   AddLora a LoRA adapter made on rank 0 (its whole updates, rank 0's number for it and its
+//           cache key): this rank keeps and uploads its share; steps name it by that number;
+//   DropLora rank 0 freed that adapter: free this rank's share.
 #pragma once
 #include <exception>
 #include <string>
@@ -17,7 +20,7 @@
 
 namespace ferrum {
 
-enum class OrderKind : int64_t { Load = 1, Step, Memory, Close, End };
+enum class OrderKind : int64_t { Load = 1, Step, Memory, Close, End, AddLora, DropLora };
 
 struct Order {
   OrderKind kind;
@@ -52,6 +55,10 @@ std::vector<char> encode_load(const std::string& path, const RunnerOptions& opt)
 void decode_load(const std::vector<char>& payload, std::string* path, RunnerOptions* opt);
 std::vector<char> encode_step(const StepPlan& plan);
 void decode_step(const std::vector<char>& payload, StepPlan* plan);
+std::vector<char> encode_lora(int64_t number, uint64_t cache_key, const std::vector<LoraPart>& parts);
+void decode_lora(const std::vector<char>& payload, int64_t* number, uint64_t* cache_key, std::vector<LoraPart>* parts);
+std::vector<char> encode_drop_lora(int64_t number);
+int64_t decode_drop_lora(const std::vector<char>& payload);
 
 // Every rank's outcome of loading its share, made known to all: the KV blocks each can hold are
 // agreed on (the smallest), or, when a rank failed (`error`), every rank throws: its own error,

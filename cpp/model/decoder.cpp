@@ -110,14 +110,15 @@ void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector
   }
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LayerWeights& L = w_.layers[l];
+    const int64_t layer = stage_.layer0 + int64_t(l);  // the model's numbering, as the adapters' sites
     Stream& s = step.stream();
     // x += previous layer's MLP output; h = norm(x)   (the first layer only normalises)
     if (l == 0) be.rms_norm(s, b.x, L.attn_norm, eps, b.h);
     else be.add_rms_norm(s, b.x, b.down, L.attn_norm, eps, b.h);
-    matmul(s, b, L.qkv, b.h, b.qkv, gen, lora_site(int64_t(l), LoraSite::Qkv));
+    matmul(s, b, L.qkv, b.h, b.qkv, gen, lora_site(layer, LoraSite::Qkv));
     be.qkv_to_cache(s, b.qkv, L.q_norm, L.k_norm, eps, rope_, b.batch, attn_, b.q, kv[l]);
     be.paged_attention(s, b.q, kv[l], b.batch, attn_, attn_out);
-    matmul(s, b, L.o, b.attn, b.o, gen, lora_site(int64_t(l), LoraSite::O));
+    matmul(s, b, L.o, b.attn, b.o, gen, lora_site(layer, LoraSite::O));
     step.all_reduce(b.o);
     Stream& t = step.stream();
     be.add_rms_norm(t, b.x, b.o, L.ffn_norm, eps, b.h);
@@ -131,9 +132,9 @@ void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector
                        b.down.slice(begin, count));
       });
     } else {
-      matmul(t, b, L.gate_up, b.h, b.gate_up, gen, lora_site(int64_t(l), LoraSite::GateUp));
+      matmul(t, b, L.gate_up, b.h, b.gate_up, gen, lora_site(layer, LoraSite::GateUp));
       be.swiglu(t, b.gate_up, b.act);
-      matmul(t, b, L.down, b.act, b.down, gen, lora_site(int64_t(l), LoraSite::Down));
+      matmul(t, b, L.down, b.act, b.down, gen, lora_site(layer, LoraSite::Down));
     }
     step.all_reduce(b.down);
   }

@@ -10,6 +10,8 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/pipeline_split.h"
+#include "model/tensor_split.h"
 
 namespace ferrum {
 
@@ -27,8 +29,10 @@ LoraSiteShape lora_site_shape(const ModelConfig& cfg, int64_t site);
 
 // A loaded adapter: its weights, and the key its sequences' prefix-cache blocks are filed under
 // (a hash of its content and scales: the same prompt under two adapters never shares blocks).
+// In a group of ranks, `number` is what rank 0's orders call it (engine/rank_orders.h).
 struct LoraAdapter : LoraWeights {
   uint64_t cache_key = 0;
+  int64_t number = 0;
 };
 
 // One update as read from a file, on the host: a [rank, in] and b [n, rank] row-major, each the
@@ -42,7 +46,19 @@ struct LoraPart {
 
 // Checks the parts against the model (site, dtypes, shapes, column ranges that do not overlap,
 // rank <= max_rank, finite values; ValueError naming the site) and uploads them in their dtypes.
-std::shared_ptr<const LoraAdapter> make_lora_adapter(Backend& be, const ModelConfig& cfg, int64_t max_rank,
-                                                     std::vector<LoraPart> parts, uint64_t cache_key);
+std::shared_ptr<LoraAdapter> make_lora_adapter(Backend& be, const ModelConfig& cfg, int64_t max_rank,
+                                               std::vector<LoraPart> parts, uint64_t cache_key);
+// As above (checked against the whole model), but only the share of rank `split` of pipeline
+// stage `stage` is uploaded, cut as its weights are (model/tensor_split.h):
+//   q/k/v and gate/up (split by output rows): the rows of B in the rank's rows of its part, A
+//     whole; an update that spans two parts of the fused output is refused (ValueError);
+//   o and down (split by input columns): A's columns of the rank's inputs (in f32 when a q8_0 A
+//     would not be whole blocks: the same values), B whole; the ranks' partial updates add up in
+//     the sum of the projection's partial outputs, which they are added to;
+//   the stage's layers only. Sites keep the whole model's numbers; the rank's update shapes are
+//   those of split.local(cfg).
+std::shared_ptr<LoraAdapter> make_lora_adapter(Backend& be, const ModelConfig& cfg, int64_t max_rank,
+                                               std::vector<LoraPart> parts, uint64_t cache_key,
+                                               const TensorSplit& split, const PipelineStage& stage);
 
 }  // namespace ferrum

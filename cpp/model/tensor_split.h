@@ -15,6 +15,11 @@
 
 namespace ferrum {
 
+// Indices [begin, begin + count) of a whole dimension (rows or columns).
+struct IndexRange {
+  int64_t begin = 0, count = 0;
+};
+
 struct TensorSplit {
   int rank = 0, ranks = 1;
   // This rank's share of the model's: rows [first, first + count).
@@ -28,6 +33,12 @@ struct TensorSplit {
   int64_t vocab_chunk = 0;
 
   bool whole() const { return ranks == 1; }
+  // This rank's rows of q (its heads'), of k and of v (its KV heads'), and of gate and of up (its
+  // intermediate rows): the rows of the column-parallel projections it holds, which are also its
+  // input columns of o and of down. Its weights and its share of a LoRA update are cut by these.
+  IndexRange q_rows(const ModelConfig& c) const { return {head0 * c.head_dim, heads * c.head_dim}; }
+  IndexRange kv_rows(const ModelConfig& c) const { return {kv_head0 * c.head_dim, kv_heads * c.head_dim}; }
+  IndexRange inter_rows() const { return {inter0, intermediate}; }
   // The part of the model this rank computes: c with its heads, KV heads, intermediate sizes and
   // vocabulary rows.
   ModelConfig local(const ModelConfig& c) const;

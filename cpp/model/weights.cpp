@@ -248,10 +248,10 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
                      " backend does not run (yet): use device 'cpu'");
   const bool qk_norm = L.find(kQNorm, 0) != nullptr;
   const bool qkv_bias = L.find(kQBias, 0) != nullptr;
-  const int64_t hd = c.head_dim;
   // This rank's rows of q, and of k and v (their heads' rows, biases alike).
-  const auto q_rows = [&](const TensorInfo& t) { return rows_of(t, split.head0 * hd, split.heads * hd); };
-  const auto kv_rows = [&](const TensorInfo& t) { return rows_of(t, split.kv_head0 * hd, split.kv_heads * hd); };
+  const IndexRange qs = split.q_rows(c), kvs = split.kv_rows(c), inters = split.inter_rows();
+  const auto q_rows = [&](const TensorInfo& t) { return rows_of(t, qs.begin, qs.count); };
+  const auto kv_rows = [&](const TensorInfo& t) { return rows_of(t, kvs.begin, kvs.count); };
   for (int64_t i = stage.layer0; i < stage.layer0 + stage.layers; ++i) {
     LayerWeights lw;
     lw.attn_norm = L.f32(L.get(kAttnNorm, i));
@@ -270,7 +270,7 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
       biases = {&qb, &kb, &vb};
     }
     lw.qkv = L.fused({&q, &k, &v}, biases);
-    lw.o = L.columns(L.get(kO, i), split.head0 * hd, split.heads * hd);
+    lw.o = L.columns(L.get(kO, i), qs.begin, qs.count);
     if (c.is_moe_layer(i)) {
       const int64_t E = c.experts, X = c.expert_intermediate, D = c.hidden;
       const int64_t x0 = split.expert_inter0, xn = split.expert_intermediate;
@@ -280,10 +280,10 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
       lw.up_exps = L.experts(kUpExps, i, E, X, D, x0, xn, 0, D);
       lw.down_exps = L.experts(kDownExps, i, E, D, X, 0, D, x0, xn);
     } else {
-      const TensorInfo gate = rows_of(L.get(kGate, i), split.inter0, split.intermediate);
-      const TensorInfo up = rows_of(L.get(kUp, i), split.inter0, split.intermediate);
+      const TensorInfo gate = rows_of(L.get(kGate, i), inters.begin, inters.count);
+      const TensorInfo up = rows_of(L.get(kUp, i), inters.begin, inters.count);
       lw.gate_up = L.fused({&gate, &up}, {});
-      lw.down = L.columns(L.get(kDown, i), split.inter0, split.intermediate);
+      lw.down = L.columns(L.get(kDown, i), inters.begin, inters.count);
     }
     w.layers.push_back(std::move(lw));
     if (progress) progress(i - stage.layer0 + 1, stage.layers);
