@@ -24,10 +24,13 @@ def greedy_both_ways(model, path, prompt, n):
     import ferrum
     from conftest import greedy_tokens
     mf = ferrum._core.ModelFile(str(path))
+    quantized = lambda name: mf.tensors.get(name, ("f32",))[0] not in ("f32", "f16", "bf16")
     for name, m in model.named_modules():
-        if mf.tensors.get(name + ".weight", ("f32",))[0] not in ("f32", "f16", "bf16"):
+        if quantized(name + ".weight"):
             order = mf.input_order(name + ".weight")
             m.register_forward_pre_hook(lambda mod, args, order=order: (q8_0_rounded(args[0], order),))
+        elif hasattr(m, "gate_up_proj") and quantized(name + ".0.gate_proj.weight"):
+            m.forward = experts_rounding_inputs(m)
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(n):
@@ -35,3 +38,22 @@ def greedy_both_ways(model, path, prompt, n):
     llm = ferrum.LLM(str(path), kv_dtype="f32", num_threads=2)
     params = ferrum.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     return ids[len(prompt):], greedy_tokens(llm, [prompt], params)[0]
+
+
+def experts_rounding_inputs(experts):
+    """A forward for transformers' fused MoE experts (gate_up_proj [E, 2I, H], down_proj [E, H, I],
+    as Qwen3MoeExperts computes them) whose every expert takes its gate / up input and its down
+    input rounded as q8_0_rounded does: as ferrum's quantized expert kernels take them."""
+    def forward(hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for e in range(experts.gate_up_proj.shape[0]):
+            tokens, slots = torch.where(top_k_index == e)
+            if len(tokens) == 0:
+                continue
+            gate, up = torch.nn.functional.linear(q8_0_rounded(hidden_states[tokens]),
+                                                  experts.gate_up_proj[e]).chunk(2, dim=-1)
+            h = q8_0_rounded(experts.act_fn(gate) * up)
+            y = torch.nn.functional.linear(h, experts.down_proj[e]) * top_k_weights[tokens, slots, None]
+            out.index_add_(0, tokens, y)
+        return out
+    return forward

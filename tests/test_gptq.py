@@ -53,10 +53,10 @@ QUANTIZE = textwrap.dedent("""
 """)
 
 
-def quantize_with_gptqmodel(d, jobs):
-    """A generated float model under d/float, quantized by GPTQModel on CPU into each job's
-    directory: jobs maps a name to (QuantizeConfig keywords, quantize() keywords)."""
-    src = make_model("llama", "tiny", "hf", "f32", seed=0, tokenizer=TOK, out=d / "float", **SHAPE)
+def quantize_with_gptqmodel(d, jobs, src=None):
+    """A float model (src, or a generated Llama under d/float), quantized by GPTQModel on CPU into
+    each job's directory: jobs maps a name to (QuantizeConfig keywords, quantize() keywords)."""
+    src = src or make_model("llama", "tiny", "hf", "f32", seed=0, tokenizer=TOK, out=d / "float", **SHAPE)
     env = dict(os.environ, GPTQMODEL_CPU_WORKERS="2", CUDA_VISIBLE_DEVICES="")
     subprocess.run([sys.executable, "-c", QUANTIZE, str(src), json.dumps({str(d / n): j for n, j in jobs.items()})],
                    check=True, env=env, cwd=d, stdout=subprocess.DEVNULL)
