@@ -123,7 +123,10 @@ def main():
     if a.out:
         with open(a.out, "w") as fh:
             json.dump({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       "n_prompt": a.p, "n_gen": a.n, "threads": a.t, "runs": a.r, "rows": rows}, fh, indent=1)
+                       "n_prompt": a.p, "n_gen": a.n, "threads": a.t, "runs": a.r,
+                       # the caps both engines ran under (docs/performance.md, "AVX2")
+                       "ferrum_cpu_isa": os.environ.get("FERRUM_CPU_ISA", "native"),
+                       "llama_cpp_isa": os.environ.get("LLAMA_CPP_ISA", "native"), "rows": rows}, fh, indent=1)
 
 
 if __name__ == "__main__":
