@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <type_traits>
 #include <vector>
 
@@ -119,52 +120,87 @@ inline cpu::f32x8 load8(const float* p) {
   return v;
 }
 
-// A matrix's elements as f32, read in its storage dtype: f32, f16 or bf16 (each converts exactly).
-struct Elements {
-  const uint8_t* p;
-  DType dtype;
-  float at(int64_t i) const {
-    if (dtype == DType::F32) return reinterpret_cast<const float*>(p)[i];
+// Element i of a matrix stored as kType (f32, f16 or bf16; each converts to f32 exactly), and
+// elements i .. i + 7.
+template <DType kType>
+float element(const uint8_t* p, int64_t i) {
+  if constexpr (kType == DType::F32) {
+    return reinterpret_cast<const float*>(p)[i];
+  } else {
     uint16_t h;
     std::memcpy(&h, p + 2 * i, 2);
-    if (dtype == DType::F16) return _cvtsh_ss(h);
+    if constexpr (kType == DType::F16) return _cvtsh_ss(h);
     const uint32_t bits = uint32_t(h) << 16;
     float f;
     std::memcpy(&f, &bits, 4);
     return f;
   }
-  cpu::f32x8 load8(int64_t i) const {
-    if (dtype == DType::F32) return ::ferrum::load8(reinterpret_cast<const float*>(p) + i);
+}
+
+template <DType kType>
+cpu::f32x8 elements8(const uint8_t* p, int64_t i) {
+  if constexpr (kType == DType::F32) {
+    return ::ferrum::load8(reinterpret_cast<const float*>(p) + i);
+  } else {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i));
-    if (dtype == DType::F16) return cpu::f32x8(_mm256_cvtph_ps(h));
+    if constexpr (kType == DType::F16) return cpu::f32x8(_mm256_cvtph_ps(h));
     return cpu::f32x8(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+}
+
+// A matrix's elements as f32, read in its storage dtype, chosen at run time.
+struct Elements {
+  const uint8_t* p;
+  DType dtype;
+  cpu::f32x8 load8(int64_t i) const {
+    return dtype == DType::F32 ? elements8<DType::F32>(p, i)
+           : dtype == DType::F16 ? elements8<DType::F16>(p, i)
+                                 : elements8<DType::BF16>(p, i);
   }
 };
 
 bool direct_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
-// out[r][i] = x[r] . a[i] for R rows x[r] and n <= kShrinkRanks rows of a (K apart): each
+// out[r][i] = x[r] . a[i] for R rows x[r] and N rows of a (K apart, stored as kType): each
 // product one 8-lane chain, its lanes summed, then the tail (K % 8) in order; the same floats
-// whatever R is. (8 lanes: 2 x 4 chains fit AVX2's registers.)
-template <int R>
-void shrink_rows(const float* const* x, const Elements& a, int64_t K, int64_t n, float* const* out) {
-  cpu::f32x8 acc[R][kShrinkRanks] = {};
+// whatever R is. (8 lanes: 2 x 4 chains fit AVX2's registers. R, N and the dtype are template
+// parameters so that the chains stay in registers.)
+template <DType kType, int R, int N>
+void shrink_rows(const float* const* x, const uint8_t* a, int64_t K, float* const* out) {
+  cpu::f32x8 acc[R][N] = {};
   int64_t k = 0;
   for (; k + 8 <= K; k += 8) {
     cpu::f32x8 v[R];
     for (int r = 0; r < R; ++r) v[r] = load8(x[r] + k);
-    for (int64_t i = 0; i < kShrinkRanks; ++i) {
-      if (i >= n) break;
-      const cpu::f32x8 w = a.load8(i * K + k);
+    for (int i = 0; i < N; ++i) {
+      const cpu::f32x8 w = elements8<kType>(a, i * K + k);
       for (int r = 0; r < R; ++r) acc[r][i] = fma8(v[r], w, acc[r][i]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int64_t i = 0; i < n; ++i) {
+    for (int i = 0; i < N; ++i) {
       float sum = hsum8(acc[r][i]);
-      for (int64_t kk = k; kk < K; ++kk) sum = std::fma(x[r][kk], a.at(i * K + kk), sum);
+      for (int64_t kk = k; kk < K; ++kk) sum = std::fma(x[r][kk], element<kType>(a, i * K + kk), sum);
       out[r][i] = sum;
     }
+}
+
+using ShrinkFn = void (*)(const float* const*, const uint8_t*, int64_t, float* const*);
+
+template <DType kType, int R>
+ShrinkFn shrink_kernel_of(int64_t n) {
+  static constexpr ShrinkFn k[] = {shrink_rows<kType, R, 1>, shrink_rows<kType, R, 2>, shrink_rows<kType, R, 3>,
+                                   shrink_rows<kType, R, 4>};
+  static_assert(std::size(k) == kShrinkRanks);
+  return k[n - 1];
+}
+
+// The shrink kernel for R rows against n (1 .. kShrinkRanks) rows of A stored as `dtype`.
+template <int R>
+ShrinkFn shrink_kernel(DType dtype, int64_t n) {
+  return dtype == DType::F32   ? shrink_kernel_of<DType::F32, R>(n)
+         : dtype == DType::F16 ? shrink_kernel_of<DType::F16, R>(n)
+                               : shrink_kernel_of<DType::BF16, R>(n);
 }
 
 // bt[j][0..8) = (m[0][j], ..., m[7][j]) for j in [j0, j0 + 8): eight rows of a matrix, 8 of their
@@ -207,8 +243,10 @@ void transpose_chunks(const Elements& b, int64_t r, int64_t n0, int64_t n1, int6
 
 // out[r][c * 16 + n] += scale[r] * sum_j v[r][j] bt[c][j][n] for R rows, the chunks c of 16
 // columns in [0, chunks) (the last `last` wide), j in order from 0: the same floats whatever R is.
+// (Not inlined: inside the command's lambda GCC ran out of registers and kept the accumulators
+// in memory, stored at every j.)
 template <int R>
-void expand_rows(const float* const* v, const float* bt, int64_t rank, int64_t chunks, int64_t last,
+[[gnu::noinline]] void expand_rows(const float* const* v, const float* bt, int64_t rank, int64_t chunks, int64_t last,
                  const float* scale, float* const* out) {
   using cpu::f32x8;
   for (int64_t c = 0; c < chunks; ++c) {
@@ -273,17 +311,18 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
                                               int64_t u1) {
       for (int64_t block = u0; block < u1; ++block) {
         const int64_t j0 = block * kShrinkRanks, nj = std::min(kShrinkRanks, up.a.dim(0) - j0);
-        const uint8_t* a_rows = host_ptr<uint8_t>(up.a) + j0 * int64_t(dtype_bytes(up.a.dtype, K));
-        const Elements a = direct_dtype(up.a.dtype)
-                               ? Elements{a_rows, up.a.dtype}
-                               : Elements{reinterpret_cast<const uint8_t*>(f32_rows(up.a, j0, nj, a_f32)), DType::F32};
+        const bool direct = direct_dtype(up.a.dtype);
+        const DType a_dtype = direct ? up.a.dtype : DType::F32;
+        const uint8_t* a = direct ? host_ptr<uint8_t>(up.a) + j0 * int64_t(dtype_bytes(up.a.dtype, K))
+                                  : reinterpret_cast<const uint8_t*>(f32_rows(up.a, j0, nj, a_f32));
+        const ShrinkFn block_kernel = shrink_kernel<kShrinkRows>(a_dtype, nj), one_kernel = shrink_kernel<1>(a_dtype, nj);
         auto run = [&](const int64_t* rows, auto r_count) {
           constexpr int R = decltype(r_count)::value;
           const float* xs[R];
           float* outs[R];
           for (int r = 0; r < R; ++r)
             xs[r] = host_ptr<float>(x) + rows[r] * K, outs[r] = t + rows[r] * site_rank + offset + j0;
-          shrink_rows<R>(xs, a, K, nj, outs);
+          (R == kShrinkRows ? block_kernel : one_kernel)(xs, a, K, outs);
         };
         by_row_blocks<kShrinkRows>(
             grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kShrinkRows>()); },
