@@ -9,7 +9,7 @@
 # own time limit and within what is left of the budget (a phase that cannot start is skipped),
 # writing to $OUT (default /tmp/out):
 #   device.txt            the device's OpenCL facts (extensions: command buffers, subgroups, ...)
-#   tests.txt             the OpenCL tests, both kernel families (~2 min)
+#   tests.txt             the OpenCL tests, both kernel families (~2 min on 16 cores)
 #   kernels.txt / .json   bench/opencl_bench.py per family: GEMV GB/s per weight type, batched
 #                         decodes, GEMM GFLOP/s, decode attention, launch overhead (~1.5 min)
 #   sweep.txt             GEMV GB/s of the gpu family under other sizes (FERRUM_OPENCL_GPU_TUNING)
@@ -49,7 +49,7 @@ stamp "device: ${gpu:-unknown}; roofs: ${peak:-none}"
 cat "$OUT/device.txt"
 
 stamp "tests: both kernel families"
-run 200 python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 150 tests/test_opencl_gpu_family.py \
+run 200 python3 -m pytest -q -p no:cacheprovider -n "$(nproc)" --timeout 150 tests/test_opencl_gpu_family.py \
   tests/test_opencl_parity.py tests/test_opencl_backend.py tests/test_opencl_models.py > "$OUT/tests.txt" 2>&1
 echo "pytest exit status $?"
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | tail -25
