@@ -63,3 +63,8 @@ $py -m ferrum.models --fetch-default
 if [ -n "$extras" ]; then
   $py -m ferrum.tools.lora_to_gguf --fetch
 fi
+
+# 6. The llama.cpp peer that tests and benchmarks compare against, built once for this CPU.
+if [ -n "$extras" ]; then
+  bash scripts/llamacpp_peer.sh
+fi
