@@ -68,6 +68,11 @@ def make_adapter(hf, path, seed):
     os.replace(path + ".part", path)
 
 
+def stream_prompt(vocab, p):
+    """The one stream's prompt: BOS and p - 1 ids spread over the vocabulary."""
+    return [1] + [100 + (13 * i) % (vocab - 200) for i in range(p - 1)]
+
+
 def one_stream(llm, prompt, n, lora):
     """(pp tok/s, tg tok/s) of one greedy request."""
     import ferrum
@@ -110,7 +115,7 @@ def ferrum_figures(args, base, adapters):
         llm.add_lora(r)
     per_adapter_mib = (rss_mib() - before) / count
     vocab = llm.config["vocab_size"]
-    prompt = [1] + [100 + (13 * i) % (vocab - 200) for i in range(args.p - 1)]
+    prompt = stream_prompt(vocab, args.p)
     prompts = [[1] + [100 + (7 * r + 3 * i) % (vocab - 200) for i in range(31)] for r in range(count)]
     llm.generate(prompt_token_ids=prompts[:2], sampling_params=ferrum.SamplingParams(max_tokens=2))
     runs = {k: [] for k in ("base", "adapter")}

@@ -3,14 +3,18 @@ adapter's shrink and expand cost a prompt (-n 1) or a decode (-p 1 -n 256) again
 
 usage: FERRUM_PROFILE=1 python bench/lora_profile.py [--base] [-p 128] [-n 1] [-r 4] [-t 2]
                                                     [--data-dir ~/.cache/ferrum-bench]
-The base model and the adapter are the ones bench/lora_bench.py writes into --data-dir (run it
-once first).
+The base model, the adapter and the prompt are bench/lora_bench.py's (its files are written into
+--data-dir when missing).
 """
 import argparse
 import os
+import sys
 
 import ferrum
 from ferrum import LoRARequest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lora_bench import RANK, make_files, stream_prompt  # noqa: E402
 
 
 def main():
@@ -22,12 +26,11 @@ def main():
     ap.add_argument("-t", type=int, default=2, help="threads")
     ap.add_argument("--data-dir", default="~/.cache/ferrum-bench")
     a = ap.parse_args()
-    d = os.path.expanduser(a.data_dir)
-    llm = ferrum.LLM(os.path.join(d, "tinyllama-1.1b-q4_k_m.gguf"), num_threads=a.t, enable_lora=True, max_loras=1,
-                     max_lora_rank=16, enable_prefix_caching=False, kv_cache_tokens=a.p + a.n + 64)
-    lora = None if a.base else LoRARequest("a", 1, os.path.join(d, "tinyllama-lora-r16-f16-0"))
-    vocab = llm.config["vocab_size"]
-    prompt = [1] + [100 + (13 * i) % (vocab - 200) for i in range(a.p - 1)]
+    base, adapters, _ = make_files(a.data_dir, 1)
+    llm = ferrum.LLM(base, num_threads=a.t, enable_lora=True, max_loras=1, max_lora_rank=RANK,
+                     enable_prefix_caching=False, kv_cache_tokens=a.p + a.n + 64)
+    lora = None if a.base else LoRARequest("a", 1, adapters[0])
+    prompt = stream_prompt(llm.config["vocab_size"], a.p)
     params = ferrum.SamplingParams(max_tokens=a.n, temperature=0, ignore_eos=True)
     for _ in range(a.r):
         llm.generate(prompt_token_ids=[prompt], sampling_params=params, lora_request=lora)

@@ -31,7 +31,6 @@ flags="$flags -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML
 
 echo "[setup] building llama.cpp (llama-cpp-python) for the comparison tests into $dir (several minutes)"
 rm -rf "$dir"
-mkdir -p "$dir"
 python3 -m venv "$dir/venv"
 # --no-cache-dir: a wheel cached from a build with other flags would be reused silently
 CMAKE_ARGS="$flags" "$peer" -m pip install --no-cache-dir "llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION:-0.3.36}" \

@@ -59,12 +59,9 @@ $py -c "import ferrum._core" || { echo "[setup] ferrum failed to build or import
 $py -m ferrum.models --fetch-default
 
 # 5. Test inputs from PyPI: llama.cpp's PEFT -> GGUF adapter converter (llama-cpp-python's source
-# distribution), into ferrum's cache beside the default model (tests/test_lora.py).
+# distribution), into ferrum's cache beside the default model (tests/test_lora.py); and the llama.cpp
+# peer that tests and benchmarks compare against, built once for this CPU (scripts/llamacpp_peer.sh).
 if [ -n "$extras" ]; then
   $py -m ferrum.tools.lora_to_gguf --fetch
-fi
-
-# 6. The llama.cpp peer that tests and benchmarks compare against, built once for this CPU.
-if [ -n "$extras" ]; then
   bash scripts/llamacpp_peer.sh
 fi

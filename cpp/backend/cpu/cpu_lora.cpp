@@ -322,7 +322,8 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
           float* outs[R];
           for (int r = 0; r < R; ++r)
             xs[r] = host_ptr<float>(x) + rows[r] * K, outs[r] = t + rows[r] * site_rank + offset + j0;
-          (R == kShrinkRows ? block_kernel : one_kernel)(xs, a, K, outs);
+          if constexpr (R == kShrinkRows) block_kernel(xs, a, K, outs);
+          else one_kernel(xs, a, K, outs);
         };
         by_row_blocks<kShrinkRows>(
             grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kShrinkRows>()); },
