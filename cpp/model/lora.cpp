@@ -171,7 +171,7 @@ std::shared_ptr<LoraAdapter> make_lora_adapter(Backend& be, const ModelConfig& c
     if (!keep_share(cfg, split, mine)) continue;
     LoraUpdate u;
     u.a = be.from_host(mine.a.data(), mine.a_dtype, {mine.rank, lora_site_shape(local, mine.site).in});
-    u.b = be.from_host(mine.b.data(), mine.b_dtype, {mine.n, mine.rank});
+    u.b = be.pack_lora_b(be.from_host(mine.b.data(), mine.b_dtype, {mine.n, mine.rank}));
     u.out_col = mine.out_col;
     u.scale = mine.scale;
     adapter->bytes += int64_t(u.a.nbytes() + u.b.nbytes());

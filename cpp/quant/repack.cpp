@@ -116,6 +116,17 @@ void dequantize_rows(DType t, WeightLayout layout, const void* w, int64_t r0, in
     for (int64_t r = 0; r < rows; ++r) dequantize_row(t, static_cast<const char*>(w) + (r0 + r) * row_bytes, dst + r * n, n);
     return;
   }
+  if (layout == WeightLayout::C16T) {
+    const size_t elem = row_bytes / size_t(n);
+    std::vector<char> row(row_bytes);
+    for (int64_t r = r0; r < r0 + rows; ++r) {
+      const char* chunk = static_cast<const char*>(w) + size_t(r / kC16TRows * kC16TRows) * row_bytes;
+      for (int64_t j = 0; j < n; ++j)
+        std::memcpy(row.data() + size_t(j) * elem, chunk + size_t(j * kC16TRows + r % kC16TRows) * elem, elem);
+      dequantize_row(t, row.data(), dst + (r - r0) * n, n);
+    }
+    return;
+  }
   thread_local std::vector<char> row;
   row.resize(row_bytes);
   for (int64_t r = 0; r < rows; ++r) {

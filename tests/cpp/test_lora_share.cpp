@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "model/lora.h"
 #include "quant/quant.h"
@@ -75,19 +76,18 @@ std::vector<LoraPart> parts(const ModelConfig& c) {
   return ps;
 }
 
-std::vector<float> values(Backend& be, const Tensor& t) {
-  std::vector<uint8_t> bytes(t.nbytes());
-  be.download(t, bytes.data(), bytes.size());
+// A CPU tensor's values as [rows, cols], in whatever layout the backend keeps it.
+std::vector<float> values(const Tensor& t) {
   std::vector<float> v(size_t(t.numel()));
-  quant::dequantize_row(t.dtype, bytes.data(), v.data(), t.numel());
+  quant::dequantize_rows(t.dtype, layout_of(t), host_ptr<uint8_t>(t), 0, t.rows(), t.cols(), v.data());
   return v;
 }
 
 // The site's whole update scale * B A as [out, in], in double.
-std::vector<double> product(Backend& be, const std::vector<LoraUpdate>& ups, int64_t out, int64_t in) {
+std::vector<double> product(const std::vector<LoraUpdate>& ups, int64_t out, int64_t in) {
   std::vector<double> d(size_t(out * in), 0.0);
   for (const LoraUpdate& u : ups) {
-    const std::vector<float> a = values(be, u.a), b = values(be, u.b);
+    const std::vector<float> a = values(u.a), b = values(u.b);
     const int64_t r = u.a.dim(0), n = u.b.dim(0), k = u.a.dim(1);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < k; ++j) {
@@ -132,7 +132,7 @@ TEST(LoraShare, EachRankHoldsItsRowsOrColumnsOfTheWholeUpdate) {
             EXPECT_EQ(u.a.dim(1), ls.in);
             EXPECT_LE(u.out_col + u.b.dim(0), ls.out);
           }
-          const std::vector<double> got = product(*be, mine->sites[site], ls.out, ls.in);
+          const std::vector<double> got = product(mine->sites[site], ls.out, ls.in);
           std::vector<double>& all = assembled[site];
           all.resize(size_t(ws.out * ws.in), 0.0);
           const LoraSite kind = LoraSite(int64_t(site) % kLoraSitesPerLayer);
@@ -149,7 +149,7 @@ TEST(LoraShare, EachRankHoldsItsRowsOrColumnsOfTheWholeUpdate) {
       }
       for (size_t site = 0; site < whole->sites.size(); ++site) {
         const LoraSiteShape ws = lora_site_shape(c, int64_t(site));
-        const std::vector<double> want = product(*be, whole->sites[site], ws.out, ws.in);
+        const std::vector<double> want = product(whole->sites[site], ws.out, ws.in);
         for (size_t i = 0; i < want.size(); ++i)
           ASSERT_NEAR(assembled[site][i], want[i], 1e-9 * (1 + std::abs(want[i])))
               << "site " << site << " ranks " << ranks << " kv_heads " << kv_heads << " element " << i;

@@ -216,6 +216,26 @@ size_t CpuBackend::memory_available_bytes() const {
   return size_t(sysconf(_SC_AVPHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE));
 }
 
+Tensor CpuBackend::pack_lora_b(const Tensor& b) {
+  check_host(b);
+  if (b.dtype != DType::F32 && b.dtype != DType::F16 && b.dtype != DType::BF16) return b;
+  const int64_t N = b.dim(0), r = b.dim(1), chunks = (N + quant::kC16TRows - 1) / quant::kC16TRows;
+  const size_t elem = dtype_bytes(b.dtype, 1), bytes = size_t(chunks * quant::kC16TRows * r) * elem;
+  auto storage = std::make_shared<CpuStorage>(this, bytes);
+  storage->layout = quant::WeightLayout::C16T;
+  char* dst = static_cast<char*>(storage->data);
+  std::memset(dst, 0, bytes);
+  const char* src = host_ptr<char>(b);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < r; ++j)
+      std::memcpy(dst + size_t((n / quant::kC16TRows * r + j) * quant::kC16TRows + n % quant::kC16TRows) * elem,
+                  src + size_t(n * r + j) * elem, elem);
+  Tensor t = b;
+  t.storage = std::move(storage);
+  t.offset = 0;
+  return t;
+}
+
 Tensor CpuBackend::pack_weight(const Tensor& w, const Consumed& consumed) {
   check_host(w);
   if (w.shape.size() != 2) return w;

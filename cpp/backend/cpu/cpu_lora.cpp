@@ -1,11 +1,11 @@
 // LoRA on the CPU: two commands per projection site. Rows are grouped by the slot they chose;
 // the shrink gives each thread blocks of kShrinkRanks rank rows of A (every row of the group
 // against the block, each x row read once per block), the expand whole 16-column chunks of B
-// (transposed once per call so a row's 16 outputs are one vector), so each adapter's A and B are
-// read once per call however many rows use it. A rank block of A or a batch of B's chunks stored
-// in f16 / bf16 / q8_0 is converted to f32 once per call (into an L1-sized buffer) and computed
-// from as an f32 one, so the stored bytes are read once and the results are those of the f32
-// update with those values. Each output element is one fixed-order sum of its row's own values,
+// (kept transposed, in the C16T layout pack_lora_b gave it, so a rank's 16 outputs are one
+// vector), so each adapter's A and B are read once per call however many rows use it. A rank
+// block of A stored in q8_0 or a batch of a q8_0 B's chunks is converted to f32 once per call
+// (into an L1-sized buffer); f16 / bf16 values convert in registers, exactly. The results are
+// those of the f32 update with those values. Each output element is one fixed-order sum of its row's own values,
 // times its row's request scale: a row's result does not depend on its batch.
 #include <algorithm>
 #include <cmath>
@@ -148,17 +148,6 @@ cpu::f32x8 elements8(const uint8_t* p, int64_t i) {
   }
 }
 
-// A matrix's elements as f32, read in its storage dtype, chosen at run time.
-struct Elements {
-  const uint8_t* p;
-  DType dtype;
-  cpu::f32x8 load8(int64_t i) const {
-    return dtype == DType::F32 ? elements8<DType::F32>(p, i)
-           : dtype == DType::F16 ? elements8<DType::F16>(p, i)
-                                 : elements8<DType::BF16>(p, i);
-  }
-};
-
 bool direct_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
 // out[r][i] = x[r] . a[i] for R rows x[r] and N rows of a (K apart, stored as kType): each
@@ -203,74 +192,43 @@ ShrinkFn shrink_kernel(DType dtype, int64_t n) {
                                : shrink_kernel_of<DType::BF16, R>(n);
 }
 
-// bt[j][0..8) = (m[0][j], ..., m[7][j]) for j in [j0, j0 + 8): eight rows of a matrix, 8 of their
-// columns transposed in registers.
-void transpose8(const Elements& m, const int64_t* row_offsets, int64_t j0, float* bt, int64_t ld) {
-  __m256 r[8];
-  for (int i = 0; i < 8; ++i) r[i] = row_offsets[i] < 0 ? _mm256_setzero_ps() : __m256(m.load8(row_offsets[i] + j0));
-  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  _mm256_storeu_ps(bt + 0 * ld, _mm256_permute2f128_ps(u0, u4, 0x20));
-  _mm256_storeu_ps(bt + 1 * ld, _mm256_permute2f128_ps(u1, u5, 0x20));
-  _mm256_storeu_ps(bt + 2 * ld, _mm256_permute2f128_ps(u2, u6, 0x20));
-  _mm256_storeu_ps(bt + 3 * ld, _mm256_permute2f128_ps(u3, u7, 0x20));
-  _mm256_storeu_ps(bt + 4 * ld, _mm256_permute2f128_ps(u0, u4, 0x31));
-  _mm256_storeu_ps(bt + 5 * ld, _mm256_permute2f128_ps(u1, u5, 0x31));
-  _mm256_storeu_ps(bt + 6 * ld, _mm256_permute2f128_ps(u2, u6, 0x31));
-  _mm256_storeu_ps(bt + 7 * ld, _mm256_permute2f128_ps(u3, u7, 0x31));
-}
-
-// bt = rows [n0, n1) of b (rank r, r % 8 == 0) as `chunks` chunks [chunk][r][kExpandCols], the
-// columns past n1 zero.
-void transpose_chunks(const Elements& b, int64_t r, int64_t n0, int64_t n1, int64_t chunks, float* bt) {
-  for (int64_t c = 0; c < chunks; ++c)
-    for (int64_t half = 0; half < 2; ++half) {
-      int64_t offsets[8];
-      for (int64_t i = 0; i < 8; ++i) {
-        const int64_t n = n0 + c * kExpandCols + half * 8 + i;
-        offsets[i] = n < n1 ? n * r : -1;
-      }
-      for (int64_t j = 0; j < r; j += 8)
-        transpose8(b, offsets, j, bt + (c * r + j) * kExpandCols + half * 8, kExpandCols);
-    }
-}
-
-// out[r][c * 16 + n] += scale[r] * sum_j v[r][j] bt[c][j][n] for R rows, the chunks c of 16
-// columns in [0, chunks) (the last `last` wide), j in order from 0: the same floats whatever R is.
-// (Not inlined: inside the command's lambda GCC ran out of registers and kept the accumulators
-// in memory, stored at every j.)
-template <int R>
-[[gnu::noinline]] void expand_rows(const float* const* v, const float* bt, int64_t rank, int64_t chunks, int64_t last,
-                 const float* scale, float* const* out) {
+// out[r][n] += scale[r] * sum_j v[r][j] b[j][n] for R rows and the first `width` (<= 16) columns n
+// of one 16-column chunk of B^T, b [rank][16] stored as kType, j in order from 0: the same floats
+// whatever R is. (Not inlined: inside the command's lambda GCC ran out of registers and kept the
+// accumulators in memory, stored at every j.)
+template <DType kType, int R>
+[[gnu::noinline]] void expand_chunk(const float* const* v, const uint8_t* b, int64_t rank, int64_t width,
+                                    const float* scale, float* const* out) {
   using cpu::f32x8;
-  for (int64_t c = 0; c < chunks; ++c) {
-    const float* b = bt + c * rank * kExpandCols;
-    f32x8 acc[R][2] = {};
-    for (int64_t j = 0; j < rank; ++j) {
-      const f32x8 w0 = load8(b + j * kExpandCols), w1 = load8(b + j * kExpandCols + 8);
-      for (int r = 0; r < R; ++r) {
-        const f32x8 x = splat8(v[r][j]);
-        acc[r][0] = fma8(x, w0, acc[r][0]);
-        acc[r][1] = fma8(x, w1, acc[r][1]);
-      }
-    }
+  f32x8 acc[R][2] = {};
+  for (int64_t j = 0; j < rank; ++j) {
+    const f32x8 w0 = elements8<kType>(b, j * kExpandCols), w1 = elements8<kType>(b, j * kExpandCols + 8);
     for (int r = 0; r < R; ++r) {
-      float* o = out[r] + c * kExpandCols;
-      if (c + 1 < chunks || last == kExpandCols) {
-        const f32x8 s = splat8(scale[r]);
-        store8(o, fma8(s, acc[r][0], load8(o)));
-        store8(o + 8, fma8(s, acc[r][1], load8(o + 8)));
-      } else {
-        for (int64_t n = 0; n < last; ++n) o[n] = std::fma(scale[r], acc[r][n / 8][n % 8], o[n]);
-      }
+      const f32x8 x = splat8(v[r][j]);
+      acc[r][0] = fma8(x, w0, acc[r][0]);
+      acc[r][1] = fma8(x, w1, acc[r][1]);
     }
   }
+  for (int r = 0; r < R; ++r) {
+    float* o = out[r];
+    if (width == kExpandCols) {
+      const f32x8 s = splat8(scale[r]);
+      store8(o, fma8(s, acc[r][0], load8(o)));
+      store8(o + 8, fma8(s, acc[r][1], load8(o + 8)));
+    } else {
+      for (int64_t n = 0; n < width; ++n) o[n] = std::fma(scale[r], acc[r][n / 8][n % 8], o[n]);
+    }
+  }
+}
+
+using ExpandFn = void (*)(const float* const*, const uint8_t*, int64_t, int64_t, const float*, float* const*);
+
+// The expand kernel for R rows against B^T chunks stored as `dtype` (f32, f16 or bf16).
+template <int R>
+ExpandFn expand_kernel(DType dtype) {
+  return dtype == DType::F32   ? expand_chunk<DType::F32, R>
+         : dtype == DType::F16 ? expand_chunk<DType::F16, R>
+                               : expand_chunk<DType::BF16, R>;
 }
 
 // Calls block(rows) for the group's rows kBlock at a time, then one(row) for the rest.
@@ -283,7 +241,8 @@ void by_row_blocks(const std::vector<int64_t>& rows, const Block& block, const O
 
 // Rows run kernel<R> in blocks of R (2 x 4 shrink chains or 4 expand ones fill AVX2's registers).
 constexpr int kShrinkRows = 2, kExpandRows = 4;
-// B chunks transposed at a time: 16 x 16 columns of rank 16 in f32 are 16 KiB, in L1.
+// Chunks of a B not in the C16T layout converted at a time: 16 x 16 columns of rank 16 in f32
+// are 16 KiB, in L1.
 constexpr int64_t kExpandBatch = 16;
 
 }  // namespace
@@ -337,26 +296,28 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
     split_range(count_units(g, col_units), ith, nth, &b, &e);
     const float* t = reinterpret_cast<const float*>(tmp->data());
     const float* row_scale = host_ptr<float>(row_scales);
-    std::vector<float> bt;  // kExpandBatch chunks of B, each transposed: [chunk][rank][kExpandCols]
-    std::vector<float> b_f32;  // B's rows of those chunks converted, for B not in f32
+    std::vector<float> bt;  // for B not in C16T: kExpandBatch chunks of it as f32 C16T
+    std::vector<float> row(static_cast<size_t>(site_rank));  // a row of such a B, converted
     for_update_units(g, b, e, col_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t c0,
                                              int64_t c1) {
       const int64_t r = up.b.dim(1), N = up.b.dim(0);
+      const bool chunked = layout_of(up.b) == quant::WeightLayout::C16T;
+      const DType bt_dtype = chunked ? up.b.dtype : DType::F32;
+      const size_t chunk_bytes = dtype_bytes(bt_dtype, r * kExpandCols);
+      const ExpandFn block_kernel = expand_kernel<kExpandRows>(bt_dtype), one_kernel = expand_kernel<1>(bt_dtype);
       for (int64_t cb = c0; cb < c1; cb += kExpandBatch) {
         const int64_t chunks = std::min(kExpandBatch, c1 - cb), n0 = cb * kExpandCols;
-        const int64_t n1 = std::min(N, (cb + chunks) * kExpandCols), last = n1 - (cb + chunks - 1) * kExpandCols;
-        bt.resize(size_t(chunks * r * kExpandCols));
-        if (direct_dtype(up.b.dtype) && r % 8 == 0) {
-          transpose_chunks(Elements{host_ptr<uint8_t>(up.b), up.b.dtype}, r, n0, n1, chunks, bt.data());
+        const uint8_t* chunk0;
+        if (chunked) {
+          chunk0 = host_ptr<uint8_t>(up.b) + size_t(cb) * chunk_bytes;
         } else {
-          const float* bm = f32_rows(up.b, n0, n1 - n0, b_f32);  // rows n0 .. n1
-          std::fill(bt.begin(), bt.end(), 0.0f);
-          for (int64_t c = 0; c < chunks; ++c)
-            for (int64_t n = 0; n < kExpandCols && n0 + c * kExpandCols + n < n1; ++n) {
-              const float* src = bm + (c * kExpandCols + n) * r;
-              float* dst = bt.data() + c * r * kExpandCols + n;
-              for (int64_t j = 0; j < r; ++j) dst[j * kExpandCols] = src[j];
-            }
+          bt.assign(size_t(chunks * r * kExpandCols), 0.0f);
+          for (int64_t n = n0; n < std::min(N, n0 + chunks * kExpandCols); ++n) {
+            quant::dequantize_row(up.b.dtype, host_ptr<uint8_t>(up.b) + n * int64_t(up.b.row_bytes()), row.data(), r);
+            float* dst = bt.data() + (n - n0) / kExpandCols * r * kExpandCols + (n - n0) % kExpandCols;
+            for (int64_t j = 0; j < r; ++j) dst[j * kExpandCols] = row[size_t(j)];
+          }
+          chunk0 = reinterpret_cast<const uint8_t*>(bt.data());
         }
         auto run = [&](const int64_t* rows, auto r_count) {
           constexpr int R = decltype(r_count)::value;
@@ -364,10 +325,17 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
           float* outs[R];
           float scales[R];
           for (int i = 0; i < R; ++i) {
-            vs[i] = t + rows[i] * site_rank + offset, outs[i] = host_ptr<float>(out) + rows[i] * ld + up.out_col + n0;
+            vs[i] = t + rows[i] * site_rank + offset;
             scales[i] = up.scale * row_scale[rows[i]];
           }
-          expand_rows<R>(vs, bt.data(), r, chunks, last, scales, outs);
+          for (int64_t c = 0; c < chunks; ++c) {
+            const int64_t col = n0 + c * kExpandCols;
+            for (int i = 0; i < R; ++i) outs[i] = host_ptr<float>(out) + rows[i] * ld + up.out_col + col;
+            const uint8_t* chunk = chunk0 + size_t(c) * chunk_bytes;
+            const int64_t width = std::min(kExpandCols, N - col);
+            if constexpr (R == kExpandRows) block_kernel(vs, chunk, r, width, scales, outs);
+            else one_kernel(vs, chunk, r, width, scales, outs);
+          }
         };
         by_row_blocks<kExpandRows>(
             grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kExpandRows>()); },
