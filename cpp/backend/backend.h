@@ -64,9 +64,9 @@ struct KvLayer {
 // LoRA (low-rank adapters). One update of a projection's output columns [out_col, out_col + N):
 //   out[t, out_col + n] += (scale * row_scale[t]) * sum_j (sum_k x[t, k] a[j, k]) b[n, j]
 // with a [r, K] and b [N, r] in a storage dtype (lora_storage_dtype; Q8_0 only for rows of whole
-// blocks), b possibly in the backend's own layout (Backend::pack_lora_b). Backends compute with their values converted to f32, as the same update stored in f32
-// computes: a row's result depends on those values only. A fused projection (q/k/v, gate/up)
-// takes one per part.
+// blocks), b possibly in the backend's own layout (Backend::pack_lora). Backends compute with
+// their values converted to f32, as the same update stored in f32 computes: a row's result
+// depends on those values only. A fused projection (q/k/v, gate/up) takes one per part.
 inline bool lora_storage_dtype(DType t) {
   return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0;
 }
@@ -134,10 +134,10 @@ class Backend {
   // those file pages as it goes: memory never holds both whole copies of a large weight.
   using Consumed = std::function<void(const void* begin, size_t bytes)>;
   virtual Tensor pack_weight(const Tensor& w, const Consumed& consumed) { return w; }
-  // A LoRA update's B ([N, r], a storage dtype) in the layout this backend's lora op reads
-  // fastest: possibly a copy in a layout of its own (the CPU's C16T, recorded in its storage),
-  // with the same dtype, shape and values; else b itself.
-  virtual Tensor pack_lora_b(const Tensor& b) { return b; }
+  // Moves a loaded LoRA adapter's A and B matrices where and in the layout this backend's lora
+  // op reads them fastest (the CPU: the adapter's own run of 2 MiB pages, B in its C16T layout,
+  // recorded in its storage), with the same dtypes, shapes and values; or leaves them.
+  virtual void pack_lora(LoraWeights& w) {}
   // Bytes that buffers here could still take (the KV pool is checked against it at load).
   virtual size_t memory_available_bytes() const = 0;
   // Backs t's memory now, so that a driver that allocates at first use fails here

@@ -170,14 +170,18 @@ std::shared_ptr<LoraAdapter> make_lora_adapter(Backend& be, const ModelConfig& c
     LoraPart mine = std::move(parts[i]);  // its bytes; the columns stay for the next part's check
     if (!keep_share(cfg, split, mine)) continue;
     LoraUpdate u;
-    u.a = be.from_host(mine.a.data(), mine.a_dtype, {mine.rank, lora_site_shape(local, mine.site).in});
-    u.b = be.pack_lora_b(be.from_host(mine.b.data(), mine.b_dtype, {mine.n, mine.rank}));
+    // The part's own bytes, wrapped (a host backend copies them once, in pack_lora).
+    const auto held = [](std::vector<uint8_t>& bytes) { return std::make_shared<std::vector<uint8_t>>(std::move(bytes)); };
+    const auto a = held(mine.a), b = held(mine.b);
+    u.a = be.from_host(a->data(), mine.a_dtype, {mine.rank, lora_site_shape(local, mine.site).in}, a);
+    u.b = be.from_host(b->data(), mine.b_dtype, {mine.n, mine.rank}, b);
     u.out_col = mine.out_col;
     u.scale = mine.scale;
     adapter->bytes += int64_t(u.a.nbytes() + u.b.nbytes());
     adapter->sites[size_t(mine.site)].push_back(u);
   }
   if (parts.empty()) throw ValueError("the LoRA adapter updates no projection");
+  be.pack_lora(*adapter);
   return adapter;
 }
 

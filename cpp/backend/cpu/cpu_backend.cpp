@@ -1,5 +1,9 @@
 #include "backend/cpu/cpu_backend.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <cblas.h>
 #include <immintrin.h>
 
@@ -216,24 +220,39 @@ size_t CpuBackend::memory_available_bytes() const {
   return size_t(sysconf(_SC_AVPHYS_PAGES)) * size_t(sysconf(_SC_PAGESIZE));
 }
 
-Tensor CpuBackend::pack_lora_b(const Tensor& b) {
-  check_host(b);
-  if (b.dtype != DType::F32 && b.dtype != DType::F16 && b.dtype != DType::BF16) return b;
-  const int64_t N = b.dim(0), r = b.dim(1), chunks = (N + quant::kC16TRows - 1) / quant::kC16TRows;
-  const size_t elem = dtype_bytes(b.dtype, 1), bytes = size_t(chunks * quant::kC16TRows * r) * elem;
-  auto storage = std::make_shared<CpuStorage>(this, bytes);
-  storage->layout = quant::WeightLayout::C16T;
-  char* dst = static_cast<char*>(storage->data);
-  std::memset(dst, 0, bytes);
-  const char* src = host_ptr<char>(b);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t j = 0; j < r; ++j)
-      std::memcpy(dst + size_t((n / quant::kC16TRows * r + j) * quant::kC16TRows + n % quant::kC16TRows) * elem,
-                  src + size_t(n * r + j) * elem, elem);
-  Tensor t = b;
-  t.storage = std::move(storage);
-  t.offset = 0;
-  return t;
+void CpuBackend::pack_lora(LoraWeights& w) {
+  WeightArena arena;  // this adapter's region, unmapped when its last tensor goes
+  const auto place = [&](const Tensor& m, bool c16t) {
+    check_host(m);
+    const int64_t N = m.dim(0), r = m.dim(1), rows = c16t ? (N + quant::kC16TRows - 1) / quant::kC16TRows * quant::kC16TRows : N;
+    const size_t bytes = dtype_bytes(m.dtype, rows * r);
+    WeightArena::Block block = arena.allocate(bytes);
+    char* dst = static_cast<char*>(block.data);
+    const char* src = host_ptr<char>(m);
+    if (c16t) {
+      const size_t elem = dtype_bytes(m.dtype, 1);
+      std::memset(dst, 0, bytes);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = 0; j < r; ++j)
+          std::memcpy(dst + size_t((n / quant::kC16TRows * r + j) * quant::kC16TRows + n % quant::kC16TRows) * elem,
+                      src + size_t(n * r + j) * elem, elem);
+    } else {
+      std::memcpy(dst, src, bytes);
+    }
+    Tensor t = m;
+    t.offset = 0;
+    t.storage = std::make_shared<CpuStorage>(this, bytes, block.data, std::move(block.region),
+                                             c16t ? quant::WeightLayout::C16T : quant::WeightLayout::Plain);
+    return t;
+  };
+  for (auto& site : w.sites)
+    for (LoraUpdate& u : site) {
+      u.a = place(u.a, false);
+      u.b = place(u.b, u.b.dtype == DType::F32 || u.b.dtype == DType::F16 || u.b.dtype == DType::BF16);
+    }
+#if defined(__GLIBC__)
+  malloc_trim(0);  // the loader's copies are gone: their heap pages back to the system
+#endif
 }
 
 Tensor CpuBackend::pack_weight(const Tensor& w, const Consumed& consumed) {

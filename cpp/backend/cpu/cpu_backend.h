@@ -123,8 +123,9 @@ class CpuBackend : public Backend {
   // IQ4 types, F16 and BF16 in the R16 layout (quant/repack.h) where its kernels run (AVX-512;
   // AVX2 for the quantized types).
   Tensor pack_weight(const Tensor& w, const Consumed& consumed) override;
-  // F32 / F16 / BF16 in the C16T layout; Q8_0 as it is.
-  Tensor pack_lora_b(const Tensor& b) override;
+  // One weight arena per adapter (its pages go with it); B in f32 / f16 / bf16 in the C16T
+  // layout, in q8_0 as it is.
+  void pack_lora(LoraWeights& w) override;
   size_t memory_available_bytes() const override;  // the system's MemAvailable
   void download(const Tensor& src, void* dst, size_t bytes) override;
   std::unique_ptr<Stream> new_stream() override { return std::make_unique<CpuStream>(this); }

@@ -1,12 +1,15 @@
 // LoRA on the CPU: two commands per projection site. Rows are grouped by the slot they chose;
 // the shrink gives each thread blocks of kShrinkRanks rank rows of A (every row of the group
 // against the block, each x row read once per block), the expand whole 16-column chunks of B
-// (kept transposed, in the C16T layout pack_lora_b gave it, so a rank's 16 outputs are one
+// (kept transposed, in the C16T layout pack_lora gave it, so a rank's 16 outputs are one
 // vector), so each adapter's A and B are read once per call however many rows use it. A rank
 // block of A stored in q8_0 or a batch of a q8_0 B's chunks is converted to f32 once per call
 // (into an L1-sized buffer); f16 / bf16 values convert in registers, exactly. The results are
-// those of the f32 update with those values. Each output element is one fixed-order sum of its row's own values,
-// times its row's request scale: a row's result does not depend on its batch.
+// those of the f32 update with those values. Each output element is one fixed-order sum of its
+// row's own values, times its row's request scale: a row's result does not depend on its batch.
+// The kernels (lora_kernels.h) have an AVX-512 copy with the same floats. The adapter's
+// matrices lie on its own 2 MiB pages (CpuBackend::pack_lora): on 4 KiB ones a decode read
+// them at well under half the weights' pace.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,6 +20,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/fast_math.h"
+#include "backend/cpu/lora_kernels.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
 #include "quant/quant.h"
@@ -174,19 +178,16 @@ void shrink_rows(const float* const* x, const uint8_t* a, int64_t K, float* cons
     }
 }
 
-using ShrinkFn = void (*)(const float* const*, const uint8_t*, int64_t, float* const*);
-
 template <DType kType, int R>
-ShrinkFn shrink_kernel_of(int64_t n) {
-  static constexpr ShrinkFn k[] = {shrink_rows<kType, R, 1>, shrink_rows<kType, R, 2>, shrink_rows<kType, R, 3>,
-                                   shrink_rows<kType, R, 4>};
+cpu::LoraShrinkFn shrink_kernel_of(int64_t n) {
+  static constexpr cpu::LoraShrinkFn k[] = {shrink_rows<kType, R, 1>, shrink_rows<kType, R, 2>,
+                                            shrink_rows<kType, R, 3>, shrink_rows<kType, R, 4>};
   static_assert(std::size(k) == kShrinkRanks);
   return k[n - 1];
 }
 
-// The shrink kernel for R rows against n (1 .. kShrinkRanks) rows of A stored as `dtype`.
 template <int R>
-ShrinkFn shrink_kernel(DType dtype, int64_t n) {
+cpu::LoraShrinkFn shrink_kernel(DType dtype, int64_t n) {
   return dtype == DType::F32   ? shrink_kernel_of<DType::F32, R>(n)
          : dtype == DType::F16 ? shrink_kernel_of<DType::F16, R>(n)
                                : shrink_kernel_of<DType::BF16, R>(n);
@@ -221,31 +222,41 @@ template <DType kType, int R>
   }
 }
 
-using ExpandFn = void (*)(const float* const*, const uint8_t*, int64_t, int64_t, const float*, float* const*);
-
-// The expand kernel for R rows against B^T chunks stored as `dtype` (f32, f16 or bf16).
 template <int R>
-ExpandFn expand_kernel(DType dtype) {
+cpu::LoraExpandFn expand_kernel(DType dtype) {
   return dtype == DType::F32   ? expand_chunk<DType::F32, R>
          : dtype == DType::F16 ? expand_chunk<DType::F16, R>
                                : expand_chunk<DType::BF16, R>;
 }
 
-// Calls block(rows) for the group's rows kBlock at a time, then one(row) for the rest.
-template <int kBlock, typename Block, typename One>
-void by_row_blocks(const std::vector<int64_t>& rows, const Block& block, const One& one) {
+// Calls block(rows) for the group's rows `size` at a time, then one(row) for the rest.
+template <typename Block, typename One>
+void by_row_blocks(const std::vector<int64_t>& rows, size_t size, const Block& block, const One& one) {
   size_t i = 0;
-  for (; i + kBlock <= rows.size(); i += kBlock) block(&rows[i]);
+  for (; i + size <= rows.size(); i += size) block(&rows[i]);
   for (; i < rows.size(); ++i) one(&rows[i]);
 }
 
-// Rows run kernel<R> in blocks of R (2 x 4 shrink chains or 4 expand ones fill AVX2's registers).
+// AVX2's: 2 x 4 shrink chains or 4 x 2 expand ones fill its 16 registers.
 constexpr int kShrinkRows = 2, kExpandRows = 4;
+constexpr cpu::LoraKernels kAvx2Kernels{
+    kShrinkRows, kExpandRows,
+    [](DType t, int rows, int64_t n) { return rows == 1 ? shrink_kernel<1>(t, n) : shrink_kernel<kShrinkRows>(t, n); },
+    [](DType t, int rows) { return rows == 1 ? expand_kernel<1>(t) : expand_kernel<kExpandRows>(t); }};
+constexpr int kMaxBlockRows = 8;  // of either kernel set
+
+const cpu::LoraKernels& lora_kernels() {
+  static const cpu::LoraKernels& k = cpu::avx512_copies() ? cpu::lora_kernels_avx512() : kAvx2Kernels;
+  return k;
+}
+
 // Chunks of a B not in the C16T layout converted at a time: 16 x 16 columns of rank 16 in f32
 // are 16 KiB, in L1.
 constexpr int64_t kExpandBatch = 16;
 
 }  // namespace
+
+const cpu::LoraKernels& cpu::lora_kernels_avx2() { return kAvx2Kernels; }
 
 void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const Tensor& row_scales,
                       std::shared_ptr<const LoraSlots> slots, int64_t site, int64_t site_rank, const Tensor& out) {
@@ -274,19 +285,19 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
         const DType a_dtype = direct ? up.a.dtype : DType::F32;
         const uint8_t* a = direct ? host_ptr<uint8_t>(up.a) + j0 * int64_t(dtype_bytes(up.a.dtype, K))
                                   : reinterpret_cast<const uint8_t*>(f32_rows(up.a, j0, nj, a_f32));
-        const ShrinkFn block_kernel = shrink_kernel<kShrinkRows>(a_dtype, nj), one_kernel = shrink_kernel<1>(a_dtype, nj);
-        auto run = [&](const int64_t* rows, auto r_count) {
-          constexpr int R = decltype(r_count)::value;
-          const float* xs[R];
-          float* outs[R];
-          for (int r = 0; r < R; ++r)
+        const cpu::LoraKernels& kern = lora_kernels();
+        const cpu::LoraShrinkFn block_kernel = kern.shrink(a_dtype, kern.shrink_rows, nj),
+                                one_kernel = kern.shrink(a_dtype, 1, nj);
+        auto run = [&](const int64_t* rows, int count, cpu::LoraShrinkFn kernel) {
+          const float* xs[kMaxBlockRows];
+          float* outs[kMaxBlockRows];
+          for (int r = 0; r < count; ++r)
             xs[r] = host_ptr<float>(x) + rows[r] * K, outs[r] = t + rows[r] * site_rank + offset + j0;
-          if constexpr (R == kShrinkRows) block_kernel(xs, a, K, outs);
-          else one_kernel(xs, a, K, outs);
+          kernel(xs, a, K, outs);
         };
-        by_row_blocks<kShrinkRows>(
-            grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kShrinkRows>()); },
-            [&](const int64_t* rows) { run(rows, std::integral_constant<int, 1>()); });
+        by_row_blocks(
+            grp.rows, size_t(kern.shrink_rows), [&](const int64_t* rows) { run(rows, kern.shrink_rows, block_kernel); },
+            [&](const int64_t* rows) { run(rows, 1, one_kernel); });
       }
     });
   });
@@ -304,7 +315,8 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
       const bool chunked = layout_of(up.b) == quant::WeightLayout::C16T;
       const DType bt_dtype = chunked ? up.b.dtype : DType::F32;
       const size_t chunk_bytes = dtype_bytes(bt_dtype, r * kExpandCols);
-      const ExpandFn block_kernel = expand_kernel<kExpandRows>(bt_dtype), one_kernel = expand_kernel<1>(bt_dtype);
+      const cpu::LoraKernels& kern = lora_kernels();
+      const cpu::LoraExpandFn block_kernel = kern.expand(bt_dtype, kern.expand_rows), one_kernel = kern.expand(bt_dtype, 1);
       for (int64_t cb = c0; cb < c1; cb += kExpandBatch) {
         const int64_t chunks = std::min(kExpandBatch, c1 - cb), n0 = cb * kExpandCols;
         const uint8_t* chunk0;
@@ -319,27 +331,23 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
           }
           chunk0 = reinterpret_cast<const uint8_t*>(bt.data());
         }
-        auto run = [&](const int64_t* rows, auto r_count) {
-          constexpr int R = decltype(r_count)::value;
-          const float* vs[R];
-          float* outs[R];
-          float scales[R];
-          for (int i = 0; i < R; ++i) {
+        auto run = [&](const int64_t* rows, int count, cpu::LoraExpandFn kernel) {
+          const float* vs[kMaxBlockRows];
+          float* outs[kMaxBlockRows];
+          float scales[kMaxBlockRows];
+          for (int i = 0; i < count; ++i) {
             vs[i] = t + rows[i] * site_rank + offset;
             scales[i] = up.scale * row_scale[rows[i]];
           }
           for (int64_t c = 0; c < chunks; ++c) {
             const int64_t col = n0 + c * kExpandCols;
-            for (int i = 0; i < R; ++i) outs[i] = host_ptr<float>(out) + rows[i] * ld + up.out_col + col;
-            const uint8_t* chunk = chunk0 + size_t(c) * chunk_bytes;
-            const int64_t width = std::min(kExpandCols, N - col);
-            if constexpr (R == kExpandRows) block_kernel(vs, chunk, r, width, scales, outs);
-            else one_kernel(vs, chunk, r, width, scales, outs);
+            for (int i = 0; i < count; ++i) outs[i] = host_ptr<float>(out) + rows[i] * ld + up.out_col + col;
+            kernel(vs, chunk0 + size_t(c) * chunk_bytes, r, std::min(kExpandCols, N - col), scales, outs);
           }
         };
-        by_row_blocks<kExpandRows>(
-            grp.rows, [&](const int64_t* rows) { run(rows, std::integral_constant<int, kExpandRows>()); },
-            [&](const int64_t* rows) { run(rows, std::integral_constant<int, 1>()); });
+        by_row_blocks(
+            grp.rows, size_t(kern.expand_rows), [&](const int64_t* rows) { run(rows, kern.expand_rows, block_kernel); },
+            [&](const int64_t* rows) { run(rows, 1, one_kernel); });
       }
     });
   });
