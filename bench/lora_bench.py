@@ -14,7 +14,9 @@ In one ferrum process (enable_lora, max_loras = requests), alternating rounds, t
   each on its own adapter, and all on one shared adapter;
 - the time to load an adapter (first use) and the resident memory each loaded adapter adds.
 llama.cpp (llama-cpp-python, the build ../shared/bench/llamacpp/run.sh makes) runs the same
-base and the GGUF adapter through bench/llamacpp_lora.py in its own interpreter, one stream.
+base and the GGUF adapter through bench/llamacpp_lora.py in its own interpreter, one stream, a
+round of it after each of ferrum's, so that both meet the machine's read bandwidth of the same
+minutes (on a shared host it drifts by a fifth), the best of -r.
 """
 import argparse
 import json
@@ -98,7 +100,7 @@ def concurrent(llm, prompts, n, loras):
     return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
 
 
-def ferrum_figures(args, base, adapters):
+def ferrum_figures(args, base, adapters, after_round):
     import ferrum
     from ferrum import LoRARequest
     from ferrum.bench import _rss_mib as rss_mib
@@ -126,6 +128,7 @@ def ferrum_figures(args, base, adapters):
         many["base"].append(concurrent(llm, prompts, args.n, None))
         many["different adapters"].append(concurrent(llm, prompts, args.n, requests))
         many["one shared adapter"].append(concurrent(llm, prompts, args.n, requests[0]))
+        after_round()
     return {"one_stream": {k: {"pp_tok_s": max(p for p, _ in v), "tg_tok_s": max(t for _, t in v)}
                            for k, v in runs.items()},
             "concurrent_tok_s": {k: max(v) for k, v in many.items()},
@@ -133,10 +136,8 @@ def ferrum_figures(args, base, adapters):
             "adapter_file_mib": os.path.getsize(os.path.join(adapters[0], "adapter_model.safetensors")) / 2**20}
 
 
-def peer_figures(args, base, gguf):
-    py = peer_python()
-    if py is None:
-        return None
+def peer_round(py, args, base, gguf):
+    """One llama.cpp round: {"base" | "adapter": {"pp_tok_s", "tg_tok_s"}}."""
     out = {}
     for name, lora in (("base", []), ("adapter", [gguf])):
         cmd = [py, os.path.join(HERE, "llamacpp_lora.py"), base, str(args.p), str(args.n), str(args.threads)] + lora
@@ -145,6 +146,10 @@ def peer_figures(args, base, gguf):
             raise SystemExit(f"llama.cpp failed:\n{res.stderr[-2000:]}")
         out[name] = json.loads(res.stdout.strip().splitlines()[-1])
     return out
+
+
+def best_of(rounds):
+    return {k: {m: max(r[k][m] for r in rounds) for m in ("pp_tok_s", "tg_tok_s")} for k in rounds[0]} if rounds else None
 
 
 def main():
@@ -160,8 +165,11 @@ def main():
     args = ap.parse_args()
     base, adapters, gguf = make_files(args.data_dir, args.requests)
     load_before = os.getloadavg()[0]
-    ours = ferrum_figures(args, base, adapters)
-    peer = None if args.no_peer else peer_figures(args, base, gguf)
+    py = None if args.no_peer else peer_python()
+    peer_rounds = []
+    ours = ferrum_figures(args, base, adapters,
+                          lambda: py and peer_rounds.append(peer_round(py, args, base, gguf)))
+    peer = best_of(peer_rounds)
     result = {"model": base, "rank": RANK, "threads": args.threads, "p": args.p, "n": args.n,
               "requests": args.requests, "loadavg": [load_before, os.getloadavg()[0]],
               "ferrum": ours, "llama.cpp": peer}

@@ -658,8 +658,8 @@ FERRUM_AVX512 void gemm_r16_kquant(int64_t n, const void* w, size_t w_row_bytes,
 
 // One activation row. Q4_K, Q5_K, Q6_K, IQ4_XS (kRowByGroup): groups one after another, as
 // dot_rows_r16, one stream for the prefetchers (Q6_K also with its dwords in read order and its
-// sub-blocks unrolled), the next group prefetched over the steps of this one: left to the
-// hardware prefetchers, one thread read DRAM-resident weights at a third to a half of a plain
+// sub-blocks unrolled), the next group prefetched into L1 over the steps of this one: left to
+// the hardware prefetchers, one thread read DRAM-resident weights at a third to a half of a plain
 // read's pace on a Zen 5 (quant_dot_bench read). Q2_K, Q3_K keep the GEMM's two-group tiles and its prefetches: one group
 // at a time left them no faster (with or without prefetching a group ahead).
 template <class F>
@@ -675,7 +675,7 @@ FERRUM_AVX512 void dot_rows_r16_kquant(int64_t n, const void* w, size_t w_row_by
     for (int64_t r0 = 0; r0 < rows; r0 += kR16Rows) {
       const char* const group[1] = {static_cast<const char*>(w) + r0 * rb};
       const int64_t ahead_rows = std::clamp<int64_t>(rows - r0 - kR16Rows, 0, kR16Rows);
-      const Prefetch pf{group[0] + kR16Rows * rb, ahead_rows * rb, 0, F::kSubBlocks * nb};
+      const Prefetch pf{group[0] + kR16Rows * rb, ahead_rows * rb, 0, F::kSubBlocks * nb, true};
       kquant_block<F, 1, 1>(nb, group, acts, 0, out + r0, 0, std::min<int64_t>(kR16Rows, rows - r0), pf);
     }
   }
