@@ -337,7 +337,7 @@ FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows
   prepare_kquant_acts<F::kSubBlocks, true, 0>(nb, act, act_row_bytes, T, acts);  // the paired sums
   r16_register_blocks(rows, T, [&](auto n, auto v, int64_t r0, int live, int h, int64_t t) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + r0 * w_row_bytes;
-    const uint8_t* next = T == 1 && r0 + kR16Rows < rows ? group + kR16Rows * w_row_bytes : nullptr;
+    const uint8_t* next = t == 0 && h == 0 && r0 + kR16Rows < rows ? group + kR16Rows * w_row_bytes : nullptr;
     pass<F, decltype(n)::value, decltype(v)::value>(nb, group, h, live, acts, t, out + r0 + t * ldo, ldo, next);
   });
 }
