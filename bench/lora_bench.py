@@ -149,7 +149,10 @@ def peer_round(py, args, base, gguf):
 
 
 def best_of(rounds):
-    return {k: {m: max(r[k][m] for r in rounds) for m in ("pp_tok_s", "tg_tok_s")} for k in rounds[0]} if rounds else None
+    """Each figure's best over the rounds (None without rounds)."""
+    if not rounds:
+        return None
+    return {k: {m: max(r[k][m] for r in rounds) for m in ("pp_tok_s", "tg_tok_s")} for k in rounds[0]}
 
 
 def main():

@@ -4,6 +4,7 @@ Debian's chromedriver) against `ferrum serve` on 127.0.0.1 with SmolLM2: a strea
 API key flow, --no-web-ui; and no console errors from the page."""
 import json
 import re
+import time
 
 import pytest
 import requests
@@ -89,14 +90,27 @@ def reply_to(driver, action):
     return settle(driver)
 
 
-def last_content(driver):
-    """The last message's text, found afresh: the page may render a reply anew (another element)
-    just after it ends, so an element found before that is stale."""
+def last_content(driver, part=".content"):
+    """The last message's text (or its `part`'s), found afresh: the page may render a reply anew
+    (another element) just after it ends, so an element found before that is stale."""
     try:
         found = messages(driver)
-        return found[-1].find_element(By.CSS_SELECTOR, ".content").text.strip() if found else None
+        return found[-1].find_element(By.CSS_SELECTOR, part).text.strip() if found else None
     except StaleElementReferenceException:
         return None
+
+
+def read_last(driver, read, timeout_s=10.0):
+    """read(the last message's element), found afresh and read again while the page renders the
+    reply anew (an element found before that goes stale)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return read(messages(driver)[-1])
+        except StaleElementReferenceException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def set_settings(driver, **fields):
@@ -127,24 +141,25 @@ def test_conversation_stop_regenerate_reload_edit_export(server, browser, tmp_pa
     browser.get(url)
     wait_until(lambda: browser.find_element(By.ID, "model-name").text == MODEL, 20, "the model's name")
     set_settings(browser, **{"temperature": "0", "max-tokens": "24", "system-prompt": "You are terse."})
-    reply = reply_to(browser, lambda: say(browser, "What is the capital of France?"))
+    reply_to(browser, lambda: say(browser, "What is the capital of France?"))
     expected = chat_api(url, [{"role": "system", "content": "You are terse."},
                               {"role": "user", "content": "What is the capital of France?"}],
                         temperature=0, max_tokens=24)
     # The page sent the system prompt and settings: its reply is the server's for the same request.
-    assert reply.find_element(By.CSS_SELECTOR, ".content").text.strip() == expected.strip()
-    stats = reply.find_element(By.CSS_SELECTOR, ".stats").text
-    assert re.search(r"\d+ tokens · [\d.]+ tokens/s · prompt \d+ tokens", stats), stats
+    wait_until(lambda: last_content(browser) == expected.strip(), 30, "the reply to be the server's")
+    stats = r"\d+ tokens · [\d.]+ tokens/s · prompt \d+ tokens"
+    wait_until(lambda: re.search(stats, last_content(browser, ".stats") or ""), 30, "the reply's stats")
 
     # Regenerate with a seed and sampling: the reply becomes the server's for that seed.
     set_settings(browser, **{"temperature": "0.9", "seed": "7"})
-    reply = reply_to(browser, reply.find_element(By.CSS_SELECTOR, "button.regenerate").click)
+    def regenerate():
+        read_last(browser, lambda reply: reply.find_element(By.CSS_SELECTOR, "button.regenerate").click())
+    reply_to(browser, regenerate)
     assert len(messages(browser)) == 2
     seeded = chat_api(url, [{"role": "system", "content": "You are terse."},
                             {"role": "user", "content": "What is the capital of France?"}],
                       temperature=0.9, top_p=0.95, max_tokens=24, seed=7)
     wait_until(lambda: last_content(browser) == seeded.strip(), 30, "the regenerated reply to be the server's")
-    reply = messages(browser)[-1]
 
     # A long reply stopped midway: the server aborts the request (its running count drops to 0).
     set_settings(browser, **{"max-tokens": "400", "seed": "", "temperature": "0",
@@ -155,15 +170,15 @@ def test_conversation_stop_regenerate_reload_edit_export(server, browser, tmp_pa
     wait_until(lambda: browser.execute_script(streamed) > 20
                and metric(url, "num_requests_running") == 1, 60, "the reply to stream")
     browser.find_element(By.ID, "stop").click()
-    reply = settle(browser)
+    settle(browser)
     wait_until(lambda: metric(url, "num_requests_running") == 0 and aborted(url) == before + 1, 20, "the abort")
-    assert "stopped" in reply.find_element(By.CSS_SELECTOR, ".stats").text
-    partial = reply.find_element(By.CSS_SELECTOR, ".content").text
+    wait_until(lambda: "stopped" in (last_content(browser, ".stats") or ""), 20, "the reply marked stopped")
+    partial = last_content(browser)
 
     # Reload: the conversation is still there.
     browser.refresh()
     wait_until(lambda: len(messages(browser)) == 4, 20, "the conversation after reload")
-    assert messages(browser)[-1].find_element(By.CSS_SELECTOR, ".content").text == partial
+    assert last_content(browser) == partial
 
     # Edit the first message and send it again: what followed is replaced by the new reply.
     set_settings(browser, **{"max-tokens": "24", "extra-json": ""})
@@ -171,12 +186,12 @@ def test_conversation_stop_regenerate_reload_edit_export(server, browser, tmp_pa
     box = browser.find_element(By.CSS_SELECTOR, ".edit-box")
     box.clear()
     box.send_keys("What is the capital of Italy?")
-    reply = reply_to(browser, messages(browser)[0].find_element(By.CSS_SELECTOR, "button.send").click)
+    reply_to(browser, messages(browser)[0].find_element(By.CSS_SELECTOR, "button.send").click)
     assert len(messages(browser)) == 2
     edited = chat_api(url, [{"role": "system", "content": "You are terse."},
                             {"role": "user", "content": "What is the capital of Italy?"}],
                       temperature=0, top_p=0.95, max_tokens=24)
-    assert reply.find_element(By.CSS_SELECTOR, ".content").text.strip() == edited.strip()
+    wait_until(lambda: last_content(browser) == edited.strip(), 30, "the edited reply to be the server's")
 
     # Export: the conversation as JSON.
     browser.find_element(By.ID, "export").click()
@@ -195,10 +210,14 @@ def test_html_in_a_reply_is_shown_as_text(server, browser):
     browser.find_element(By.ID, "new-chat").click()
     set_settings(browser, **{"temperature": "0", "max-tokens": "80",
                              "extra-json": json.dumps({"structured_outputs": {"choice": [HOSTILE]}})})
-    reply = reply_to(browser, lambda: say(browser, "Say something."))
-    content = reply.find_element(By.CSS_SELECTOR, ".content")
-    assert content.text == HOSTILE.replace("**bold**", "bold")
-    assert content.find_element(By.TAG_NAME, "strong").text == "bold"  # Markdown still renders
+    reply_to(browser, lambda: say(browser, "Say something."))
+
+    def shown(reply):
+        content = reply.find_element(By.CSS_SELECTOR, ".content")
+        return content.text, content.find_element(By.TAG_NAME, "strong").text
+    text, strong = read_last(browser, shown)
+    assert text == HOSTILE.replace("**bold**", "bold")
+    assert strong == "bold"  # Markdown still renders
     assert not browser.find_elements(By.CSS_SELECTOR, "#messages script, #messages img")
     assert browser.execute_script("return window.pwned === undefined")
     assert console_errors(browser) == []

@@ -171,7 +171,9 @@ std::shared_ptr<LoraAdapter> make_lora_adapter(Backend& be, const ModelConfig& c
     if (!keep_share(cfg, split, mine)) continue;
     LoraUpdate u;
     // The part's own bytes, wrapped (a host backend copies them once, in pack_lora).
-    const auto held = [](std::vector<uint8_t>& bytes) { return std::make_shared<std::vector<uint8_t>>(std::move(bytes)); };
+    const auto held = [](std::vector<uint8_t>& bytes) {
+      return std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+    };
     const auto a = held(mine.a), b = held(mine.b);
     u.a = be.from_host(a->data(), mine.a_dtype, {mine.rank, lora_site_shape(local, mine.site).in}, a);
     u.b = be.from_host(b->data(), mine.b_dtype, {mine.n, mine.rank}, b);

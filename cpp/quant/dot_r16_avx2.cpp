@@ -190,7 +190,8 @@ FERRUM_AVX2 void pass(int64_t nb, const uint8_t* group, int h0, int live, const 
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* chunk = group + i * kChunk;
     if (next)
-      for (size_t o = 0; o < kChunk; o += 64) _mm_prefetch(reinterpret_cast<const char*>(next + i * kChunk + o), _MM_HINT_T0);
+      for (size_t o = 0; o < kChunk; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + i * kChunk + o), _MM_HINT_T0);
     const int8_t* a[N];
     for (int j = 0; j < N; ++j) a[j] = y[j][i].qs;
     __m256i isum[N][V];

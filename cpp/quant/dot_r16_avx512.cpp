@@ -660,8 +660,9 @@ FERRUM_AVX512 void gemm_r16_kquant(int64_t n, const void* w, size_t w_row_bytes,
 // dot_rows_r16, one stream for the prefetchers (Q6_K also with its dwords in read order and its
 // sub-blocks unrolled), the next group prefetched into L1 over the steps of this one: left to
 // the hardware prefetchers, one thread read DRAM-resident weights at a third to a half of a plain
-// read's pace on a Zen 5 (quant_dot_bench read). Q2_K, Q3_K keep the GEMM's two-group tiles and its prefetches: one group
-// at a time left them no faster (with or without prefetching a group ahead).
+// read's pace on a Zen 5 (quant_dot_bench read). Q2_K, Q3_K keep the GEMM's two-group tiles and
+// its prefetches: one group at a time left them no faster (with or without prefetching a group
+// ahead).
 template <class F>
 FERRUM_AVX512 void dot_rows_r16_kquant(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                                        float* out) {

@@ -297,7 +297,8 @@ FERRUM_AVX2 void pass(int64_t nb, const uint8_t* group, int h0, int live, const 
   for (int64_t sb = 0; sb < nb; ++sb) {
     const uint8_t* chunk = group + sb * kChunk;
     if (next)
-      for (size_t o = 0; o < kChunk; o += 64) _mm_prefetch(reinterpret_cast<const char*>(next + sb * kChunk + o), _MM_HINT_T0);
+      for (size_t o = 0; o < kChunk; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + sb * kChunk + o), _MM_HINT_T0);
     const BlockQ8_K* y[N];
     const int8_t* a[N];
     const int32_t* terms[N];

@@ -224,7 +224,8 @@ void CpuBackend::pack_lora(LoraWeights& w) {
   WeightArena arena;  // this adapter's region, unmapped when its last tensor goes
   const auto place = [&](const Tensor& m, bool c16t) {
     check_host(m);
-    const int64_t N = m.dim(0), r = m.dim(1), rows = c16t ? (N + quant::kC16TRows - 1) / quant::kC16TRows * quant::kC16TRows : N;
+    const int64_t N = m.dim(0), r = m.dim(1);
+    const int64_t rows = c16t ? (N + quant::kC16TRows - 1) / quant::kC16TRows * quant::kC16TRows : N;
     const size_t bytes = dtype_bytes(m.dtype, rows * r);
     WeightArena::Block block = arena.allocate(bytes);
     char* dst = static_cast<char*>(block.data);

@@ -316,7 +316,8 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
       const DType bt_dtype = chunked ? up.b.dtype : DType::F32;
       const size_t chunk_bytes = dtype_bytes(bt_dtype, r * kExpandCols);
       const cpu::LoraKernels& kern = lora_kernels();
-      const cpu::LoraExpandFn block_kernel = kern.expand(bt_dtype, kern.expand_rows), one_kernel = kern.expand(bt_dtype, 1);
+      const cpu::LoraExpandFn block_kernel = kern.expand(bt_dtype, kern.expand_rows),
+                              one_kernel = kern.expand(bt_dtype, 1);
       for (int64_t cb = c0; cb < c1; cb += kExpandBatch) {
         const int64_t chunks = std::min(kExpandBatch, c1 - cb), n0 = cb * kExpandCols;
         const uint8_t* chunk0;

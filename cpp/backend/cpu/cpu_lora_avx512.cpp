@@ -119,7 +119,9 @@ LoraShrinkFn shrink_for(DType t, int64_t n) {
                                                                           : shrink_of<DType::BF16, R>(n);
 }
 
-LoraShrinkFn shrink(DType t, int rows, int64_t n) { return rows == 1 ? shrink_for<1>(t, n) : shrink_for<kShrinkRows>(t, n); }
+LoraShrinkFn shrink(DType t, int rows, int64_t n) {
+  return rows == 1 ? shrink_for<1>(t, n) : shrink_for<kShrinkRows>(t, n);
+}
 
 template <int R>
 LoraExpandFn expand_for(DType t) {
