@@ -123,6 +123,10 @@ std::shared_ptr<LoraAdapter> make_lora_adapter(Backend& be, const ModelConfig& c
   adapter->cache_key = cache_key;
   adapter->sites.resize(size_t(cfg.layers * kLoraSitesPerLayer));
   const ModelConfig local = split.whole() ? cfg : split.local(cfg);
+  // A part's own bytes, for from_host to wrap (a host backend copies them once, in pack_lora).
+  const auto held = [](std::vector<uint8_t>& bytes) {
+    return std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+  };
   std::sort(parts.begin(), parts.end(), [](const LoraPart& x, const LoraPart& y) {
     return x.site != y.site ? x.site < y.site : x.out_col < y.out_col;
   });
@@ -170,10 +174,6 @@ std::shared_ptr<LoraAdapter> make_lora_adapter(Backend& be, const ModelConfig& c
     LoraPart mine = std::move(parts[i]);  // its bytes; the columns stay for the next part's check
     if (!keep_share(cfg, split, mine)) continue;
     LoraUpdate u;
-    // The part's own bytes, wrapped (a host backend copies them once, in pack_lora).
-    const auto held = [](std::vector<uint8_t>& bytes) {
-      return std::make_shared<std::vector<uint8_t>>(std::move(bytes));
-    };
     const auto a = held(mine.a), b = held(mine.b);
     u.a = be.from_host(a->data(), mine.a_dtype, {mine.rank, lora_site_shape(local, mine.site).in}, a);
     u.b = be.from_host(b->data(), mine.b_dtype, {mine.n, mine.rank}, b);

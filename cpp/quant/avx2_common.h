@@ -73,23 +73,37 @@ FERRUM_AVX2_INLINE static __m256i broadcast_dword(const int8_t* p) {
 
 FERRUM_AVX2_INLINE static __m256i load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// The R16 GEMMs' register blocks, group by group of 16 weight rows: four activation rows at a
-// time take one half, two or one take both halves (a decode reads the group's bytes in address
-// order). pass(N, V, r0, live, h, t) computes rows [t, t + N) against halves h .. h + V - 1 of
-// the group at row r0 (N and V as std::integral_constant).
+// [p, p + bytes) into L1, a cache line at a time.
+FERRUM_AVX2_INLINE static void prefetch_l1(const uint8_t* p, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+}
+
+// The R16 GEMMs' register blocks, group by group of 16 weight rows of w: four activation rows at
+// a time take one half, two or one take both halves (a decode reads the group's bytes in address
+// order). pass(N, V, group, next, r0, live, h, t) computes rows [t, t + N) against halves
+// h .. h + V - 1 of the group at row r0 (N and V as std::integral_constant); `next` is the
+// following group in a group's first pass, for the pass to prefetch as it reads (left to the
+// hardware prefetchers, one thread read DRAM-resident weights at a third of a plain read's pace
+// on a Zen 5), else null.
 template <class Pass>
-inline void r16_register_blocks(int64_t rows, int64_t T, const Pass& pass) {
+inline void r16_register_blocks(const void* w, size_t w_row_bytes, int64_t rows, int64_t T, const Pass& pass) {
   using Four = std::integral_constant<int, 4>;
   using Two = std::integral_constant<int, 2>;
   using One = std::integral_constant<int, 1>;
   constexpr int64_t kGroupRows = 2 * kHalfRows;
   for (int64_t r0 = 0; r0 < rows; r0 += kGroupRows) {
     const int live = int(std::min<int64_t>(kGroupRows, rows - r0));
+    const uint8_t* group = static_cast<const uint8_t*>(w) + r0 * w_row_bytes;
+    const uint8_t* next = r0 + kGroupRows < rows ? group + kGroupRows * w_row_bytes : nullptr;
+    const auto run = [&](auto n, auto v, int h, int64_t t) {
+      pass(n, v, group, next, r0, live, h, t);
+      next = nullptr;  // prefetched by the first pass
+    };
     int64_t t = 0;
     for (; t + 4 <= T; t += 4)
-      for (int h = 0; h < 2 && kHalfRows * h < live; ++h) pass(Four{}, One{}, r0, live, h, t);
-    for (; t + 2 <= T; t += 2) pass(Two{}, Two{}, r0, live, 0, t);
-    for (; t < T; ++t) pass(One{}, Two{}, r0, live, 0, t);
+      for (int h = 0; h < 2 && kHalfRows * h < live; ++h) run(Four{}, One{}, h, t);
+    for (; t + 2 <= T; t += 2) run(Two{}, Two{}, 0, t);
+    for (; t < T; ++t) run(One{}, Two{}, 0, t);
   }
 }
 

@@ -189,9 +189,7 @@ FERRUM_AVX2 void pass(int64_t nb, const uint8_t* group, int h0, int live, const 
     for (int v = 0; v < V; ++v) sum[j][v] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* chunk = group + i * kChunk;
-    if (next)
-      for (size_t o = 0; o < kChunk; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next + i * kChunk + o), _MM_HINT_T0);
+    if (next) prefetch_l1(next + i * kChunk, kChunk);
     const int8_t* a[N];
     for (int j = 0; j < N; ++j) a[j] = y[j][i].qs;
     __m256i isum[N][V];
@@ -224,12 +222,12 @@ FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows
   const int64_t nb = n / kQK;
   thread_local LegacyActTerms acts;
   prepare_legacy_acts(nb, act, act_row_bytes, T, F::kOffset != 0 || F::kHasMin, acts);
-  r16_register_blocks(rows, T, [&](auto n, auto v, int64_t r0, int live, int h, int64_t t) {
-    const uint8_t* group = static_cast<const uint8_t*>(w) + r0 * w_row_bytes;
-    const uint8_t* next = t == 0 && h == 0 && r0 + kR16Rows < rows ? group + kR16Rows * w_row_bytes : nullptr;
-    pass<F, decltype(n)::value, decltype(v)::value>(nb, group, h, live, act, act_row_bytes, acts, t, out + r0 + t * ldo,
-                                                    ldo, next);
-  });
+  r16_register_blocks(w, w_row_bytes, rows, T,
+                      [&](auto n, auto v, const uint8_t* group, const uint8_t* next, int64_t r0, int live, int h,
+                          int64_t t) {
+                        pass<F, decltype(n)::value, decltype(v)::value>(nb, group, h, live, act, act_row_bytes, acts,
+                                                                        t, out + r0 + t * ldo, ldo, next);
+                      });
 }
 
 template <class F>

@@ -296,9 +296,7 @@ FERRUM_AVX2 void pass(int64_t nb, const uint8_t* group, int h0, int live, const 
     for (int v = 0; v < V; ++v) sum[j][v] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nb; ++sb) {
     const uint8_t* chunk = group + sb * kChunk;
-    if (next)
-      for (size_t o = 0; o < kChunk; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(next + sb * kChunk + o), _MM_HINT_T0);
+    if (next) prefetch_l1(next + sb * kChunk, kChunk);
     const BlockQ8_K* y[N];
     const int8_t* a[N];
     const int32_t* terms[N];
@@ -327,20 +325,19 @@ FERRUM_AVX2 void pass(int64_t nb, const uint8_t* group, int h0, int live, const 
 
 // out[t * ldo + r] = dot(weight row r, activation row t), group by group, as the legacy types'
 // GEMM: one or two activation rows take both halves at once (the group's bytes in address
-// order), four at a time one half. A decode (T = 1) prefetches the next group as it reads one:
-// left to the hardware prefetchers, one thread read DRAM-resident weights at a third of a plain
-// read's pace on a Zen 5 (quant_dot_bench read).
+// order), four at a time one half.
 template <class F>
 FERRUM_AVX2 void gemm(int64_t n, const void* w, size_t w_row_bytes, int64_t rows, const void* act,
                       size_t act_row_bytes, int64_t T, float* out, int64_t ldo) {
   const int64_t nb = n / kQKK;
   thread_local KActs acts;
   prepare_kquant_acts<F::kSubBlocks, true, 0>(nb, act, act_row_bytes, T, acts);  // the paired sums
-  r16_register_blocks(rows, T, [&](auto n, auto v, int64_t r0, int live, int h, int64_t t) {
-    const uint8_t* group = static_cast<const uint8_t*>(w) + r0 * w_row_bytes;
-    const uint8_t* next = t == 0 && h == 0 && r0 + kR16Rows < rows ? group + kR16Rows * w_row_bytes : nullptr;
-    pass<F, decltype(n)::value, decltype(v)::value>(nb, group, h, live, acts, t, out + r0 + t * ldo, ldo, next);
-  });
+  r16_register_blocks(w, w_row_bytes, rows, T,
+                      [&](auto n, auto v, const uint8_t* group, const uint8_t* next, int64_t r0, int live, int h,
+                          int64_t t) {
+                        pass<F, decltype(n)::value, decltype(v)::value>(nb, group, h, live, acts, t,
+                                                                        out + r0 + t * ldo, ldo, next);
+                      });
 }
 
 }  // namespace

@@ -12,11 +12,9 @@ namespace ferrum::quant {
 // How a weight matrix's rows lie in memory: as the file stores them (Plain), or in the CPU
 // backend's own interleaving of the same type's blocks (R16: 16 rows at a time, the same bytes
 // per row in another order; repack.h). A kernel is chosen by the weight's type and layout.
-// C16T (F32 / F16 / BF16 only): the rows in chunks of 16, each chunk transposed ([n][16]), the
-// last chunk's missing rows zero: the storage is whole chunks. A LoRA update's B as the CPU's
-// expand reads it (a rank's 16 outputs are one vector).
+// C16T (F32 / F16 / BF16 only; repack.h): the rows in chunks of 16, each chunk transposed, a
+// LoRA update's B as the CPU's expand reads it.
 enum class WeightLayout : uint8_t { Plain, R16, C16T };
-constexpr int64_t kC16TRows = 16;
 
 // Format definition: n elements (a multiple of the block size) of type t -> f32.
 // Supports F32, F16, BF16 and every quantized DType.

@@ -109,6 +109,16 @@ void unpack_r16_row(DType t, const void* w, int64_t r, int64_t n, void* dst) {
                static_cast<uint8_t*>(dst) + b * s.block_bytes, false);
 }
 
+void repack_c16t(DType t, const void* src, void* dst, int64_t rows, int64_t n) {
+  FERRUM_CHECK(t == DType::F32 || t == DType::F16 || t == DType::BF16, "repack_c16t: a float type");
+  const size_t elem = dtype_bytes(t, 1);
+  std::memset(dst, 0, size_t(c16t_elements(rows, n)) * elem);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(static_cast<char*>(dst) + size_t(c16t_index(r, j, n)) * elem,
+                  static_cast<const char*>(src) + size_t(r * n + j) * elem, elem);
+}
+
 void dequantize_rows(DType t, WeightLayout layout, const void* w, int64_t r0, int64_t rows, int64_t n,
                      float* dst) {
   const size_t row_bytes = dtype_bytes(t, n);
@@ -120,9 +130,9 @@ void dequantize_rows(DType t, WeightLayout layout, const void* w, int64_t r0, in
     const size_t elem = row_bytes / size_t(n);
     std::vector<char> row(row_bytes);
     for (int64_t r = r0; r < r0 + rows; ++r) {
-      const char* chunk = static_cast<const char*>(w) + size_t(r / kC16TRows * kC16TRows) * row_bytes;
       for (int64_t j = 0; j < n; ++j)
-        std::memcpy(row.data() + size_t(j) * elem, chunk + size_t(j * kC16TRows + r % kC16TRows) * elem, elem);
+        std::memcpy(row.data() + size_t(j) * elem, static_cast<const char*>(w) + size_t(c16t_index(r, j, n)) * elem,
+                    elem);
       dequantize_row(t, row.data(), dst + (r - r0) * n, n);
     }
     return;

@@ -77,4 +77,16 @@ void repack_r16(DType t, const void* src, void* dst, int64_t rows, int64_t n);
 // Row r of the R16 matrix of type t at w (rows of n elements), back in the file's layout at dst.
 void unpack_r16_row(DType t, const void* w, int64_t r, int64_t n, void* dst);
 
+// The C16T layout (WeightLayout::C16T) of a [rows, n] matrix of F32, F16 or BF16: its rows in
+// chunks of 16, each chunk transposed ([n][16]) so that column j of 16 rows is one vector, the
+// last chunk's missing rows zero (the storage is whole chunks: c16t_elements). Element (row, j)
+// lies at c16t_index(row, j, n).
+constexpr int64_t kC16TRows = 16;
+inline int64_t c16t_index(int64_t row, int64_t j, int64_t n) {
+  return (row / kC16TRows * n + j) * kC16TRows + row % kC16TRows;
+}
+inline int64_t c16t_elements(int64_t rows, int64_t n) { return (rows + kC16TRows - 1) / kC16TRows * kC16TRows * n; }
+// A row-major [rows, n] matrix of type t at src -> C16T at dst (c16t_elements of t; no overlap).
+void repack_c16t(DType t, const void* src, void* dst, int64_t rows, int64_t n);
+
 }  // namespace ferrum::quant

@@ -224,22 +224,10 @@ void CpuBackend::pack_lora(LoraWeights& w) {
   WeightArena arena;  // this adapter's region, unmapped when its last tensor goes
   const auto place = [&](const Tensor& m, bool c16t) {
     check_host(m);
-    const int64_t N = m.dim(0), r = m.dim(1);
-    const int64_t rows = c16t ? (N + quant::kC16TRows - 1) / quant::kC16TRows * quant::kC16TRows : N;
-    const size_t bytes = dtype_bytes(m.dtype, rows * r);
+    const size_t bytes = c16t ? dtype_bytes(m.dtype, quant::c16t_elements(m.dim(0), m.dim(1))) : m.nbytes();
     WeightArena::Block block = arena.allocate(bytes);
-    char* dst = static_cast<char*>(block.data);
-    const char* src = host_ptr<char>(m);
-    if (c16t) {
-      const size_t elem = dtype_bytes(m.dtype, 1);
-      std::memset(dst, 0, bytes);
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t j = 0; j < r; ++j)
-          std::memcpy(dst + size_t((n / quant::kC16TRows * r + j) * quant::kC16TRows + n % quant::kC16TRows) * elem,
-                      src + size_t(n * r + j) * elem, elem);
-    } else {
-      std::memcpy(dst, src, bytes);
-    }
+    if (c16t) quant::repack_c16t(m.dtype, host_ptr<char>(m), block.data, m.dim(0), m.dim(1));
+    else std::memcpy(block.data, host_ptr<char>(m), bytes);
     Tensor t = m;
     t.offset = 0;
     t.storage = std::make_shared<CpuStorage>(this, bytes, block.data, std::move(block.region),

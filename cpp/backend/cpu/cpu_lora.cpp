@@ -24,6 +24,7 @@
 #include "backend/op_checks.h"
 #include "core/error.h"
 #include "quant/quant.h"
+#include "quant/repack.h"
 
 namespace ferrum {
 
@@ -307,8 +308,7 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
     split_range(count_units(g, col_units), ith, nth, &b, &e);
     const float* t = reinterpret_cast<const float*>(tmp->data());
     const float* row_scale = host_ptr<float>(row_scales);
-    std::vector<float> bt;  // for B not in C16T: kExpandBatch chunks of it as f32 C16T
-    std::vector<float> row(static_cast<size_t>(site_rank));  // a row of such a B, converted
+    std::vector<float> b_f32, bt;  // for B not in C16T: kExpandBatch chunks' rows in f32, then as C16T
     for_update_units(g, b, e, col_units, [&](const SlotRows& grp, const LoraUpdate& up, int64_t offset, int64_t c0,
                                              int64_t c1) {
       const int64_t r = up.b.dim(1), N = up.b.dim(0);
@@ -324,12 +324,9 @@ void CpuBackend::lora(Stream& s, const Tensor& x, const Tensor& row_slots, const
         if (chunked) {
           chunk0 = host_ptr<uint8_t>(up.b) + size_t(cb) * chunk_bytes;
         } else {
-          bt.assign(size_t(chunks * r * kExpandCols), 0.0f);
-          for (int64_t n = n0; n < std::min(N, n0 + chunks * kExpandCols); ++n) {
-            quant::dequantize_row(up.b.dtype, host_ptr<uint8_t>(up.b) + n * int64_t(up.b.row_bytes()), row.data(), r);
-            float* dst = bt.data() + (n - n0) / kExpandCols * r * kExpandCols + (n - n0) % kExpandCols;
-            for (int64_t j = 0; j < r; ++j) dst[j * kExpandCols] = row[size_t(j)];
-          }
+          const int64_t b_rows = std::min(N, n0 + chunks * kExpandCols) - n0;
+          bt.resize(size_t(quant::c16t_elements(b_rows, r)));
+          quant::repack_c16t(DType::F32, f32_rows(up.b, n0, b_rows, b_f32), bt.data(), b_rows, r);
           chunk0 = reinterpret_cast<const uint8_t*>(bt.data());
         }
         auto run = [&](const int64_t* rows, int count, cpu::LoraExpandFn kernel) {

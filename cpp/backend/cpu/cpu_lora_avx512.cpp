@@ -1,23 +1,19 @@
 // The LoRA kernels on AVX-512 (lora_kernels.h), the AVX2 ones' floats on 16 lanes: the shrink
 // runs two rank rows' 8-lane chains in the halves of one register, the expand a chunk's 16
 // columns in one. 32 registers take 4 shrink rows (of 4 ranks) or 8 expand rows a call.
-#include <immintrin.h>
-
 #include "backend/cpu/lora_kernels.h"
+#include "quant/avx512_common.h"
 
 namespace ferrum::cpu {
 
 namespace {
-
-#define LORA_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
-#define LORA_AVX512_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"), always_inline)) inline
 
 constexpr int kShrinkRows = 4, kExpandRows = 8, kMaxRanks = 4;
 
 // 8 elements of a matrix stored as kType at element i, as 8 bits-for-bits f32 lanes (16-bit
 // ones in the low 128 bits of the result, before conversion).
 template <DType kType>
-LORA_AVX512_INLINE __m256i raw8(const uint8_t* p, int64_t i) {
+FERRUM_AVX512_INLINE __m256i raw8(const uint8_t* p, int64_t i) {
   if constexpr (kType == DType::F32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 4 * i));
   else return _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
 }
@@ -25,7 +21,7 @@ LORA_AVX512_INLINE __m256i raw8(const uint8_t* p, int64_t i) {
 // Elements i .. i + 7 of row a and j .. j + 7 of row b (stored as kType) in the low and high
 // halves of one f32 register.
 template <DType kType>
-LORA_AVX512_INLINE __m512 pair8(const uint8_t* p, int64_t i, int64_t j) {
+FERRUM_AVX512_INLINE __m512 pair8(const uint8_t* p, int64_t i, int64_t j) {
   if constexpr (kType == DType::F32) {
     return _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(raw8<kType>(p, i)), raw8<kType>(p, j), 1));
   } else {
@@ -36,7 +32,7 @@ LORA_AVX512_INLINE __m512 pair8(const uint8_t* p, int64_t i, int64_t j) {
 }
 
 template <DType kType>
-LORA_AVX512_INLINE __m512 elements16(const uint8_t* p, int64_t i) {
+FERRUM_AVX512_INLINE __m512 elements16(const uint8_t* p, int64_t i) {
   if constexpr (kType == DType::F32) return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i);
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i));
   if constexpr (kType == DType::F16) return _mm512_cvtph_ps(h);
@@ -44,7 +40,7 @@ LORA_AVX512_INLINE __m512 elements16(const uint8_t* p, int64_t i) {
 }
 
 template <DType kType>
-LORA_AVX512_INLINE float element(const uint8_t* p, int64_t i) {
+FERRUM_AVX512_INLINE float element(const uint8_t* p, int64_t i) {
   if constexpr (kType == DType::F32) return reinterpret_cast<const float*>(p)[i];
   const uint16_t h = *reinterpret_cast<const uint16_t*>(p + 2 * i);
   if constexpr (kType == DType::F16) return _cvtsh_ss(h);
@@ -52,7 +48,7 @@ LORA_AVX512_INLINE float element(const uint8_t* p, int64_t i) {
 }
 
 // lora_kernels.h's lane sum of one 8-lane chain.
-LORA_AVX512_INLINE float hsum8(__m256 v) {
+FERRUM_AVX512_INLINE float hsum8(__m256 v) {
   v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));
   v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));
   return _mm_cvtss_f32(_mm256_castps256_ps128(v)) + _mm_cvtss_f32(_mm_shuffle_ps(_mm256_castps256_ps128(v),
@@ -62,7 +58,7 @@ LORA_AVX512_INLINE float hsum8(__m256 v) {
 // Register p of row r holds rank 2p's chain in its low half and rank 2p + 1's (rank 2p's again
 // when N is odd) in its high half.
 template <DType kType, int R, int N>
-LORA_AVX512 void shrink_rows(const float* const* x, const uint8_t* a, int64_t K, float* const* out) {
+FERRUM_AVX512 void shrink_rows(const float* const* x, const uint8_t* a, int64_t K, float* const* out) {
   constexpr int P = (N + 1) / 2;
   __m512 acc[R][P];
   for (int r = 0; r < R; ++r)
@@ -91,7 +87,7 @@ LORA_AVX512 void shrink_rows(const float* const* x, const uint8_t* a, int64_t K,
 }
 
 template <DType kType, int R>
-LORA_AVX512 void expand_chunk(const float* const* v, const uint8_t* b, int64_t rank, int64_t width, const float* scale,
+FERRUM_AVX512 void expand_chunk(const float* const* v, const uint8_t* b, int64_t rank, int64_t width, const float* scale,
                               float* const* out) {
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
