@@ -44,6 +44,8 @@ ADAPTERS = {
     "llama-zero": ("llama", dict(r=4, lora_alpha=8, zero_b=True, seed=8)),
     "llama-r8-f16": ("llama", dict(r=8, lora_alpha=16, seed=12, dtype="float16")),
     "llama-r8-bf16": ("llama", dict(r=8, lora_alpha=16, seed=13, dtype="bfloat16")),
+    "llama-r16": ("llama", dict(r=16, lora_alpha=32, seed=14)),
+    "llama-r64": ("llama", dict(r=64, lora_alpha=64, seed=15)),
 }
 
 
@@ -81,7 +83,8 @@ def llm_for(path, **kw):
     """One LLM per (model, options), shared by the tests."""
     key = (str(path), tuple(sorted(kw.items())))
     if key not in _llms:
-        opts = dict(kv_dtype="f32", num_threads=2, kv_cache_tokens=1024, enable_lora=True, max_loras=4, max_lora_rank=8, max_cpu_loras=8)
+        opts = dict(kv_dtype="f32", num_threads=2, kv_cache_tokens=1024, enable_lora=True, max_loras=4, max_lora_rank=64,
+                    max_cpu_loras=8)
         opts.update(kw)
         _llms[key] = ferrum.LLM(str(path), **opts)
     return _llms[key]
@@ -444,6 +447,19 @@ def test_bad_file_is_a_value_error(lora_models, tmp_path, case):
     with pytest.raises(ValueError, match=match):
         llm.score(PROMPT, lora_request=LoRARequest(case, 500 + list(BAD_FILES).index(case), str(d)))
     assert_close(llm.score(PROMPT), lora_models["refs"]["llama-r8"][2])  # the model goes on
+
+
+@pytest.mark.parametrize("target, feature", [("gate_proj", "expert targets"), ("gate", "router targets")])
+def test_moe_expert_and_router_targets_are_refused(lora_models, tmp_path, target, feature):
+    """An adapter on a Qwen3-MoE's experts or router is refused by name; its attention is served."""
+    d = tmp_path / "adapter"
+    shutil.copytree(lora_models["adapters"]["qwen3-moe-attention"], d)
+    _edit_config(d, target_modules=ATTENTION + [target])
+    llm = llm_for(lora_models["bases"]["qwen3-moe"])
+    with pytest.raises(ValueError, match=feature):
+        llm.score(PROMPT, lora_request=LoRARequest(target, 600 + len(target), str(d)))
+    assert_close(llm.score(PROMPT, lora_request=request(lora_models, "qwen3-moe-attention")),
+                 lora_models["refs"]["qwen3-moe-attention"][0])
 
 
 def test_rank_over_max_lora_rank(lora_models):
