@@ -119,6 +119,54 @@ def test_gguf_base_takes_the_same_adapter(lora_models, name):
     assert_close(llm.score(PROMPT, lora_request=request(lora_models, name)), logits)
 
 
+@pytest.mark.parametrize("name", ["llama-r8", "llama-rank-pattern"])
+def test_quantized_base_takes_the_adapter_as_peft_on_its_values(lora_models, tmp_path, name):
+    """On a Q8_0 GGUF of the base, ferrum's logits with the adapter are PEFT's (float64) on
+    transformers' own dequantized load of that file, within 1e-4 of their scale: the quantized
+    base's values, the same adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    q8 = make_model("llama", "tiny", "gguf", "q8_0", seed=11, tokenizer=TOK, out=tmp_path / "q8.gguf")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=q8.name, dtype=torch.float32)
+    model = PeftModel.from_pretrained(hf, str(lora_models["adapters"][name])).double().eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([PROMPT])).logits[0].numpy()
+    assert_close(llm_for(q8).score(PROMPT, lora_request=request(lora_models, name)), ref)
+
+
+def test_every_entry_point_takes_the_adapter(lora_models):
+    """stream, add_request / step, chat and AsyncLLM.generate run a request on its adapter: the
+    tokens and text generate gives with it, which are not the base's."""
+    import asyncio
+    from ferrum.async_llm import AsyncLLM
+    llm = ferrum.LLM(str(lora_models["bases"]["llama"]), kv_dtype="f32", num_threads=2, kv_cache_tokens=1024,
+                     enable_lora=True, max_loras=2, max_lora_rank=8)
+    req = request(lora_models, "llama-r8")
+    want = llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY, lora_request=req)[0].outputs[0]
+    assert want.token_ids != llm.generate(prompt_token_ids=[PROMPT], sampling_params=GREEDY)[0].outputs[0].token_ids
+    assert "".join(llm.stream(PROMPT, GREEDY, lora_request=req)) == want.text
+    rid = llm.add_request(PROMPT, GREEDY, lora_request=req)
+    done = None
+    while done is None:
+        done = next((d.output for d in llm.step() if d.request_id == rid and d.finished), None)
+    assert done.outputs[0].token_ids == want.token_ids
+    llm.tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                                   "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    messages = [{"role": "user", "content": "Hello"}]
+    text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    chatted = llm.generate([text], GREEDY, lora_request=req)[0].outputs[0]
+    assert chatted.token_ids != llm.generate([text], GREEDY)[0].outputs[0].token_ids
+    assert llm.chat(messages, GREEDY, lora_request=req).outputs[0].token_ids == chatted.token_ids
+
+    async def run_async():
+        tokens = []
+        async with AsyncLLM(llm) as engine:
+            async for delta in engine.generate(PROMPT, GREEDY, lora_request=req):
+                tokens += delta.outputs[0].token_ids if delta.outputs else []
+        return tokens
+    assert asyncio.run(run_async()) == want.token_ids
+
+
 def test_zero_b_adapter_equals_the_base(lora_models):
     llm = llm_for(lora_models["bases"]["llama"])
     req = request(lora_models, "llama-zero")
