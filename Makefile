@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 JOBS ?= 2
 
-.PHONY: setup setup-test demo test test-cpp test-python test-fuzz test-wheel test-asan bench wheel clean
+.PHONY: setup setup-test demo test test-cpp test-python test-python-avx2 test-fuzz test-wheel test-asan bench wheel clean
 
 setup:            ## system packages, venv, dependencies, build, default model
 	bash scripts/setup.sh
@@ -13,7 +13,7 @@ setup-test:
 demo: setup       ## chat with SmolLM2-135M-Instruct
 	.venv/bin/ferrum chat "What is the capital of France? Answer in one sentence." --max-tokens 64 --seed 0
 
-test: setup-test test-cpp test-fuzz test-python test-wheel   ## the whole suite (what CI runs)
+test: setup-test test-cpp test-fuzz test-python test-python-avx2 test-wheel   ## the whole suite (what CI runs)
 
 # C++ unit tests (GoogleTest) in their own build tree.
 test-cpp:
@@ -23,6 +23,10 @@ test-cpp:
 
 test-python:
 	$(PY) -m pytest tests -q
+
+# The whole suite again on the AVX2 kernels, as a CPU without AVX-512 runs it (docs/install.md).
+test-python-avx2:
+	FERRUM_CPU_ISA=avx2 $(PY) -m pytest tests -q
 
 # The file readers and tokenizer metadata fuzzed for a bounded time (docs/fuzzing.md; a long run:
 # scripts/fuzz.sh 3600).
