@@ -68,15 +68,14 @@ def messages(driver):
 
 
 def settle(driver):
-    """Waits for the reply in progress to end; returns the last message's element."""
+    """Waits for the reply in progress to end (read it afresh after: last_content, read_last)."""
     wait_until(lambda: not driver.find_elements(By.CSS_SELECTOR, ".message.pending"), 90, "the reply")
-    return messages(driver)[-1]
 
 
 def reply_to(driver, action):
     """Runs `action` (a click that starts a reply) and waits for that reply to end, not for one
     that has not begun yet: the page shows a pending message, or the last message is another
-    element than before (regenerate renders the conversation anew). Returns the reply's element."""
+    element than before (regenerate renders the conversation anew)."""
     before = messages(driver)
     last = before[-1] if before else None
     action()
@@ -87,7 +86,7 @@ def reply_to(driver, action):
         now = messages(driver)
         return len(now) > len(before) or (bool(now) and now[-1] != last)
     wait_until(started, 30, "the reply to start")
-    return settle(driver)
+    settle(driver)
 
 
 def last_content(driver, part=".content"):
