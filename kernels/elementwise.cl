@@ -76,6 +76,37 @@ kernel void gather_columns(const global float* x, long x_off, int x_cols, const 
   out[out_off + i] = x[x_off + (long)r * x_cols + idx[idx_off + j]];
 }
 
+// sums[r, g] = the 32-column blocks b of x's row r with block_groups[b] == g added up, each
+// block's columns in order, the blocks in order (as the CPU backend adds them).
+kernel void group_sums(const global float* x, long x_off, const global int* block_groups, long bg_off,
+                       global float* sums, long sums_off, int rows, int blocks, int groups) {
+  const long i = get_global_id(0);
+  if (i >= (long)rows * groups) return;
+  const int r = (int)(i / groups), g = (int)(i % groups);
+  const global float* xr = x + x_off + (long)r * blocks * 32;
+  float acc = 0.0f;
+  for (int b = 0; b < blocks; ++b) {
+    if (block_groups[bg_off + b] != g) continue;
+    float block = 0.0f;
+    for (int j = 0; j < 32; ++j) block += xr[b * 32 + j];
+    acc += block;
+  }
+  sums[sums_off + i] = acc;
+}
+
+// out[r, n] += offsets[n, :] . sums[r, :] (an asymmetric 8-bit projection's zeros).
+kernel void add_group_offsets(const global float* sums, long sums_off, const global float* offsets, long off_off,
+                              global float* out, long out_off, int out_cols, int rows, int n, int groups) {
+  const long i = get_global_id(0);
+  if (i >= (long)rows * n) return;
+  const int r = (int)(i / n), o = (int)(i % n);
+  const global float* s = sums + sums_off + (long)r * groups;
+  const global float* w = offsets + off_off + (long)o * groups;
+  float acc = 0.0f;
+  for (int g = 0; g < groups; ++g) acc += w[g] * s[g];
+  out[out_off + (long)r * out_cols + o] += acc;
+}
+
 // Router (semantics in cpp/backend/backend.h): one work-item per token. p = softmax(logits) in
 // f32 with the CPU backend's operation order; the top_k experts by p, largest first, equal p:
 // lower id first. Instead of marking picked experts, pick j is the best expert strictly after

@@ -1,7 +1,7 @@
 """A small run of every kernel of the OpenCL gpu family, on whatever OpenCL device the environment
 gives (pocl, or Oclgrind's simulator for tests/test_opencl_oclgrind.py): every weight type's
 matmuls (a decode, a batched decode, a prompt; GGUF rows and flat repacked rows) and embedding
-rows, then two small generated models (dense with mixed k-quants, Qwen3-MoE in Q8_0) under each
+rows, the quantized checkpoints' input gather and group offsets, then two small generated models (dense with mixed k-quants, Qwen3-MoE in Q8_0) under each
 KV dtype: two prompts in one step, a batched decode of both, one decode alone. The tuning comes
 from FERRUM_OPENCL_GPU_TUNING as the backend reads it.
 
@@ -51,6 +51,23 @@ def matmuls(be, out: dict) -> None:
             out[f"embedding/{dtype}/{layout}"] = e.numpy()
 
 
+def quantized_checkpoint_ops(be, out: dict) -> None:
+    """What GPTQ / compressed-tensors projections add around their matmul: act-order's gather of
+    the inputs and asymmetric 8-bit zeros' group offsets (blocks in groups out of order)."""
+    rng = np.random.default_rng(1)
+    for T in (1, 3):
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        order = rng.permutation(K).astype(np.int32)
+        g = be.empty("f32", [T, K])
+        be.gather_columns(be.tensor(x), be.tensor(order), g)
+        out[f"gather_columns/T{T}"] = g.numpy()
+        block_groups = rng.permutation(np.arange(K // 32) % 3).astype(np.int32)
+        y = be.tensor(rng.standard_normal((T, ROWS + 2)).astype(np.float32))
+        be.add_group_offsets(be.tensor(x), be.tensor(block_groups),
+                             be.tensor(rng.standard_normal((ROWS, 3)).astype(np.float32)), y)
+        out[f"add_group_offsets/T{T}"] = y.numpy()
+
+
 def model_steps(path: Path, device: str, kv: str) -> list[np.ndarray]:
     """Logits of two prompts sharing a step, a batched decode of both, one decode alone."""
     from ferrum import _core
@@ -74,7 +91,9 @@ def run(out_dir: Path, models: list[Path]) -> None:
     from ferrum import _core
     os.environ["FERRUM_OPENCL_KERNELS"] = "gpu"
     out: dict = {}
-    matmuls(_core.make_backend("opencl", opencl_kernels="gpu"), out)
+    be = _core.make_backend("opencl", opencl_kernels="gpu")
+    matmuls(be, out)
+    quantized_checkpoint_ops(be, out)
     for path in models:
         for kv in KV_DTYPES:
             for i, logits in enumerate(model_steps(path, "opencl", kv)):

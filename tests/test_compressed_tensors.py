@@ -40,6 +40,7 @@ VARIANTS = {
     "w4a16-g32": ({"group_0": (["Linear"], weights(4, "group", 32))}, ["lm_head"]),
     "w4a16-asym-g128": ({"group_0": (["Linear"], weights(4, "group", 128, symmetric=False))}, ["lm_head"]),
     "w8a16-channel": ({"group_0": (["Linear"], weights(8, "channel"))}, ["lm_head"]),
+    "w8a16-asym-g64": ({"group_0": (["Linear"], weights(8, "group", 64, symmetric=False))}, ["lm_head"]),
     # An exact name before a regex before the class; lm_head quantized too.
     "mixed": ({"attn": (["Linear"], weights(8, "group", 32)),
                "mlp": (["re:.*mlp\\.(gate|up)_proj$", "re:.*down_proj"], weights(4, "channel", symmetric=False)),
@@ -170,7 +171,7 @@ def test_logits_match_transformers_on_decompressed_weights(checkpoints, referenc
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("variant", ["w4a16-g32", "w4a16-asym-g128", "mixed"])
+@pytest.mark.parametrize("variant", ["w4a16-g32", "w4a16-asym-g128", "w8a16-asym-g64", "mixed"])
 def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, references, variant):
     """Generation's matmuls over quantized weights take Q8_0 activations (docs/evaluation.md):
     the reference rounds each quantized module's input the same way."""
@@ -224,7 +225,6 @@ def _bad_g_idx(st):
     (dict(group={"strategy": "block"}), "'strategy' is 'block'"),
     (dict(group={"group_size": 16}), "'group_size' is 16"),
     (dict(group={"dynamic": "local"}), "'dynamic' is \"local\""),
-    (dict(group={"num_bits": 8, "symmetric": False}), "'symmetric' is false with 8 bits"),
     (dict(group={"actorder": "sometimes"}), "'actorder' is 'sometimes'"),
     (dict(group={"targets": ["re:(?P<x>.*)"]}), "'targets' entry 're:(?P<x>.*)' is not a regular expression"),
     (dict(group={"targets": ["re:.*mlp.*"]}), "'model.layers.0.self_attn.k_proj' is packed but no"),

@@ -29,8 +29,11 @@ VARIANTS = {
     "asym4-g64-v2": (4, 64, False, "gptq_v2", "q5_0"),
     "asym4-g32-v1-act-order": (4, 32, False, "gptq", "q5_0"),
     "sym4-g32-dynamic": (4, 32, True, "gptq", "q4_0"),
+    # q8_0 holding s (q - 128), the zeros' s (128 - z) beside it
+    "asym8-g128-v2": (8, 128, False, "gptq_v2", "q8_0"),
+    "asym8-g64-v1-act-order": (8, 64, False, "gptq", "q8_0"),
 }
-ACT_ORDER = {"asym4-g32-v1-act-order"}  # desc_act: GPTQModel quantizes the inputs in another order
+ACT_ORDER = {"asym4-g32-v1-act-order", "asym8-g64-v1-act-order"}  # desc_act: GPTQModel quantizes the inputs in another order
 # GPTQModel's per-module overrides: the first matching pattern in the file's order decides ("-:"
 # leaves it in float); sorted, "+:" would come first and make layer 1's down_proj 8-bit too
 DYNAMIC = {"sym4-g32-dynamic": {r".*\.1\.mlp\.down_proj": {"bits": 4}, r"-:.*\.1\.self_attn\.o_proj": {},
@@ -158,7 +161,7 @@ def test_logits_match_transformers_on_dequantized_weights(checkpoints, variant):
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("variant", ["sym4-g32-v1", "asym4-g32-v1-act-order"])
+@pytest.mark.parametrize("variant", ["sym4-g32-v1", "asym4-g32-v1-act-order", "asym8-g64-v1-act-order"])
 def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, variant):
     """Generation's matmuls take Q8_0 activations (act-order: of the reordered inputs), which
     turns near ties of this random model: the reference rounds each module's input the same way."""
@@ -216,11 +219,13 @@ def test_bad_checkpoint_refused_by_name(checkpoints, tmp_path, edit, message):
 
 
 @pytest.mark.parametrize("kernels", ["cpu", "gpu"])
-def test_act_order_on_opencl_matches_transformers(checkpoints, monkeypatch, kernels):
+@pytest.mark.parametrize("variant", ["asym4-g32-v1-act-order", "asym8-g64-v1-act-order"])
+def test_act_order_on_opencl_matches_transformers(checkpoints, monkeypatch, kernels, variant):
     """The reordered inputs gathered by OpenCL's kernel (both families share it) before the
-    quantized matmul, in either family: scores as on the CPU."""
+    quantized matmul, and the 8-bit zeros' group sums added after it, in either family: scores
+    as on the CPU."""
     monkeypatch.setenv("FERRUM_OPENCL_KERNELS", kernels)
-    path = checkpoints["asym4-g32-v1-act-order"]
+    path = checkpoints[variant]
     model = transformers_on(path, library_dequantized(path))
     with torch.no_grad():
         ref = model(torch.tensor([PROMPT])).logits[0].numpy()
@@ -232,31 +237,34 @@ TP_SCRIPT = """
 import json, sys
 import numpy as np
 import ferrum
-plain, act_order, prompt = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-out = {}
+plains, act_order, prompt = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+out = {"relative_error": {}}
 try:
     ferrum.LLM(act_order, tensor_parallel_size=2)
 except ValueError as e:
     out["refused"] = str(e)
-two = ferrum.LLM(plain, tensor_parallel_size=2, kv_dtype="f32", num_threads=1).score(prompt)
-one = ferrum.LLM(plain, kv_dtype="f32", num_threads=1).score(prompt)
-out["relative_error"] = float(np.abs(two - one).max() / np.abs(one).max())
+for plain in plains:
+    two = ferrum.LLM(plain, tensor_parallel_size=2, kv_dtype="f32", num_threads=1).score(prompt)
+    one = ferrum.LLM(plain, kv_dtype="f32", num_threads=1).score(prompt)
+    out["relative_error"][plain] = float(np.abs(two - one).max() / np.abs(one).max())
 print(json.dumps(out))
 """
 
 
 def test_tensor_parallelism(checkpoints):
-    """Two ranks (LLM starts the second) split the translated blocks as a GGUF's: the logits of
-    one process. An act-order o_proj / down_proj would need inputs from the other rank's share:
-    refused by name, on every rank, and the next model loads."""
+    """Two ranks (LLM starts the second) split the translated blocks as a GGUF's, and 8-bit
+    zeros' offsets with the rows or the blocks they belong to: the logits of one process. An
+    act-order o_proj / down_proj would need inputs from the other rank's share: refused by name,
+    on every rank, and the next model loads."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    p = subprocess.run([sys.executable, "-c", TP_SCRIPT, str(checkpoints["asym4-g64-v2"]),
+    plains = [str(checkpoints[v]) for v in ("asym4-g64-v2", "asym8-g128-v2")]
+    p = subprocess.run([sys.executable, "-c", TP_SCRIPT, json.dumps(plains),
                         str(checkpoints["asym4-g32-v1-act-order"]), json.dumps(PROMPT)],
                        env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert "o_proj.weight' orders its inputs (GPTQ act-order), which tensor parallelism" in out["refused"]
-    assert out["relative_error"] <= 1e-5
+    assert all(e <= 1e-5 for e in out["relative_error"].values()), out
 
 
 def test_sharded_checkpoint_loads_as_one_file(checkpoints, tmp_path):

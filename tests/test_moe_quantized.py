@@ -39,6 +39,7 @@ GPTQMODEL_JOBS = {
     "awq-asym-g32": (dict(method="awq", bits=4, group_size=32, sym=False, format="gemm"), dict(backend="awq_torch")),
 }
 CT = "ct-w4a16-g32"
+CT_ASYM8 = "ct-w8a16-asym-g32"  # refused: experts read their stored values only
 # name -> the block type ferrum holds its experts in (act-order experts are refused).
 VARIANTS = {"gptq-sym4-g32": "q4_0", "gptq-asym4-g64-v2": "q5_0", "awq-asym-g32": "q5_0", CT: "q4_0"}
 
@@ -64,15 +65,15 @@ def compressed_tensors_modules(st):
     return root
 
 
-def ct_config():
+def ct_config(bits=4, symmetric=True):
     from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
-    weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=32)
+    weights = QuantizationArgs(num_bits=bits, type="int", symmetric=symmetric, strategy="group", group_size=32)
     # llm-compressor's MoE recipes leave the router (mlp.gate) and the head in float.
     return QuantizationConfig(config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights)},
                               ignore=["lm_head", "re:.*mlp\\.gate$"])
 
 
-def write_compressed_tensors(src, out):
+def write_compressed_tensors(src, out, config):
     """src's float model packed by compressed-tensors from min-max scales rounded to f16 values
     (as tests/test_compressed_tensors.py writes dense ones)."""
     from compressed_tensors.compressors import ModelCompressor
@@ -80,14 +81,16 @@ def write_compressed_tensors(src, out):
     from compressed_tensors.quantization.utils import calculate_qparams
     st = load_file(src / "model.safetensors")
     modules = compressed_tensors_modules(st)
-    apply_quantization_config(modules, ct_config(), show_progress=False)
+    apply_quantization_config(modules, config, show_progress=False)
     for _, m in modules.named_modules():
         scheme = getattr(m, "quantization_scheme", None)
         if scheme is None:
             continue
         w = m.weight.data.unflatten(-1, (-1, scheme.weights.group_size))
-        scale, _ = calculate_qparams(w.amin(-1), w.amax(-1), scheme.weights)
+        scale, zero = calculate_qparams(w.amin(-1), w.amax(-1), scheme.weights)
         m.weight_scale.data.copy_(scale.reshape(m.weight_scale.shape).half().float())
+        if hasattr(m, "weight_zero_point"):
+            m.weight_zero_point.data.copy_(zero.reshape(m.weight_zero_point.shape))
     compressor = ModelCompressor.from_pretrained_model(modules, "pack-quantized")
     compressor.compress_model(modules)
     out.mkdir()
@@ -105,7 +108,8 @@ def checkpoints(tmp_path_factory):
     d = tmp_path_factory.mktemp("moe-quant")
     src = make_model("qwen3_moe", "tiny", "hf", "f32", seed=3, tokenizer=TOK, out=d / "float", **SHAPE)
     paths = quantize_with_gptqmodel(d, GPTQMODEL_JOBS, src=src)
-    paths[CT] = write_compressed_tensors(src, d / CT)
+    paths[CT] = write_compressed_tensors(src, d / CT, ct_config())
+    paths[CT_ASYM8] = write_compressed_tensors(src, d / CT_ASYM8, ct_config(bits=8, symmetric=False))
     return paths
 
 
@@ -250,3 +254,11 @@ def test_act_order_experts_refused_by_name(checkpoints):
     with pytest.raises(ValueError, match=re.escape(
             f"'{EXPERT0}.0.gate_proj.weight' orders its inputs (GPTQ act-order), which a mixture-of-experts layer")):
         ferrum.LLM(str(path), num_threads=1)
+
+
+def test_asymmetric_8bit_experts_refused_by_name(checkpoints):
+    """An 8-bit zero other than 128 rides on a dense projection as its group offsets, which the
+    MoE kernels do not add: refused, naming the first expert."""
+    with pytest.raises(ValueError, match=re.escape(
+            f"'{EXPERT0}.0.gate_proj.weight' is asymmetric 8-bit (zeros other than 128), which a mixture-of-experts")):
+        ferrum.LLM(str(checkpoints[CT_ASYM8]), num_threads=1)

@@ -130,7 +130,8 @@ def test_supports_is_truthful(cpu, ocl):
         w = ocl.tensor_raw(np.zeros(len(_core.quant.quantize(dt, np.zeros(256, np.float32))), np.uint8), dt, [1, 256])
         with pytest.raises(ValueError, match="no kernels"):
             ocl.linear(ocl.tensor(np.zeros((1, 256), np.float32)), w, None, ocl.empty("f32", [1, 1]))
-    for op in ("rms_norm", "add_rms_norm", "qkv_to_cache", "paged_attention", "swiglu", "gather_rows", "lora"):
+    for op in ("rms_norm", "add_rms_norm", "qkv_to_cache", "paged_attention", "swiglu", "gather_rows", "lora",
+               "gather_columns", "add_group_offsets"):
         assert ocl.supports(op)
     assert ocl.supports("moe_route")
     for dt in all_types:
@@ -308,6 +309,20 @@ def test_gather_exact(cpu, ocl, rng):
     c, o = both(cpu, ocl, run)
     np.testing.assert_array_equal(o, c)
     assert (o[4:] == 0).all()
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_group_offsets_parity(cpu, ocl, rng, rows):
+    from test_ops import group_offsets_case
+    x, block_groups, offsets, out = group_offsets_case(rng, rows, blocks=20, groups=5, n=70, width=75)
+
+    def run(be):
+        got = be.tensor(out)
+        be.add_group_offsets(be.tensor(x), be.tensor(block_groups), be.tensor(offsets), got)
+        return got.numpy()
+
+    c, o = both(cpu, ocl, run)
+    assert R.nmse(o, c) < F32_BOUND
 
 
 @pytest.mark.parametrize("layout", ["half_split", "interleaved"])

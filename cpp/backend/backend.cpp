@@ -8,7 +8,8 @@ namespace ferrum {
 const char* op_name(Op op) {
   static const char* names[] = {"embedding",       "linear", "rms_norm",    "add_rms_norm",
                                 "qkv_to_cache",    "paged_attention", "swiglu", "gather_rows",
-                                "moe_route",       "moe_experts",     "lora",   "gather_columns"};
+                                "moe_route",       "moe_experts",     "lora",   "gather_columns",
+                                "add_group_offsets"};
   return names[static_cast<int>(op)];
 }
 

@@ -164,6 +164,19 @@ void gather_columns(const Tensor& x, const Tensor& idx, const Tensor& out) {
   need(out.rows() == x.rows() && out.cols() == idx.numel(), op, "out " + out.str() + " must be [rows(x), len(idx)]");
 }
 
+void add_group_offsets(const Tensor& x, const Tensor& block_groups, const Tensor& offsets, const Tensor& out) {
+  const std::string op = "add_group_offsets";
+  f32(x, op, "x");
+  i32(block_groups, op, "block_groups");
+  f32(offsets, op, "offsets");
+  f32(out, op, "out");
+  need(offsets.shape.size() == 2, op, "offsets " + offsets.str() + " must be [N, groups]");
+  need(x.cols() == 32 * block_groups.numel(), op,
+       "block_groups " + block_groups.str() + " must hold one group per 32 columns of x " + x.str());
+  need(out.rows() == x.rows() && out.cols() >= offsets.dim(0), op,
+       "out " + out.str() + " must be [rows(x), >= rows(offsets)]");
+}
+
 void moe_route(const Tensor& logits, int64_t top_k, const Tensor& ids, const Tensor& weights) {
   const std::string op = "moe_route";
   f32(logits, op, "logits");

@@ -17,6 +17,7 @@ void paged_attention(const Tensor& q, const KvLayer& kv, const AttnBatch& batch,
 void swiglu(const Tensor& gate_up, const Tensor& out);
 void gather_rows(const Tensor& x, const Tensor& idx, const Tensor& out);
 void gather_columns(const Tensor& x, const Tensor& idx, const Tensor& out);
+void add_group_offsets(const Tensor& x, const Tensor& block_groups, const Tensor& offsets, const Tensor& out);
 void moe_route(const Tensor& logits, int64_t top_k, const Tensor& ids, const Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
                  const Tensor& ids, const Tensor& weights, const Tensor& out);

@@ -122,7 +122,7 @@ void bind_backend(py::module_& m) {
   py::class_<Backend, std::shared_ptr<Backend>>(m, "Backend")
       .def_property_readonly("name", &Backend::name)
       .def("supports", [](Backend& b, const std::string& op, const std::string& dtype) {
-        for (int i = 0; i <= static_cast<int>(Op::Lora); ++i)
+        for (int i = 0; i <= static_cast<int>(Op::GroupOffsets); ++i)  // the last op
           if (op == op_name(static_cast<Op>(i))) return b.supports(static_cast<Op>(i), dtype_from_name(dtype));
         throw ValueError("unknown op '" + op + "'");
       }, py::arg("op"), py::arg("weight_dtype") = "f32")
@@ -176,6 +176,12 @@ void bind_backend(py::module_& m) {
       .def("gather_rows", [](Backend& b, Tensor x, Tensor idx, Tensor out, Stream* s) {
         on_stream(b, s, [&](Stream& st) { b.gather_rows(st, x, idx, out); });
       }, py::arg("x"), py::arg("idx"), py::arg("out"), py::arg("stream") = nullptr)
+      .def("gather_columns", [](Backend& b, Tensor x, Tensor idx, Tensor out, Stream* s) {
+        on_stream(b, s, [&](Stream& st) { b.gather_columns(st, x, idx, out); });
+      }, py::arg("x"), py::arg("idx"), py::arg("out"), py::arg("stream") = nullptr)
+      .def("add_group_offsets", [](Backend& b, Tensor x, Tensor block_groups, Tensor offsets, Tensor out, Stream* s) {
+        on_stream(b, s, [&](Stream& st) { b.add_group_offsets(st, x, block_groups, offsets, out); });
+      }, py::arg("x"), py::arg("block_groups"), py::arg("offsets"), py::arg("out"), py::arg("stream") = nullptr)
       .def("moe_route", [](Backend& b, Tensor logits, int64_t top_k, bool normalize, Tensor ids, Tensor weights,
                            Stream* s) {
         on_stream(b, s, [&](Stream& st) { b.moe_route(st, logits, top_k, normalize, ids, weights); });

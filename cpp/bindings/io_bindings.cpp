@@ -73,6 +73,12 @@ void bind_io(py::module_& m) {
         for (int64_t d : t->shape) n *= d;
         py::array_t<float> out(std::vector<py::ssize_t>(t->shape.begin(), t->shape.end()));
         quant::dequantize_row(t->dtype, t->data, out.mutable_data(), n);
+        if (const GroupOffsets* go = t->group_offsets.get()) {  // s (q - 128) + s (128 - z): exact
+          const int64_t K = t->shape[1];
+          for (int64_t r = 0; r < t->shape[0]; ++r)
+            for (int64_t j = 0; j < K; ++j)
+              out.mutable_data()[r * K + j] += go->offsets[size_t(r * go->groups + go->block_groups[size_t(j / 32)])];
+        }
         if (!t->input_order) return out;
         const std::vector<int32_t>& order = *t->input_order;  // back into the inputs' order
         const int64_t K = int64_t(order.size()), rows = n / K;

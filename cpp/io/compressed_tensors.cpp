@@ -92,8 +92,6 @@ WeightScheme parse_weights(const json& w, const std::string& where) {
   if (s.bits != 4 && s.bits != 8)
     throw ValueError(where + " 'num_bits' is " + std::to_string(s.bits) + ": ferrum reads 4- and 8-bit weights only");
   s.symmetric = config_bool(w, "symmetric", true, where);
-  if (s.bits == 8 && !s.symmetric)
-    throw ValueError(where + " 'symmetric' is false with 8 bits (asymmetric 8-bit), which ferrum does not read yet");
   // compressed-tensors infers a missing strategy the same way.
   const std::string strategy =
       config_string(w, "strategy", config_field(w, "group_size") ? "group" : "tensor", where);

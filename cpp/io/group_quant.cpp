@@ -65,9 +65,6 @@ void store_as_blocks(WeightSource& ws, const std::string& module, const GroupCod
   const int mid = 1 << (c.bits - 1);
   bool symmetric = true;
   for (uint8_t z : c.zeros) symmetric = symmetric && z == mid;
-  if (c.bits == 8 && !symmetric)
-    throw ValueError(ws.path + ": " + method + " module '" + module +
-                     "' is asymmetric 8-bit (a zero other than 128 in qzeros), which ferrum does not read yet");
   const std::string out_name = module + ".weight";
   const DType dtype = c.bits == 8 ? DType::Q8_0 : symmetric ? DType::Q4_0 : DType::Q5_0;
   const int64_t blocks = K / kBlock;
@@ -122,6 +119,17 @@ void store_as_blocks(WeightSource& ws, const std::string& module, const GroupCod
   t.nbytes = home->size();
   t.file = home;
   if (!c.input_order.empty()) t.input_order = std::make_shared<const std::vector<int32_t>>(c.input_order);
+  if (c.bits == 8 && !symmetric) {
+    auto go = std::make_shared<GroupOffsets>();
+    go->groups = G;
+    go->offsets.resize(size_t(N * G));
+    for (int64_t i = 0; i < N * G; ++i)  // exact: an f16 times an integer of 8 bits
+      go->offsets[size_t(i)] = f16_to_f32(c.scales[size_t(i)]) * float(128 - int(c.zeros[size_t(i)]));
+    go->block_groups.resize(size_t(blocks));
+    for (int64_t b = 0; b < blocks; ++b)
+      go->block_groups[size_t(b)] = c.block_groups.empty() ? int32_t(b * kBlock / gs) : c.block_groups[size_t(b)];
+    t.group_offsets = std::move(go);
+  }
   ws.tensors[out_name] = std::move(t);
 }
 

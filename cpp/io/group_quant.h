@@ -4,6 +4,8 @@
 //   4-bit, every zero 8:     Q4_0, w = s * (q - 8)
 //   4-bit, other zeros:      Q5_0, w = s * ((q - z + 16) - 16)
 //   8-bit, every zero 128:   Q8_0, w = s * (q - 128)
+//   8-bit, other zeros:      Q8_0, w = s * (q - 128) + s * (128 - z), the second term as the
+//                            tensor's group_offsets (q - z does not fit 8 bits)
 // A group is whole 32-column blocks, each block taking its group's scale as its own.
 #pragma once
 #include <cstdint>
@@ -36,7 +38,7 @@ void group_inputs(GroupCodes& codes, const std::vector<int32_t>& g_idx, const st
                   const std::string& tensor);
 
 // Replaces the module's packed tensors (those of `packed_suffixes` present) with
-// `<module>.weight`. ValueError (naming the module, `method` saying whose) for asymmetric 8-bit.
+// `<module>.weight`; `method` says whose codes they are, in names.
 void store_as_blocks(WeightSource& ws, const std::string& module, const GroupCodes& c, const char* method,
                      const std::vector<std::string>& packed_suffixes);
 

@@ -43,7 +43,7 @@ WeightSource open_llama2c(const std::string& path, Llama2cHeader* h) {
       std::string name = name_fmt;
       size_t at = name.find("{}");
       if (at != std::string::npos) name.replace(at, 2, std::to_string(i));
-      ws.tensors[name] = TensorInfo{name, DType::F32, shape, next(name_fmt, each), each, file};
+      ws.tensors[name] = TensorInfo{name, DType::F32, shape, next(name_fmt, each), each, file, {}, {}};
     }
   };
   auto skip = [&](const std::string& what, const Shape& shape) {

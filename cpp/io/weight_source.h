@@ -11,6 +11,15 @@
 
 namespace ferrum {
 
+// What an asymmetric 8-bit matrix adds to its stored values s (q - 128) to give s (q - z): per
+// output n and group g, offsets[n * groups + g] = s (128 - z) times the sum of the inputs in g;
+// block b of the stored columns (32 of them) is in group block_groups[b].
+struct GroupOffsets {
+  int64_t groups = 0;
+  std::vector<float> offsets;         // [N, groups]
+  std::vector<int32_t> block_groups;  // [K / 32]
+};
+
 struct TensorInfo {
   std::string name;
   DType dtype;
@@ -21,6 +30,8 @@ struct TensorInfo {
   // A matrix whose columns hold its inputs in this order (column j: input input_order[j]), as a
   // GPTQ act-order checkpoint groups them; null: in order.
   std::shared_ptr<const std::vector<int32_t>> input_order;
+  // An asymmetric 8-bit matrix's offsets (rows as the tensor's); null: none.
+  std::shared_ptr<const GroupOffsets> group_offsets;
 };
 
 struct WeightSource {

@@ -5,20 +5,59 @@
 
 #include "core/error.h"
 #include "model/weight_names.h"
+#include "quant/formats.h"
 #include "quant/quant.h"
 
 namespace ferrum {
 
 namespace {
 
-// Rows [begin, begin + count) of a tensor's first dimension (elements of a vector), in the same file.
+// Rows [begin, begin + count) of a tensor's first dimension (elements of a vector), in the same
+// file; its group offsets' rows with them.
 TensorInfo rows_of(const TensorInfo& t, int64_t begin, int64_t count) {
   TensorInfo r = t;
   const size_t row = t.shape[0] > 0 ? t.nbytes / size_t(t.shape[0]) : 0;
   r.data = t.data + size_t(begin) * row;
   r.shape[0] = count;
   r.nbytes = size_t(count) * row;
+  if (t.group_offsets && (begin != 0 || count != t.shape[0])) {
+    auto go = std::make_shared<GroupOffsets>(*t.group_offsets);
+    const auto first = t.group_offsets->offsets.begin() + begin * go->groups;
+    go->offsets.assign(first, first + count * go->groups);
+    r.group_offsets = std::move(go);
+  }
   return r;
+}
+
+// The group offsets of projections concatenated along their output rows (rows of parts without
+// offsets are zero), over one grouping of the inputs: the parts' own when they share it, else
+// one group per 32-input block. Empty `groups` when no part has offsets.
+GroupOffsets fused_offsets(const std::vector<const TensorInfo*>& parts) {
+  GroupOffsets out;
+  const GroupOffsets* first = nullptr;
+  bool shared = true;
+  for (auto* p : parts)
+    if (const GroupOffsets* go = p->group_offsets.get()) {
+      if (!first) first = go;
+      shared = shared && go->groups == first->groups && go->block_groups == first->block_groups;
+    }
+  if (!first) return out;
+  const int64_t blocks = parts[0]->shape[1] / quant::kQK;
+  if (shared) {
+    out.groups = first->groups;
+    out.block_groups = first->block_groups;
+  } else {
+    out.groups = blocks;
+    for (int64_t b = 0; b < blocks; ++b) out.block_groups.push_back(int32_t(b));
+  }
+  for (auto* p : parts) {
+    const GroupOffsets* go = p->group_offsets.get();
+    for (int64_t n = 0; n < p->shape[0]; ++n)
+      for (int64_t g = 0; g < out.groups; ++g)
+        out.offsets.push_back(!go ? 0.0f : shared ? go->offsets[size_t(n * go->groups + g)]
+                                              : go->offsets[size_t(n * go->groups + go->block_groups[size_t(g)])]);
+  }
+  return out;
 }
 
 // Columns [c0, c0 + dst.cols()) of the rows of a matrix of `cols` columns of dst's type at src ->
@@ -78,6 +117,15 @@ class Loader {
     t.file->release_pages(t.data, t.nbytes);  // this rank reads no other column of it
     Linear lin;
     lin.parts.push_back(be_.pack_weight(part, {}));
+    if (t.group_offsets) {  // this rank's blocks, in their groups; the others' sums are its peers'
+      GroupOffsets share = *t.group_offsets;
+      const auto first = share.block_groups.begin() + c0 / quant::kQK;
+      share.block_groups.assign(first, first + n / quant::kQK);
+      TensorInfo shared = t;
+      shared.shape[1] = n;
+      shared.group_offsets = std::make_shared<const GroupOffsets>(std::move(share));
+      offsets_onto(lin, {&shared});
+    }
     return lin;
   }
   // Rows [r0, r0 + n) of the embedding, then kZeroRows zero rows: an id outside the share is
@@ -111,7 +159,10 @@ class Loader {
                             dtype_name(parts.back()->dtype) + " vs " + dtype_name(parts[0]->dtype) + ")");
       }
     }
-    for (const TensorInfo* p : parts) in_order(*p, "a mixture-of-experts layer");
+    for (const TensorInfo* p : parts) {
+      in_order(*p, "a mixture-of-experts layer");
+      without_offsets(*p, "a mixture-of-experts layer");
+    }
     const DType dtype = parts[0]->dtype;
     if (cols != in) check_whole_blocks(*parts[0], c0, cols);
     Tensor t = be_.alloc(dtype, {E, rows, cols});
@@ -149,6 +200,18 @@ class Loader {
       throw ValueError(src_.path + ": '" + t.name + "' orders its inputs (GPTQ act-order), which " + why +
                        " does not support yet");
   }
+  // Refuses a weight with group offsets where only its stored values would be read.
+  void without_offsets(const TensorInfo& t, const char* why) const {
+    if (t.group_offsets)
+      throw ValueError(src_.path + ": '" + t.name + "' is asymmetric 8-bit (zeros other than 128), which " + why +
+                       " does not support yet");
+  }
+  void offsets_onto(Linear& lin, const std::vector<const TensorInfo*>& parts) const {
+    const GroupOffsets go = fused_offsets(parts);
+    if (go.groups == 0) return;
+    lin.group_offsets = be_.from_host(go.offsets.data(), DType::F32, {lin.out_features(), go.groups});
+    lin.block_groups = be_.from_host(go.block_groups.data(), DType::I32, {int64_t(go.block_groups.size())});
+  }
   // Projections concatenated along their output rows: one tensor when dtypes agree.
   Linear fused(const std::vector<const TensorInfo*>& parts, const std::vector<const TensorInfo*>& biases) const {
     Linear lin;
@@ -178,6 +241,7 @@ class Loader {
       }
       lin.bias = be_.from_host(b.data(), DType::F32, {int64_t(b.size())});
     }
+    offsets_onto(lin, parts);
     return lin;
   }
 
@@ -203,14 +267,15 @@ void Linear::record(Backend& be, Stream& s, const Tensor& x_in, const Tensor& ou
   }
   if (parts.size() == 1) {
     be.linear(s, x, parts[0], bias, out, 0);
-    return;
+  } else {
+    int64_t col = 0;
+    for (const Tensor& p : parts) {
+      Tensor b = bias.defined() ? bias.slice(col, p.dim(0)) : Tensor{};
+      be.linear(s, x, p, b, out, col);
+      col += p.dim(0);
+    }
   }
-  int64_t col = 0;
-  for (const Tensor& p : parts) {
-    Tensor b = bias.defined() ? bias.slice(col, p.dim(0)) : Tensor{};
-    be.linear(s, x, p, b, out, col);
-    col += p.dim(0);
-  }
+  if (group_offsets.defined()) be.add_group_offsets(s, x, block_groups, group_offsets, out);
 }
 
 ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfig& c, const TensorSplit& split,
@@ -230,12 +295,14 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
     else w.embed = L.embedding_rows(embed, split.vocab0, split.vocab, tied);
   }
   L.in_order(embed, "an embedding");
+  L.without_offsets(embed, "an embedding");
   if (stage.last()) {
-    if (!tied) w.lm_head.input_order = L.input_order({head});
-    if (split.whole()) w.lm_head.parts.push_back(tied ? w.embed : L.linear_weight(*head));
-    else
-      w.lm_head.parts.push_back(tied ? w.embed.slice(0, split.vocab)
-                                     : L.linear_weight(rows_of(*head, split.vocab0, split.vocab)));
+    if (tied) {
+      w.lm_head.parts.push_back(split.whole() ? w.embed : w.embed.slice(0, split.vocab));
+    } else {
+      const TensorInfo share = rows_of(*head, split.vocab0, split.vocab);
+      w.lm_head = L.fused({split.whole() ? head : &share}, {});
+    }
     w.final_norm = L.f32(L.get(kFinalNorm, -1));
   }
   if (const TensorInfo* rf = src.find(kRopeFreqs)) {
@@ -300,6 +367,7 @@ int64_t weight_bytes(const ModelWeights& w) {
   const auto add_linear = [&](const Linear& l) {
     for (const Tensor& p : l.parts) add(p);
     add(l.bias);
+    add(l.group_offsets);
   };
   add(w.embed);
   add(w.final_norm);

@@ -21,6 +21,11 @@ struct Linear {
   // i32 [K]: the parts' columns hold the inputs in this order (GPTQ act-order), so x is gathered
   // into it first; undefined: in order.
   Tensor input_order;
+  // Asymmetric 8-bit parts (GPTQ, compressed-tensors) store s (q - 128); the rest, s (128 - z),
+  // rides on the projection: out[:, n] += sum_g group_offsets[n, g] * (the sum of x's stored
+  // columns in group g), block b of those columns in group block_groups[b]. Undefined: none.
+  Tensor group_offsets;  // f32 [out_features, G]
+  Tensor block_groups;   // i32 [K / 32]
   int64_t out_features() const;
   // scratch: f32 of at least rows(x) x K elements when input_order is defined.
   void record(Backend& be, Stream& s, const Tensor& x, const Tensor& out, const Tensor& scratch = {}) const;

@@ -415,4 +415,36 @@ void CpuBackend::gather_columns(Stream& s, const Tensor& x, const Tensor& idx, c
   });
 }
 
+void CpuBackend::add_group_offsets(Stream& s, const Tensor& x, const Tensor& block_groups, const Tensor& offsets,
+                                   const Tensor& out) {
+  own({&x, &block_groups, &offsets, &out});
+  checks::add_group_offsets(x, block_groups, offsets, out);
+  cpu_stream(s).record("add_group_offsets", [=](int ith, int nth) {
+    const int64_t rows = x.rows(), k = x.cols(), blocks = block_groups.numel();
+    const int64_t N = offsets.dim(0), G = offsets.dim(1);
+    const int32_t* group = host_ptr<int32_t>(block_groups);
+    const float* off = host_ptr<float>(offsets);
+    // Enough rows: each thread its rows; else each its share of the outputs (each thread adding
+    // up every row's groups, a read of x): an output is computed alike either way.
+    const bool by_rows = rows >= nth;
+    const int64_t n0 = by_rows ? 0 : N * ith / nth, n1 = by_rows ? N : N * (ith + 1) / nth;
+    std::vector<float> sums(static_cast<size_t>(G));
+    for (int64_t r = by_rows ? ith : 0; r < rows; r += by_rows ? nth : 1) {
+      const float* xr = host_ptr<float>(x) + r * k;
+      std::fill(sums.begin(), sums.end(), 0.0f);
+      for (int64_t b = 0; b < blocks; ++b) {
+        float block = 0.0f;
+        for (int64_t j = 0; j < 32; ++j) block += xr[b * 32 + j];
+        if (group[b] >= 0 && group[b] < G) sums[size_t(group[b])] += block;
+      }
+      float* o = host_ptr<float>(out) + r * out.cols();
+      for (int64_t n = n0; n < n1; ++n) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < G; ++g) acc += off[n * G + g] * sums[size_t(g)];
+        o[n] += acc;
+      }
+    }
+  });
+}
+
 }  // namespace ferrum

@@ -77,6 +77,8 @@ class ClBackend : public Backend {
   void swiglu(Stream& s, const Tensor& gate_up, const Tensor& out) override;
   void gather_rows(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) override;
   void gather_columns(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) override;
+  void add_group_offsets(Stream& s, const Tensor& x, const Tensor& block_groups, const Tensor& offsets,
+                         const Tensor& out) override;
   void moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool normalize, const Tensor& ids,
                  const Tensor& weights) override;
   void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,

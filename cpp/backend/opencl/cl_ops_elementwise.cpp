@@ -1,5 +1,5 @@
-// Row and element ops: rms_norm, add_rms_norm, swiglu, gather_rows (the gpu family's norms and
-// swiglu: cl_gpu_rows.cpp).
+// Row and element ops: rms_norm, add_rms_norm, swiglu, gather_rows, gather_columns,
+// add_group_offsets (the gpu family's norms and swiglu: cl_gpu_rows.cpp).
 #include "backend/op_checks.h"
 #include "backend/opencl/cl_backend.h"
 #include "core/error.h"
@@ -52,6 +52,22 @@ void ClBackend::gather_columns(Stream& s, const Tensor& x, const Tensor& idx, co
   KernelArgs(l).tensor(x, "gather_columns").i32(x.cols()).tensor(idx, "gather_columns")
       .tensor(out, "gather_columns").i32(out.rows()).i32(out.cols());
   record(s, std::move(l));
+}
+
+void ClBackend::add_group_offsets(Stream& s, const Tensor& x, const Tensor& block_groups, const Tensor& offsets,
+                                  const Tensor& out) {
+  checks::add_group_offsets(x, block_groups, offsets, out);
+  const int64_t T = x.rows(), N = offsets.dim(0), G = offsets.dim(1);
+  if (T == 0 || N == 0 || G == 0) return;
+  const Tensor sums = alloc(DType::F32, {T, G});
+  Launch l = launch(elementwise_program(), "group_sums", T * G, 64);
+  KernelArgs(l).tensor(x, "group_sums").tensor(block_groups, "group_sums").tensor(sums, "group_sums")
+      .i32(T).i32(x.cols() / 32).i32(G);
+  record(s, std::move(l));
+  Launch a = launch(elementwise_program(), "add_group_offsets", T * N, 64);
+  KernelArgs(a).tensor(sums, "add_group_offsets").tensor(offsets, "add_group_offsets")
+      .tensor(out, "add_group_offsets").i32(out.cols()).i32(T).i32(N).i32(G);
+  record(s, std::move(a));
 }
 
 }  // namespace ferrum::ocl
