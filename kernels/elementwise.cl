@@ -76,8 +76,8 @@ kernel void gather_columns(const global float* x, long x_off, int x_cols, const 
   out[out_off + i] = x[x_off + (long)r * x_cols + idx[idx_off + j]];
 }
 
-// sums[r, g] = the 32-column blocks b of x's row r with block_groups[b] == g added up, each
-// block's columns in order, the blocks in order (as the CPU backend adds them).
+// sums[r, g] = the 32-column blocks b of x's row r with block_groups[b] == g added up, the
+// blocks in order (each block's columns in order).
 kernel void group_sums(const global float* x, long x_off, const global int* block_groups, long bg_off,
                        global float* sums, long sums_off, int rows, int blocks, int groups) {
   const long i = get_global_id(0);
@@ -94,16 +94,16 @@ kernel void group_sums(const global float* x, long x_off, const global int* bloc
   sums[sums_off + i] = acc;
 }
 
-// out[r, n] += offsets[n, :] . sums[r, :] (an asymmetric 8-bit projection's zeros).
+// out[r, n] += offsets[:, n] . sums[r, :] (an asymmetric 8-bit projection's zeros).
 kernel void add_group_offsets(const global float* sums, long sums_off, const global float* offsets, long off_off,
                               global float* out, long out_off, int out_cols, int rows, int n, int groups) {
   const long i = get_global_id(0);
   if (i >= (long)rows * n) return;
   const int r = (int)(i / n), o = (int)(i % n);
   const global float* s = sums + sums_off + (long)r * groups;
-  const global float* w = offsets + off_off + (long)o * groups;
+  const global float* w = offsets + off_off + o;
   float acc = 0.0f;
-  for (int g = 0; g < groups; ++g) acc += w[g] * s[g];
+  for (int g = 0; g < groups; ++g) acc += w[(long)g * n] * s[g];
   out[out_off + (long)r * out_cols + o] += acc;
 }
 

@@ -64,7 +64,7 @@ def quantized_checkpoint_ops(be, out: dict) -> None:
         block_groups = rng.permutation(np.arange(K // 32) % 3).astype(np.int32)
         y = be.tensor(rng.standard_normal((T, ROWS + 2)).astype(np.float32))
         be.add_group_offsets(be.tensor(x), be.tensor(block_groups),
-                             be.tensor(rng.standard_normal((ROWS, 3)).astype(np.float32)), y)
+                             be.tensor(rng.standard_normal((3, ROWS)).astype(np.float32)), y)
         out[f"add_group_offsets/T{T}"] = y.numpy()
 
 

@@ -197,26 +197,26 @@ def test_swiglu_gather(backend, rng):
 
 
 def group_offsets_case(rng, rows, blocks, groups, n, width):
-    """x [rows, 32 * blocks], blocks in groups out of order, offsets [n, groups], out wider than n."""
+    """x [rows, 32 * blocks], blocks in groups out of order, offsets [groups, n], out wider than n."""
     x = rng.standard_normal((rows, 32 * blocks)).astype(np.float32)
     block_groups = rng.permutation(np.arange(blocks) % groups).astype(np.int32)
-    offsets = rng.standard_normal((n, groups)).astype(np.float32)
+    offsets = rng.standard_normal((groups, n)).astype(np.float32)
     out = rng.standard_normal((rows, width)).astype(np.float32)
     return x, block_groups, offsets, out
 
 
 @pytest.mark.parametrize("rows", [1, 5])  # a decode's row split by outputs; rows split by threads
 def test_add_group_offsets(backend, rng, rows):
-    x, block_groups, offsets, out = group_offsets_case(rng, rows, blocks=12, groups=4, n=37, width=40)
+    x, block_groups, offsets, out = group_offsets_case(rng, rows, blocks=12, groups=4, n=100, width=104)
     sums = np.zeros((rows, 4))
     for b, g in enumerate(block_groups):
         sums[:, g] += x[:, 32 * b:32 * b + 32].astype(np.float64).sum(1)
     want = out.astype(np.float64)
-    want[:, :37] += sums @ offsets.T.astype(np.float64)
+    want[:, :100] += sums @ offsets.astype(np.float64)
     got = backend.tensor(out)
     backend.add_group_offsets(backend.tensor(x), backend.tensor(block_groups), backend.tensor(offsets), got)
     assert R.nmse(got.numpy(), want) < F32_TOL
-    np.testing.assert_array_equal(got.numpy()[:, 37:], out[:, 37:])  # columns past the offsets' rows kept
+    np.testing.assert_array_equal(got.numpy()[:, 100:], out[:, 100:])  # columns past the offsets' kept
 
 
 def make_pool(backend, blocks, kv_heads, block_size, hd, kv_dtype):

@@ -177,10 +177,10 @@ class Backend {
   // out[r, j] = x[r, idx[j]], idx in [0, cols(x)): a projection's inputs in the order its
   // weight's columns are stored in (GPTQ act-order).
   virtual void gather_columns(Stream& s, const Tensor& x, const Tensor& idx, const Tensor& out) = 0;
-  // out[r, n] += sum_g offsets[n, g] * sums[r, g], where sums[r, g] adds up the 32-column blocks b
-  // of x [T, K] in group g = block_groups[b] (i32 [K / 32], in [0, G)), each block's 32 columns
-  // in order, the blocks in order; offsets f32 [N, G], out [T, >= N]. What an asymmetric 8-bit
-  // projection adds to its Q8_0 part (Linear::group_offsets).
+  // out[r, n] += sum_g offsets[g, n] * sums[r, g] (g in order), where sums[r, g] adds up the
+  // 32-column blocks b of x [T, K] in group g = block_groups[b] (i32 [K / 32], in [0, G)), the
+  // blocks in order (a block's own sum in an order of the backend's); offsets f32 [G, N], out
+  // [T, >= N]. What an asymmetric 8-bit projection adds to its Q8_0 part (Linear::group_offsets).
   virtual void add_group_offsets(Stream& s, const Tensor& x, const Tensor& block_groups, const Tensor& offsets,
                                  const Tensor& out) = 0;
 

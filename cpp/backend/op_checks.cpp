@@ -170,11 +170,11 @@ void add_group_offsets(const Tensor& x, const Tensor& block_groups, const Tensor
   i32(block_groups, op, "block_groups");
   f32(offsets, op, "offsets");
   f32(out, op, "out");
-  need(offsets.shape.size() == 2, op, "offsets " + offsets.str() + " must be [N, groups]");
+  need(offsets.shape.size() == 2, op, "offsets " + offsets.str() + " must be [groups, N]");
   need(x.cols() == 32 * block_groups.numel(), op,
        "block_groups " + block_groups.str() + " must hold one group per 32 columns of x " + x.str());
-  need(out.rows() == x.rows() && out.cols() >= offsets.dim(0), op,
-       "out " + out.str() + " must be [rows(x), >= rows(offsets)]");
+  need(out.rows() == x.rows() && out.cols() >= offsets.dim(1), op,
+       "out " + out.str() + " must be [rows(x), >= cols(offsets)]");
 }
 
 void moe_route(const Tensor& logits, int64_t top_k, const Tensor& ids, const Tensor& weights) {

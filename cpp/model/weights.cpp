@@ -209,7 +209,11 @@ class Loader {
   void offsets_onto(Linear& lin, const std::vector<const TensorInfo*>& parts) const {
     const GroupOffsets go = fused_offsets(parts);
     if (go.groups == 0) return;
-    lin.group_offsets = be_.from_host(go.offsets.data(), DType::F32, {lin.out_features(), go.groups});
+    const int64_t N = lin.out_features(), G = go.groups;
+    std::vector<float> by_group(go.offsets.size());  // [G, N]: a group's offsets side by side
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t g = 0; g < G; ++g) by_group[size_t(g * N + n)] = go.offsets[size_t(n * G + g)];
+    lin.group_offsets = be_.from_host(by_group.data(), DType::F32, {G, N});
     lin.block_groups = be_.from_host(go.block_groups.data(), DType::I32, {int64_t(go.block_groups.size())});
   }
   // Projections concatenated along their output rows: one tensor when dtypes agree.

@@ -22,9 +22,9 @@ struct Linear {
   // into it first; undefined: in order.
   Tensor input_order;
   // Asymmetric 8-bit parts (GPTQ, compressed-tensors) store s (q - 128); the rest, s (128 - z),
-  // rides on the projection: out[:, n] += sum_g group_offsets[n, g] * (the sum of x's stored
+  // rides on the projection: out[:, n] += sum_g group_offsets[g, n] * (the sum of x's stored
   // columns in group g), block b of those columns in group block_groups[b]. Undefined: none.
-  Tensor group_offsets;  // f32 [out_features, G]
+  Tensor group_offsets;  // f32 [G, out_features]
   Tensor block_groups;   // i32 [K / 32]
   int64_t out_features() const;
   // scratch: f32 of at least rows(x) x K elements when input_order is defined.

@@ -57,7 +57,7 @@ void ClBackend::gather_columns(Stream& s, const Tensor& x, const Tensor& idx, co
 void ClBackend::add_group_offsets(Stream& s, const Tensor& x, const Tensor& block_groups, const Tensor& offsets,
                                   const Tensor& out) {
   checks::add_group_offsets(x, block_groups, offsets, out);
-  const int64_t T = x.rows(), N = offsets.dim(0), G = offsets.dim(1);
+  const int64_t T = x.rows(), G = offsets.dim(0), N = offsets.dim(1);
   if (T == 0 || N == 0 || G == 0) return;
   const Tensor sums = alloc(DType::F32, {T, G});
   Launch l = launch(elementwise_program(), "group_sums", T * G, 64);
