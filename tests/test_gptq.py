@@ -287,3 +287,31 @@ def test_sharded_checkpoint_loads_as_one_file(checkpoints, tmp_path):
     assert np.array_equal(two.dequantized(L0 + ".weight"), one.dequantized(L0 + ".weight"))
     score = lambda p: ferrum.LLM(str(p), kv_dtype="f32", num_threads=2).score(PROMPT)
     assert np.array_equal(score(dst), score(src))
+
+
+def test_fused_parts_grouped_differently(checkpoints, tmp_path):
+    """q/k/v fused with k's groups halved by a `dynamic` rule (its second half's zeros moved by
+    one): the fused projection's offsets fall back to one group per block, and the scores still
+    match transformers on GPTQModel's dequantization of the file."""
+    src = checkpoints["asym8-g128-v2"]
+
+    def regroup(st):
+        for i in range(SHAPE["num_layers"]):
+            k = f"model.layers.{i}.self_attn.k_proj"
+            st[k + ".scales"] = st[k + ".scales"].repeat_interleave(2, 0).contiguous()
+            zeros = st[k + ".qzeros"].repeat_interleave(2, 0)
+            assert all(((zeros[1] >> (8 * j)) & 255).max() < 255 for j in range(4))  # no byte carries
+            zeros[1] += 0x01010101
+            st[k + ".qzeros"] = zeros.contiguous()
+            st[k + ".g_idx"] = (torch.arange(st[k + ".g_idx"].shape[0], dtype=torch.int32) // 64).contiguous()
+
+    path = tmp_path / "regrouped"
+    _edited(src, path, config={"dynamic": {r"+:.*k_proj": {"group_size": 64}}}, tensors=regroup)
+    ref = library_dequantized(path)
+    mf = ferrum._core.ModelFile(str(path))
+    for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.q_proj.weight"):
+        np.testing.assert_array_equal(mf.dequantized(name), ref[name].numpy(), err_msg=name)
+    with torch.no_grad():
+        want = transformers_on(path, ref)(torch.tensor([PROMPT])).logits[0].numpy()
+    got = ferrum.LLM(str(path), kv_dtype="f32", num_threads=2).score(PROMPT)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
