@@ -74,7 +74,7 @@ void store_as_blocks(WeightSource& ws, const std::string& module, const GroupCod
   for (int64_t n = 0; n < N; ++n) {
     const uint8_t* qn = c.q.data() + n * K;
     for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t g = c.block_groups.empty() ? b * kBlock / gs : c.block_groups[size_t(b)];
+      const int64_t g = c.block_group(b);
       const uint16_t d = c.scales[size_t(n * G + g)];
       const int z = c.zeros[size_t(n * G + g)];
       const uint8_t* v = qn + b * kBlock;
@@ -126,8 +126,7 @@ void store_as_blocks(WeightSource& ws, const std::string& module, const GroupCod
     for (int64_t i = 0; i < N * G; ++i)  // exact: an f16 times an integer of 8 bits
       go->offsets[size_t(i)] = f16_to_f32(c.scales[size_t(i)]) * float(128 - int(c.zeros[size_t(i)]));
     go->block_groups.resize(size_t(blocks));
-    for (int64_t b = 0; b < blocks; ++b)
-      go->block_groups[size_t(b)] = c.block_groups.empty() ? int32_t(b * kBlock / gs) : c.block_groups[size_t(b)];
+    for (int64_t b = 0; b < blocks; ++b) go->block_groups[size_t(b)] = int32_t(c.block_group(b));
     t.group_offsets = std::move(go);
   }
   ws.tensors[out_name] = std::move(t);

@@ -29,6 +29,7 @@ struct GroupCodes {
   // order, block b in group b * 32 / group_size.
   std::vector<int32_t> input_order, block_groups;
   int64_t groups() const { return (K + group_size - 1) / group_size; }
+  int64_t block_group(int64_t b) const { return block_groups.empty() ? b * 32 / group_size : block_groups[size_t(b)]; }
 };
 
 // Act-order: the order that groups a module's inputs by g_idx (each group's inputs in their
