@@ -61,7 +61,7 @@ bool config_bool(const json& q, const char* key, bool fallback, const std::strin
 
 void store_as_blocks(WeightSource& ws, const std::string& module, const GroupCodes& c, const char* method,
                      const std::vector<std::string>& packed_suffixes) {
-  const int64_t N = c.N, K = c.K, G = c.groups(), gs = c.group_size;
+  const int64_t N = c.N, K = c.K, G = c.groups();
   const int mid = 1 << (c.bits - 1);
   bool symmetric = true;
   for (uint8_t z : c.zeros) symmetric = symmetric && z == mid;
