@@ -11,6 +11,11 @@
 namespace ferrum {
 
 namespace {
+// With pipeline stages, a forward takes at most 1 / (this x stages) of the prompt tokens waiting,
+// and at least kMinPipelineForward tokens (the runner pads a forward's tokens to multiples of it).
+constexpr int64_t kPipelinePromptForwards = 8;
+constexpr int64_t kMinPipelineForward = 32;
+
 SchedulerOptions scheduler_options(const ModelRunner& runner, const EngineOptions& opt) {
   SchedulerOptions s;
   s.max_num_seqs = opt.max_num_seqs;
@@ -104,11 +109,17 @@ EngineStep Engine::step() {
   std::lock_guard<std::mutex> lock(mu_);
   // With pipeline stages, one forward per stage is kept in flight, each on its share of the
   // sequences (those in flight are not scheduled again until their rows are back), so that every
-  // stage computes one of them at a time.
+  // stage computes one of them at a time. Prompts pass in forwards of a small share of the prompt
+  // tokens waiting: the later stages idle through the first stage's first forward, and the first
+  // stage through the last stage's last prompt forward.
   const int64_t depth = runner_.pipeline_depth();
   while (int64_t(in_flight_.size()) < depth) {
-    const int64_t share = depth == 1 ? INT64_MAX : (sched_.num_sequences() + depth - 1) / depth;
-    SchedulerOutput plan = sched_.schedule(share);
+    int64_t share = INT64_MAX, tokens = INT64_MAX;
+    if (depth > 1) {
+      share = (sched_.num_sequences() + depth - 1) / depth;
+      tokens = std::max(kMinPipelineForward, sched_.prompt_tokens_waiting() / (kPipelinePromptForwards * depth));
+    }
+    SchedulerOutput plan = sched_.schedule(share, tokens);
     ended_.insert(ended_.end(), plan.ended.begin(), plan.ended.end());
     preempted_ += int64_t(plan.preempted.size());
     if (plan.chunks.empty()) break;

@@ -213,13 +213,21 @@ bool Scheduler::try_admit(Sequence& s, int64_t budget, SchedulerOutput* out) {
   return true;
 }
 
-SchedulerOutput Scheduler::schedule(int64_t max_seqs) {
+int64_t Scheduler::prompt_tokens_waiting() const {
+  int64_t tokens = 0;
+  for (const auto& [id, s] : seqs_)
+    if (!s.in_flight && !(s.generates() && s.remaining() <= 1)) tokens += s.remaining();
+  return tokens;
+}
+
+SchedulerOutput Scheduler::schedule(int64_t max_seqs, int64_t max_tokens) {
   SchedulerOutput out;
   const auto full = [&] { return int64_t(out.chunks.size()) >= max_seqs; };
   int64_t budget = opt_.max_num_batched_tokens;
   std::vector<const LoraAdapter*> loras;  // this step's
   bool hold_admission = false;
   for (const bool decodes : {true, false}) {
+    if (!decodes) budget = std::min(budget, std::max<int64_t>(0, max_tokens - out.num_tokens));
     const std::vector<int64_t> order(running_.begin(), running_.end());  // oldest first
     for (int64_t id : order) {
       if (!running_.count(id)) continue;  // preempted earlier in this step

@@ -80,9 +80,13 @@ class Scheduler {
   // cache. Unknown ids are ignored, so aborting twice is harmless.
   void finish(int64_t seq);
 
-  // The next step, of at most max_seqs sequences. Its sequences are in flight until computed():
-  // no later step takes them (and none preempts them) before, so several steps may be in flight.
-  SchedulerOutput schedule(int64_t max_seqs = INT64_MAX);
+  // The next step, of at most max_seqs sequences and max_tokens tokens (decodes exceed it rather
+  // than wait: it limits the prompt and score chunks). Its sequences are in flight until
+  // computed(): no later step takes them (and none preempts them) before, so several steps may be
+  // in flight.
+  SchedulerOutput schedule(int64_t max_seqs = INT64_MAX, int64_t max_tokens = INT64_MAX);
+  // Prompt (and score) tokens still to compute in sequences not in flight.
+  int64_t prompt_tokens_waiting() const;
   // The forward of `out` ran: every chunk's tokens now have K/V in the cache (chunks of sequences
   // ended meanwhile are passed over). Returns the scores and embeddings whose last rows it
   // computed: they are finished.

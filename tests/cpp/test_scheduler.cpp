@@ -638,3 +638,37 @@ TEST(Scheduler, AStepThatDidNotRunIsScheduledAgain) {
   h.sched.finish(b);
   EXPECT_EQ(h.blocks.num_used(), 0);
 }
+
+TEST(Scheduler, ATokenCapLimitsPromptChunksButNotDecodes) {
+  Harness h(64, 8, 512);
+  const int64_t a = h.add(3, 4), b = h.add(4, 4), c = h.add(100, 2);
+  EXPECT_EQ(h.sched.prompt_tokens_waiting(), 107);
+  SchedulerOutput s = h.sched.schedule(INT64_MAX, 5);  // a's prompt, 2 of b's
+  ASSERT_EQ(s.chunks.size(), 2u);
+  EXPECT_EQ(s.num_tokens, 5);
+  EXPECT_EQ(s.chunks[1].seq, b);
+  EXPECT_EQ(s.chunks[1].count, 2);
+  EXPECT_EQ(h.sched.prompt_tokens_waiting(), 100);  // c's; a and b are in flight
+  h.sched.computed(s);
+  EXPECT_EQ(h.sched.prompt_tokens_waiting(), 102);
+  h.sched.append_token(a, 7);
+  s = h.sched.schedule(INT64_MAX, 1);  // a's decode fills the cap: nothing of b or c joins it
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_TRUE(s.chunks[0].decode);
+  h.sched.computed(s);
+  h.sched.append_token(a, 8);
+  s = h.sched.schedule(INT64_MAX, 0);  // decodes exceed a cap rather than wait
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].seq, a);
+  h.sched.computed(s);
+  h.sched.append_token(a, 9);
+  s = h.sched.schedule(INT64_MAX, 40);  // a's decode, b's last 2 tokens, 37 of c's
+  ASSERT_EQ(s.chunks.size(), 3u);
+  EXPECT_EQ(s.num_tokens, 40);
+  EXPECT_EQ(s.chunks[2].seq, c);
+  EXPECT_EQ(s.chunks[2].count, 37);
+  h.sched.computed(s);
+  EXPECT_EQ(h.sched.prompt_tokens_waiting(), 63);
+  for (int64_t id : {a, b, c}) h.sched.finish(id);
+  EXPECT_EQ(h.blocks.num_used(), 0);
+}
