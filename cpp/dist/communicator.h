@@ -46,16 +46,18 @@ class Communicator {
   virtual void send(const void* data, size_t bytes, int to) = 0;
   virtual void recv(void* data, size_t bytes, int from) = 0;
 
-  // A broadcast from this rank (the root) or a receive, started now and waited for later, so that
-  // rank 0 of a pipeline computes its next step while the later stages run this one. The buffer
-  // stays untouched (broadcast) or is written (receive) until wait() returns; wait() polls
-  // against the timeout like every call. One not waited for is waited for when it is destroyed.
+  // A broadcast from this rank (the root), a send or a receive, started now and waited for later,
+  // so that rank 0 of a pipeline computes its next step while the later stages run this one, and
+  // the last stage its next while its rows travel. The buffer stays untouched (broadcast, send)
+  // or is written (receive) until wait() returns; wait() polls against the timeout like every
+  // call. One not waited for is waited for when it is destroyed.
   class Pending {
    public:
     virtual ~Pending() = default;
     virtual void wait() = 0;
   };
   virtual std::unique_ptr<Pending> start_broadcast(const void* data, size_t bytes) = 0;
+  virtual std::unique_ptr<Pending> start_send(const void* data, size_t bytes, int to) = 0;
   virtual std::unique_ptr<Pending> start_recv(void* data, size_t bytes, int from) = 0;
   // Collective: the ranks of this group with the same color form a new group, ordered by key.
   // A failure in either ends both (a lost rank ends the whole group).

@@ -131,6 +131,12 @@ class MpiCommunicator : public Communicator {
     call(MPI_Ibcast(const_cast<void*>(data), int(bytes), MPI_BYTE, rank_, comm_, &p->request), "broadcast");
     return p;
   }
+  std::unique_ptr<Pending> start_send(const void* data, size_t bytes, int to) override {
+    check(bytes);
+    auto p = std::make_unique<MpiPending>(*this, "a send to another stage");
+    call(MPI_Isend(data, int(bytes), MPI_BYTE, to, 0, comm_, &p->request), "send");
+    return p;
+  }
   std::unique_ptr<Pending> start_recv(void* data, size_t bytes, int from) override {
     check(bytes);
     auto p = std::make_unique<MpiPending>(*this, "a receive from another stage");

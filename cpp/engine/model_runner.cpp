@@ -323,7 +323,7 @@ void ModelRunner::run(StepPlan& p) {
   ForwardOutput out;
   compute(p, out);
   p.loras.clear();
-  if (!stage_.whole()) rows_to_rank0(p, out);
+  if (!stage_.whole()) rows_to_rank0(p, std::move(out));
 }
 
 void ModelRunner::compute(const StepPlan& p, ForwardOutput& out) {
@@ -374,11 +374,14 @@ StageLinks ModelRunner::links() const {
   return {group_.get(), stage_.first() ? -1 : rank - tp_size_, stage_.last() ? -1 : rank + tp_size_};
 }
 
-void ModelRunner::rows_to_rank0(const StepPlan& p, const ForwardOutput& out) {
+void ModelRunner::rows_to_rank0(const StepPlan& p, ForwardOutput out) {
   if (group_->rank() != (stage_.stages - 1) * tp_size_) return;
+  for (auto& sent : rows_sent_) sent->wait();
+  rows_sent_.clear();
+  rows_sending_ = std::move(out);
   const size_t logits = size_t(p.logit_rows * cfg_.vocab), hidden = size_t(p.hidden_rows * cfg_.hidden);
-  if (logits > 0) group_->send(out.logits.data(), logits * 4, 0);
-  if (hidden > 0) group_->send(out.hidden.data(), hidden * 4, 0);
+  if (logits > 0) rows_sent_.push_back(group_->start_send(rows_sending_.logits.data(), logits * 4, 0));
+  if (hidden > 0) rows_sent_.push_back(group_->start_send(rows_sending_.hidden.data(), hidden * 4, 0));
 }
 
 void ModelRunner::gather_logits(const Tensor& logits, int64_t rows, std::vector<float>& out) {

@@ -211,8 +211,9 @@ class ModelRunner {
   void plan(const std::vector<ForwardItem>& items);
   // Runs this rank's share of a planned forward; on the last stage `out` gets its rows.
   void compute(const StepPlan& plan, ForwardOutput& out);
-  // Pipeline parallelism: the last stage's first rank sends its rows to rank 0.
-  void rows_to_rank0(const StepPlan& plan, const ForwardOutput& out);
+  // Pipeline parallelism: the last stage's first rank starts sending its rows to rank 0 (the
+  // previous forward's sent by now), and keeps them until they are.
+  void rows_to_rank0(const StepPlan& plan, ForwardOutput out);
   // Rank 0 in a group: the AddLora and DropLora orders queued since the last were sent, sent now.
   void send_lora_orders(std::vector<std::unique_ptr<SentOrder>>& sent);
   // A begun forward: its orders to the other ranks (adapters, then the step) and its rows, on their way.
@@ -252,6 +253,8 @@ class ModelRunner {
   std::deque<InFlight> in_flight_;         // oldest first
   std::vector<int32_t> local_ids_;         // a rank's ids into its share of the embedding
   std::vector<float> logits_share_, logits_gathered_;
+  ForwardOutput rows_sending_;  // the last stage's rows on their way to rank 0
+  std::vector<std::unique_ptr<Communicator::Pending>> rows_sent_;
 };
 
 }  // namespace ferrum
