@@ -107,6 +107,22 @@ kernel void add_group_offsets(const global float* sums, long sums_off, const glo
   out[out_off + (long)r * out_cols + o] += acc;
 }
 
+// moe_experts' asymmetric 8-bit experts: out[p, col + o] += offsets[e, :, o] . sums[p / div, :]
+// for pair p of expert e = ids[p] (ids outside [0, E) add nothing).
+kernel void moe_add_group_offsets(const global float* sums, long sums_off, int div, const global int* ids, long ids_off,
+                                  int experts, const global float* offsets, long off_off, global float* out,
+                                  long out_off, int out_cols, int col, int pairs, int n, int groups) {
+  const long i = get_global_id(0);
+  if (i >= (long)pairs * n) return;
+  const int p = (int)(i / n), o = (int)(i % n), e = ids[ids_off + p];
+  if (e < 0 || e >= experts) return;
+  const global float* s = sums + sums_off + (long)(p / div) * groups;
+  const global float* w = offsets + off_off + (long)e * groups * n + o;
+  float acc = 0.0f;
+  for (int g = 0; g < groups; ++g) acc += w[(long)g * n] * s[g];
+  out[out_off + (long)p * out_cols + col + o] += acc;
+}
+
 // Router (semantics in cpp/backend/backend.h): one work-item per token. p = softmax(logits) in
 // f32 with the CPU backend's operation order; the top_k experts by p, largest first, equal p:
 // lower id first. Instead of marking picked experts, pick j is the best expert strictly after

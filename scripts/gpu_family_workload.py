@@ -53,7 +53,8 @@ def matmuls(be, out: dict) -> None:
 
 def quantized_checkpoint_ops(be, out: dict) -> None:
     """What GPTQ / compressed-tensors projections add around their matmul: act-order's gather of
-    the inputs and asymmetric 8-bit zeros' group offsets (blocks in groups out of order)."""
+    the inputs and asymmetric 8-bit zeros' group offsets (blocks in groups out of order), on a
+    dense projection and on experts."""
     rng = np.random.default_rng(1)
     for T in (1, 3):
         x = rng.standard_normal((T, K)).astype(np.float32)
@@ -66,6 +67,16 @@ def quantized_checkpoint_ops(be, out: dict) -> None:
         be.add_group_offsets(be.tensor(x), be.tensor(block_groups),
                              be.tensor(rng.standard_normal((3, ROWS)).astype(np.float32)), y)
         out[f"add_group_offsets/T{T}"] = y.numpy()
+        # The same offsets on mixture-of-experts products: 2 experts, each token picks both.
+        E, I, H = 2, 32, 64
+        ws = [be.tensor((rng.standard_normal(shape) / 8).astype(np.float32)) for shape in ((E, I, H), (E, I, H), (E, H, I))]
+        offsets = {name: (be.tensor(rng.standard_normal((E, 2, n)).astype(np.float32)),
+                          be.tensor(rng.integers(0, 2, k // 32).astype(np.int32)))
+                   for name, n, k in (("gate", I, H), ("up", I, H), ("down", H, I))}
+        moe = be.empty("f32", [T, H])
+        be.moe_experts(be.tensor(x[:, :H].copy()), *ws, be.tensor(np.tile(np.arange(E, dtype=np.int32), (T, 1))),
+                       be.tensor(np.full((T, E), 0.5, np.float32)), moe, offsets=offsets)
+        out[f"moe_group_offsets/T{T}"] = moe.numpy()
 
 
 def model_steps(path: Path, device: str, kv: str) -> list[np.ndarray]:

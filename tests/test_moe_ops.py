@@ -134,6 +134,42 @@ def test_moe_experts_quantized(backend, rng, dtypes, T):
     assert R.nmse(got, R.moe_experts(x, *values, ids, w)) < QUANT_DOT_TOL
 
 
+def group_offsets(backend, rng, E, N, K, groups):
+    """Asymmetric 8-bit experts' offsets: backend (offsets f32 [E, G, N], block_groups i32
+    [K / 32]) with blocks dealt to groups unevenly, and what they add to each expert's [N, K]
+    matrix, as float64."""
+    block_groups = np.sort(rng.integers(0, groups, K // 32)).astype(np.int32)
+    offsets = (rng.standard_normal((E, groups, N)) / np.sqrt(K)).astype(np.float32)
+    dense = np.repeat(offsets[:, block_groups, :], 32, axis=1).transpose(0, 2, 1).astype(np.float64)  # [E, N, K]
+    return (backend.tensor(offsets), backend.tensor(block_groups)), dense
+
+
+# Each backend, OpenCL in both kernel families.
+FAMILIES = [(n, f) for n in moe_backends() for f in (["cpu", "gpu"] if n == "opencl" else [""])]
+
+
+@pytest.mark.parametrize("name,kernels", FAMILIES)
+@pytest.mark.parametrize("T", [1, 3, 6, 50])  # decode, a small call, a shared plan, many pairs per expert
+def test_moe_experts_group_offsets(rng, name, kernels, T):
+    """Each expert's product adds its group offsets (zero points of asymmetric 8-bit weights)
+    over the group sums of its input: as the dense weights they stand for."""
+    be = _core.make_backend(name, 2, kernels)
+    E, I, H, k = 8, 64, 128, 2
+    tensors, values = expert_weights(be, rng, E, I, H, ("q8_0",) * 3)
+    offsets, dense = {}, {}
+    for name, (N, K, G) in {"gate": (I, H, 3), "up": (I, H, 1), "down": (H, I, 2)}.items():
+        offsets[name], dense[name] = group_offsets(be, rng, E, N, K, G)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = uneven_ids(rng, T, k, E)
+    w = rng.random((T, k)).astype(np.float32)
+    out = be.empty("f32", [T, H])
+    be.moe_experts(be.tensor(x), *tensors, be.tensor(ids), be.tensor(w), out, offsets=offsets)
+    got = out.numpy()
+    effective = [v + dense[n] for v, n in zip(values, ("gate", "up", "down"))]
+    assert R.nmse(got, R.moe_experts(x, *effective, ids, w)) < QUANT_DOT_TOL
+    assert R.nmse(run_experts(be, x, tensors, ids, w), R.moe_experts(x, *effective, ids, w)) > 100 * QUANT_DOT_TOL
+
+
 @pytest.mark.parametrize("dtypes", [("q8_0",) * 3, ("q4_k", "q4_k", "q6_k")])
 @pytest.mark.parametrize("T", [3, 5])  # 6 pairs: each thread plans for itself; 10: shared plan
 def test_moe_experts_dot_path_equals_linear_per_expert(backend, rng, dtypes, T):
@@ -300,6 +336,13 @@ def test_moe_supports(backend):
     lambda be: be.moe_experts(be.empty("f32", [2, 32]), be.empty("f32", [4, 8, 32]), be.empty("f32", [4, 8, 32]),
                               be.empty("f32", [4, 32, 8]), be.empty("i32", [3, 1]), be.empty("f32", [3, 1]),
                               be.empty("f32", [2, 32])),
+    # group offsets: of another expert count, of the wrong outputs, block groups not one per 32 inputs
+    *[lambda be, o=o: be.moe_experts(be.empty("f32", [2, 64]), be.empty("f32", [4, 8, 64]), be.empty("f32", [4, 8, 64]),
+                                     be.empty("f32", [4, 64, 8]), be.empty("i32", [2, 1]), be.empty("f32", [2, 1]),
+                                     be.empty("f32", [2, 64]), offsets=o(be))
+      for o in (lambda be: {"gate": (be.empty("f32", [3, 1, 8]), be.empty("i32", [2]))},
+                lambda be: {"down": (be.empty("f32", [4, 1, 8]), be.empty("i32", [1]))},
+                lambda be: {"up": (be.empty("f32", [4, 1, 8]), be.empty("i32", [1]))})],
 ])
 def test_moe_bad_shapes_raise_value_error(backend, call):
     with pytest.raises(ValueError):

@@ -1,13 +1,17 @@
 """Quantized Qwen3-MoE checkpoints: GPTQ and AWQ written by GPTQModel itself (quantizing a
 generated model on CPU, experts included, the router left in float as it leaves it), and
-compressed-tensors pack-quantized W4A16 written by the compressed-tensors library. ferrum keeps
-the experts quantized (stacked into the [E, out, in] block-type tensors its MoE kernels read) and
+compressed-tensors pack-quantized W4A16 and asymmetric W8A16 written by the compressed-tensors
+library. ferrum keeps the experts quantized (stacked into the [E, out, in] block-type tensors its
+MoE kernels read; asymmetric 8-bit ones as Q8_0 plus their group offsets) and
 the router as stored: its expert weights equal each library's own dequantization exactly, its
 logits match transformers running those weights in f32, its greedy tokens match with generation's
 8-bit activations, and experts that do not fit are refused by name."""
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -39,9 +43,10 @@ GPTQMODEL_JOBS = {
     "awq-asym-g32": (dict(method="awq", bits=4, group_size=32, sym=False, format="gemm"), dict(backend="awq_torch")),
 }
 CT = "ct-w4a16-g32"
-CT_ASYM8 = "ct-w8a16-asym-g32"  # refused: experts read their stored values only
+CT_ASYM8 = "ct-w8a16-asym-g32"  # Q8_0 holding s (q - 128), the rest as group offsets
 # name -> the block type ferrum holds its experts in (act-order experts are refused).
-VARIANTS = {"gptq-sym4-g32": "q4_0", "gptq-asym4-g64-v2": "q5_0", "awq-asym-g32": "q5_0", CT: "q4_0"}
+VARIANTS = {"gptq-sym4-g32": "q4_0", "gptq-asym4-g64-v2": "q5_0", "awq-asym-g32": "q5_0", CT: "q4_0",
+            CT_ASYM8: "q8_0"}
 
 
 def compressed_tensors_modules(st):
@@ -136,7 +141,7 @@ def ct_dequantized(path):
 
 def library_dequantized(checkpoints, variant):
     path = checkpoints[variant]
-    if variant == CT:
+    if variant in (CT, CT_ASYM8):
         return ct_dequantized(path)
     if variant.startswith("awq"):
         return _gemm_dequantized(load_file(path / "model.safetensors"),
@@ -197,7 +202,18 @@ def test_logits_match_transformers_on_dequantized_weights(checkpoints, reference
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("variant", ["gptq-sym4-g32", "awq-asym-g32", CT])
+def test_asymmetric_8bit_experts_on_the_gpu_kernel_family(checkpoints, references, monkeypatch):
+    """The gpu family runs moe_experts' matmuls with its own kernels; the experts' group
+    offsets ride on them alike."""
+    monkeypatch.setenv("FERRUM_OPENCL_KERNELS", "gpu")
+    path = checkpoints[CT_ASYM8]
+    with torch.no_grad():
+        ref = transformers_on(path, references[CT_ASYM8])(torch.tensor([PROMPT])).logits[0].numpy()
+    got = ferrum.LLM(str(path), device="opencl", kv_dtype="f32").score(PROMPT)
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("variant", ["gptq-sym4-g32", "awq-asym-g32", CT, CT_ASYM8])
 def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, references, variant):
     """Generation's quantized matmuls, the experts' included, take Q8_0 activations: the
     reference rounds each quantized module's and each expert's inputs the same way."""
@@ -256,9 +272,22 @@ def test_act_order_experts_refused_by_name(checkpoints):
         ferrum.LLM(str(path), num_threads=1)
 
 
-def test_asymmetric_8bit_experts_refused_by_name(checkpoints):
-    """An 8-bit zero other than 128 rides on a dense projection as its group offsets, which the
-    MoE kernels do not add: refused, naming the first expert."""
-    with pytest.raises(ValueError, match=re.escape(
-            f"'{EXPERT0}.0.gate_proj.weight' is asymmetric 8-bit (zeros other than 128), which a mixture-of-experts")):
-        ferrum.LLM(str(checkpoints[CT_ASYM8]), num_threads=1)
+TP_SCRIPT = """
+import json, sys
+import numpy as np
+import ferrum
+path, prompt = sys.argv[1], json.loads(sys.argv[2])
+two = ferrum.LLM(path, tensor_parallel_size=2, kv_dtype="f32", num_threads=1).score(prompt)
+one = ferrum.LLM(path, kv_dtype="f32", num_threads=1).score(prompt)
+print(json.dumps(float(np.abs(two - one).max() / np.abs(one).max())))
+"""
+
+
+def test_asymmetric_8bit_experts_under_tensor_parallelism(checkpoints):
+    """Two ranks (LLM starts the second) split each expert's gate / up offsets with its rows and
+    down's group sums with its input blocks: the logits of one process."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    p = subprocess.run([sys.executable, "-c", TP_SCRIPT, str(checkpoints[CT_ASYM8]), json.dumps(PROMPT)],
+                       env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) <= 1e-5

@@ -108,6 +108,17 @@ class Stream {
   bool float_activations = false;
 };
 
+// An asymmetric 8-bit expert projection's zero-point terms, as add_group_offsets takes them for
+// one matrix, for all E experts at once: offsets f32 [E, G, N] (N its outputs) and block_groups
+// i32 [K / 32] (K its inputs; the experts share the grouping). Undefined tensors: none.
+struct ExpertOffsets {
+  Tensor offsets, block_groups;
+  bool defined() const { return offsets.defined(); }
+};
+struct MoeOffsets {
+  ExpertOffsets gate, up, down;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -203,9 +214,12 @@ class Backend {
   // the backend supports(MoeExperts, dtype); the three may differ. ids i32[T, k] and weights
   // f32[T, k] as moe_route writes them; an id outside [0, E) contributes nothing. out f32[T, H]
   // must not alias x.
+  // With offsets (asymmetric 8-bit experts, MoeOffsets), each of an expert's three products
+  // adds its zero-point terms as add_group_offsets does for one matrix: gate[e] @ x[t] +
+  // sum_g offsets.gate.offsets[e, g, :] * (the sum of x[t]'s columns in group g), and so on.
   virtual void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                            const Tensor& down, const Tensor& ids, const Tensor& weights,
-                           const Tensor& out);
+                           const Tensor& out, const MoeOffsets& offsets);
 
   // ---- LoRA; optional: the default throws ValueError (supports(Op::Lora) must then be false) ----
   // For each row t of x f32[T, K] whose slot = row_slots[t] (i32[T]) is in [0, slots.slots.size())

@@ -191,7 +191,7 @@ void moe_route(const Tensor& logits, int64_t top_k, const Tensor& ids, const Ten
 }
 
 void moe_experts(const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
-                 const Tensor& ids, const Tensor& weights, const Tensor& out) {
+                 const Tensor& ids, const Tensor& weights, const Tensor& out, const MoeOffsets& offsets) {
   const std::string op = "moe_experts";
   f32(x, op, "x");
   f32(out, op, "out");
@@ -220,6 +220,20 @@ void moe_experts(const Tensor& x, const Tensor& gate, const Tensor& up, const Te
   need(ids.shape.size() == 2 && ids.rows() == x.rows() && weights.shape == ids.shape, op,
        "ids " + ids.str() + " and weights " + weights.str() + " must be [" + std::to_string(x.rows()) +
            ", top_k]");
+  const auto offsets_fit = [&](const ExpertOffsets& o, const char* name, int64_t N, int64_t K) {
+    if (!o.defined()) return;
+    const std::string what = std::string(name) + " offsets";
+    f32(o.offsets, op, what.c_str());
+    i32(o.block_groups, op, (std::string(name) + " block_groups").c_str());
+    need(o.offsets.shape.size() == 3 && o.offsets.dim(0) == E && o.offsets.dim(2) == N, op,
+         what + " " + o.offsets.str() + " must be [" + std::to_string(E) + ", groups, " + std::to_string(N) + "]");
+    need(K == 32 * o.block_groups.numel(), op,
+         std::string(name) + " block_groups " + o.block_groups.str() + " must hold one group per 32 of its " +
+             std::to_string(K) + " inputs");
+  };
+  offsets_fit(offsets.gate, "gate", I, H);
+  offsets_fit(offsets.up, "up", I, H);
+  offsets_fit(offsets.down, "down", H, I);
 }
 
 void lora(const Tensor& x, const Tensor& row_slots, const Tensor& row_scales, int64_t site_rank, const Tensor& out) {

@@ -143,9 +143,10 @@ class Loader {
   }
   // One projection of all E experts as [E, out, in]: GGUF's 3-D tensor as stored, or HF's
   // per-expert tensors stacked (their pages are released once copied); with a split, the rows
-  // [r0, r0 + rows) (gate, up) or columns [c0, c0 + cols) (down) of each expert's matrix.
+  // [r0, r0 + rows) (gate, up) or columns [c0, c0 + cols) (down) of each expert's matrix. Their
+  // group offsets (asymmetric 8-bit) into `offsets`.
   Tensor experts(const NamePair& p, int64_t layer, int64_t E, int64_t out, int64_t in, int64_t r0, int64_t rows,
-                 int64_t c0, int64_t cols) const {
+                 int64_t c0, int64_t cols, ExpertOffsets& offsets) const {
     const bool whole = rows == out && cols == in;
     if (naming_ == Naming::GGUF && whole) return supported_experts(weight(get(p, layer)));
     std::vector<const TensorInfo*> parts;
@@ -159,10 +160,8 @@ class Loader {
                             dtype_name(parts.back()->dtype) + " vs " + dtype_name(parts[0]->dtype) + ")");
       }
     }
-    for (const TensorInfo* p : parts) {
-      in_order(*p, "a mixture-of-experts layer");
-      without_offsets(*p, "a mixture-of-experts layer");
-    }
+    for (const TensorInfo* p : parts) in_order(*p, "a mixture-of-experts layer");
+    offsets = expert_offsets(parts, r0, rows, c0, cols);
     const DType dtype = parts[0]->dtype;
     if (cols != in) check_whole_blocks(*parts[0], c0, cols);
     Tensor t = be_.alloc(dtype, {E, rows, cols});
@@ -176,6 +175,32 @@ class Loader {
     }
     if (naming_ == Naming::GGUF) parts[0]->file->release_pages(parts[0]->data, parts[0]->nbytes);
     return supported_experts(t);
+  }
+  // The experts' group offsets as moe_experts takes them: rows [r0, r0 + rows) of each expert's
+  // and the groups of input blocks [c0, c0 + cols); experts without offsets add zeros. None
+  // when no expert has any.
+  ExpertOffsets expert_offsets(const std::vector<const TensorInfo*>& parts, int64_t r0, int64_t rows, int64_t c0,
+                               int64_t cols) const {
+    const GroupOffsets* first = nullptr;
+    for (const TensorInfo* p : parts) {
+      const GroupOffsets* go = p->group_offsets.get();
+      if (!go) continue;
+      if (!first) first = go;
+      if (go->groups != first->groups || go->block_groups != first->block_groups)
+        throw ValueError(src_.path + ": the experts of '" + p->name + "' group their inputs differently; ferrum " +
+                         "needs one grouping for all the experts of a projection");
+    }
+    if (!first) return {};
+    const int64_t E = int64_t(parts.size()), G = first->groups;
+    std::vector<float> offsets(size_t(E * G * rows), 0.0f);  // [E, G, rows]
+    for (int64_t e = 0; e < E; ++e)
+      if (const GroupOffsets* go = parts[size_t(e)]->group_offsets.get())
+        for (int64_t n = 0; n < rows; ++n)
+          for (int64_t g = 0; g < G; ++g) offsets[size_t((e * G + g) * rows + n)] = go->offsets[size_t((r0 + n) * G + g)];
+    const auto b0 = first->block_groups.begin() + c0 / quant::kQK;
+    const std::vector<int32_t> block_groups(b0, b0 + cols / quant::kQK);
+    return {be_.from_host(offsets.data(), DType::F32, {E, G, rows}),
+            be_.from_host(block_groups.data(), DType::I32, {int64_t(block_groups.size())})};
   }
   Tensor supported_experts(const Tensor& t) const {
     if (!be_.supports(Op::MoeExperts, t.dtype))
@@ -347,9 +372,9 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
       const int64_t x0 = split.expert_inter0, xn = split.expert_intermediate;
       lw.moe = true;
       lw.router = L.fused({&L.get(kRouter, i)}, {});
-      lw.gate_exps = L.experts(kGateExps, i, E, X, D, x0, xn, 0, D);
-      lw.up_exps = L.experts(kUpExps, i, E, X, D, x0, xn, 0, D);
-      lw.down_exps = L.experts(kDownExps, i, E, D, X, 0, D, x0, xn);
+      lw.gate_exps = L.experts(kGateExps, i, E, X, D, x0, xn, 0, D, lw.moe_offsets.gate);
+      lw.up_exps = L.experts(kUpExps, i, E, X, D, x0, xn, 0, D, lw.moe_offsets.up);
+      lw.down_exps = L.experts(kDownExps, i, E, D, X, 0, D, x0, xn, lw.moe_offsets.down);
     } else {
       const TensorInfo gate = rows_of(L.get(kGate, i), inters.begin, inters.count);
       const TensorInfo up = rows_of(L.get(kUp, i), inters.begin, inters.count);
@@ -380,6 +405,7 @@ int64_t weight_bytes(const ModelWeights& w) {
     for (const Tensor* t : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm, &l.gate_exps, &l.up_exps, &l.down_exps})
       add(*t);
     for (const Linear* lin : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.router}) add_linear(*lin);
+    for (const ExpertOffsets* o : {&l.moe_offsets.gate, &l.moe_offsets.up, &l.moe_offsets.down}) add(o->offsets);
   }
   return bytes;
 }

@@ -17,6 +17,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/command_profile.h"
+#include "backend/cpu/group_offsets.h"
 #include "backend/op_checks.h"
 #include "core/error.h"
 #include "quant/quant.h"
@@ -416,32 +417,7 @@ void CpuBackend::gather_columns(Stream& s, const Tensor& x, const Tensor& idx, c
 }
 
 namespace {
-// The 32 columns of a block added up in 8 lanes (vectorizable), then the lanes pairwise.
-float block_sum(const float* x) {
-  float lane[8] = {};
-  for (int j = 0; j < 32; j += 8)
-    for (int l = 0; l < 8; ++l) lane[l] += x[j + l];
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-}
-
-constexpr int64_t kChunk = 64, kTileRows = 4;
-
-// out[i, j] += sum_g sums[i * G + g] * w[g * N + j] for R rows and len <= kChunk outputs.
-template <int R>
-void offsets_tile(const float* sums, int64_t G, const float* w, int64_t N, float* out, int64_t ldo, int64_t len) {
-  float acc[R][kChunk] = {};
-  if (len == kChunk) {
-    for (int64_t g = 0; g < G; ++g)
-      for (int i = 0; i < R; ++i)
-        for (int64_t j = 0; j < kChunk; ++j) acc[i][j] += sums[i * G + g] * w[g * N + j];
-  } else {
-    for (int64_t g = 0; g < G; ++g)
-      for (int i = 0; i < R; ++i)
-        for (int64_t j = 0; j < len; ++j) acc[i][j] += sums[i * G + g] * w[g * N + j];
-  }
-  for (int i = 0; i < R; ++i)
-    for (int64_t j = 0; j < len; ++j) out[i * ldo + j] += acc[i][j];
-}
+constexpr int64_t kTileRows = 4;
 }  // namespace
 
 void CpuBackend::add_group_offsets(Stream& s, const Tensor& x, const Tensor& block_groups, const Tensor& offsets,
@@ -458,23 +434,18 @@ void CpuBackend::add_group_offsets(Stream& s, const Tensor& x, const Tensor& blo
     const bool by_rows = rows >= nth;
     const int64_t r0 = by_rows ? rows * ith / nth : 0, r1 = by_rows ? rows * (ith + 1) / nth : rows;
     const int64_t n0 = by_rows ? 0 : N * ith / nth, n1 = by_rows ? N : N * (ith + 1) / nth;
-    std::vector<float> sums(static_cast<size_t>((r1 - r0) * G), 0.0f);
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = host_ptr<float>(x) + r * k;
-      float* sr = sums.data() + (r - r0) * G;
-      for (int64_t b = 0; b < blocks; ++b)
-        if (group[b] >= 0 && group[b] < G) sr[group[b]] += block_sum(xr + b * 32);
-    }
+    std::vector<float> sums(static_cast<size_t>((r1 - r0) * G));
+    for (int64_t r = r0; r < r1; ++r) cpu::group_sums(host_ptr<float>(x) + r * k, blocks, group, G, sums.data() + (r - r0) * G);
     // Tiles of kTileRows rows by kChunk outputs, accumulated in registers; every output is
     // the same fused multiply-adds over g in order, whatever its tile.
-    for (int64_t c0 = n0; c0 < n1; c0 += kChunk) {
-      const int64_t len = std::min(kChunk, n1 - c0);
+    for (int64_t c0 = n0; c0 < n1; c0 += cpu::kOffsetChunk) {
+      const int64_t len = std::min(cpu::kOffsetChunk, n1 - c0);
       int64_t r = r0;
       for (; r + kTileRows <= r1; r += kTileRows)
-        offsets_tile<kTileRows>(sums.data() + (r - r0) * G, G, off + c0, N, host_ptr<float>(out) + r * out.cols() + c0,
+        cpu::offsets_tile<kTileRows>(sums.data() + (r - r0) * G, G, off + c0, N, host_ptr<float>(out) + r * out.cols() + c0,
                                 out.cols(), len);
       for (; r < r1; ++r)
-        offsets_tile<1>(sums.data() + (r - r0) * G, G, off + c0, N, host_ptr<float>(out) + r * out.cols() + c0,
+        cpu::offsets_tile<1>(sums.data() + (r - r0) * G, G, off + c0, N, host_ptr<float>(out) + r * out.cols() + c0,
                         out.cols(), len);
     }
   });

@@ -24,6 +24,9 @@
 // on f32 activations.
 // Small calls (decode: at most kMaxDotPairs pairs) have every thread plan and quantize for
 // itself (a few rows) inside gate_up and down: two commands, one barrier, instead of four.
+// Asymmetric 8-bit experts (MoeOffsets) add their zero-point terms to each product before it is
+// used, from the group sums of its input rows (group_offsets.h: add_group_offsets' arithmetic),
+// taken with x's quantization and act's.
 #include <cblas.h>
 
 #include <algorithm>
@@ -34,6 +37,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/group_offsets.h"
 #include "backend/op_checks.h"
 #include "quant/quant.h"
 
@@ -74,6 +78,8 @@ struct MoePrep {
   std::vector<char> x_gate, x_up;  // x per token for the gate / up dot kernels (non-f32 acts)
   std::vector<char> act_q;         // act per pair for the down dot kernel (non-f32 acts)
   std::vector<char> x_pairs;       // x_gate rows in pair order, for the batched kernels
+  // With offsets: x's group sums per token for gate and up [T, G], act's per pair [P, G].
+  std::vector<float> gate_sums, up_sums, down_sums;
 };
 
 // rows [r0, r0 + n) of one expert matrix as f32: in place for f32 weights, else into tile.
@@ -127,12 +133,12 @@ void build_plan(MoePlan& p, const int32_t* ids, const float* weights, int64_t pa
 class MoeCall {
  public:
   MoeCall(const Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
-          const Tensor& ids, const Tensor& weights, const Tensor& out, int threads);
+          const Tensor& ids, const Tensor& weights, const Tensor& out, const MoeOffsets& offsets, int threads);
 
   // The steps a call records besides gate_up and down (a small call does their work inside those).
   bool has_plan_step() const { return !small_; }
   bool has_gather_step() const { return !small_ && (any_gemm_ || any_batched_); }
-  bool has_quantize_step() const { return quant_act_ && !small_; }
+  bool has_quantize_step() const { return (quant_act_ || offsets_.down.defined()) && !small_; }
 
   void plan(int ith, int nth);
   void gather(int ith, int nth);
@@ -153,6 +159,13 @@ class MoeCall {
   const char* gate_row(int32_t e, int64_t r) const { return expert_row(gate_, gate_bytes_, grb_, e, r); }
   const char* up_row(int32_t e, int64_t r) const { return expert_row(up_, up_bytes_, urb_, e, r); }
   const char* down_row(int32_t e, int64_t r) const { return expert_row(down_, down_bytes_, drb_, e, r); }
+  // g, u [n, rows] (gate and up rows c0 .. of expert e for the n pairs from p0) += their offsets.
+  void add_gate_up_offsets(const MoePrep& pr, int32_t e, int64_t p0, int64_t n, int64_t c0, int64_t rows, float* g,
+                           float* u) const {
+    const MoePlan& p = pr.plan;
+    add_offsets(offsets_.gate, e, c0, rows, n, [&](int64_t i) { return token_sums(pr.gate_sums, offsets_.gate, p, p0 + i); }, g);
+    add_offsets(offsets_.up, e, c0, rows, n, [&](int64_t i) { return token_sums(pr.up_sums, offsets_.up, p, p0 + i); }, u);
+  }
   // act[p0 + i, c0 .. c0 + rows) = silu(g[i]) * u[i] for the n pairs from p0 (g, u: [n, rows]).
   void swiglu_block(const float* g, const float* u, int64_t p0, int64_t n, int64_t c0, int64_t rows) {
     for (int64_t i = 0; i < n; ++i)
@@ -165,8 +178,22 @@ class MoeCall {
   // Copies the quantized x rows of pairs [p0, p1) into pair order (x_pairs), where the batched
   // kernels read an expert's tokens at one stride.
   void gather_pairs(MoePrep& pr, int64_t p0, int64_t p1);
-  // Quantizes act rows of pairs [p0, p1) into pr.
+  // Quantizes act rows of pairs [p0, p1) into pr (with down offsets, also their group sums).
   void quantize_act_rows(MoePrep& pr, int64_t p0, int64_t p1);
+  // out[i * rows + j] += projection o's offsets for expert e, outputs c0 + j (j < rows), over
+  // the group sums of pair i's input, sums(i), for the n pairs (nothing without offsets).
+  template <class Sums>
+  void add_offsets(const ExpertOffsets& o, int32_t e, int64_t c0, int64_t rows, int64_t n, const Sums& sums,
+                   float* out) const {
+    if (!o.defined()) return;
+    const int64_t G = o.offsets.dim(1), N = o.offsets.dim(2);
+    const float* w = host_ptr<float>(o.offsets) + (int64_t(e) * G) * N + c0;
+    for (int64_t i = 0; i < n; ++i) cpu::add_row_offsets(sums(i), G, w, N, out + i * rows, rows);
+  }
+  // The group sums of pair i's token for gate / up, and of pair i's act row for down.
+  const float* token_sums(const std::vector<float>& sums, const ExpertOffsets& o, const MoePlan& p, int64_t i) const {
+    return sums.data() + p.pair_token[size_t(i)] * o.offsets.dim(1);
+  }
   // act rows of expert e's pairs, gate / up rows [r0, r1); g, u: this thread's result blocks.
   void gate_up_sgemm(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* tile, float* g, float* u);
   void gate_up_batched(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* g, float* u);
@@ -181,6 +208,7 @@ class MoeCall {
   void add_weighted(const MoePlan& p, int64_t p0, int64_t n, int64_t c0, int64_t rows, const float* y);
 
   Tensor x_, gate_, up_, down_, ids_, weights_, out_;
+  MoeOffsets offsets_;
   int64_t T_, H_, E_, I_, k_, P_;
   const quant::DotKernel *kg_, *ku_, *kd_;  // gate, up, down
   size_t xg_bytes_, xu_bytes_, aq_bytes_;   // activation rows for the gate / up / down kernels
@@ -204,8 +232,9 @@ class MoeCall {
 };
 
 MoeCall::MoeCall(const Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
-                 const Tensor& ids, const Tensor& weights, const Tensor& out, int threads)
-    : x_(x), gate_(gate), up_(up), down_(down), ids_(ids), weights_(weights), out_(out),
+                 const Tensor& ids, const Tensor& weights, const Tensor& out, const MoeOffsets& offsets,
+                 int threads)
+    : x_(x), gate_(gate), up_(up), down_(down), ids_(ids), weights_(weights), out_(out), offsets_(offsets),
       T_(x.rows()), H_(x.cols()), E_(gate.dim(0)), I_(gate.dim(1)), k_(ids.cols()), P_(T_ * k_),
       kg_(&quant::dot_kernel(gate.dtype)),  // ValueError for unsupported types
       ku_(&quant::dot_kernel(up.dtype)),
@@ -250,6 +279,9 @@ void MoeCall::size_scratch(int threads) {
     if (quant_up_) pr.x_up.resize(size_t(T_) * xu_bytes_);
     if (quant_act_) pr.act_q.resize(size_t(P_) * aq_bytes_);
     if (any_batched_) pr.x_pairs.resize(size_t(P_) * xg_bytes_);
+    if (offsets_.gate.defined()) pr.gate_sums.resize(size_t(T_ * offsets_.gate.offsets.dim(1)));
+    if (offsets_.up.defined()) pr.up_sums.resize(size_t(T_ * offsets_.up.offsets.dim(1)));
+    if (offsets_.down.defined()) pr.down_sums.resize(size_t(P_ * offsets_.down.offsets.dim(1)));
   };
   if (small_) for (MoePrep& pr : own_) size_prep(pr);
   else size_prep(shared_);
@@ -272,6 +304,11 @@ void MoeCall::prepare(MoePrep& pr, bool plan, int64_t t0, int64_t t1) {
     const float* xr = host_ptr<float>(x_) + t * H_;
     if (quant_gate_) quant::quantize_row(kg_->act_type, xr, pr.x_gate.data() + size_t(t) * xg_bytes_, H_);
     if (quant_up_) quant::quantize_row(ku_->act_type, xr, pr.x_up.data() + size_t(t) * xu_bytes_, H_);
+    for (auto [o, sums] : {std::pair{&offsets_.gate, &pr.gate_sums}, std::pair{&offsets_.up, &pr.up_sums}}) {
+      if (!o->defined()) continue;
+      const int64_t G = o->offsets.dim(1);
+      cpu::group_sums(xr, H_ / 32, host_ptr<int32_t>(o->block_groups), G, sums->data() + t * G);
+    }
   }
 }
 
@@ -282,8 +319,15 @@ void MoeCall::gather_pairs(MoePrep& pr, int64_t p0, int64_t p1) {
 }
 
 void MoeCall::quantize_act_rows(MoePrep& pr, int64_t p0, int64_t p1) {
-  for (int64_t i = p0; i < p1; ++i)
-    quant::quantize_row(kd_->act_type, act_.data() + i * I_, pr.act_q.data() + size_t(i) * aq_bytes_, I_);
+  const ExpertOffsets& o = offsets_.down;
+  for (int64_t i = p0; i < p1; ++i) {
+    if (quant_act_)
+      quant::quantize_row(kd_->act_type, act_.data() + i * I_, pr.act_q.data() + size_t(i) * aq_bytes_, I_);
+    if (o.defined()) {
+      const int64_t G = o.offsets.dim(1);
+      cpu::group_sums(act_.data() + i * I_, I_ / 32, host_ptr<int32_t>(o.block_groups), G, pr.down_sums.data() + i * G);
+    }
+  }
 }
 
 // The shared plan, and x quantized by ranges of tokens.
@@ -338,6 +382,7 @@ void MoeCall::gate_up_sgemm(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1
     const int64_t rows = std::min(kGemmTileRows, r1 - c0);
     gemm_nt(xs_.data() + p0 * H_, rows_f32(gate_, gate_row(e, 0), c0, rows, tile), g, n, rows, H_, float_acts_);
     gemm_nt(xs_.data() + p0 * H_, rows_f32(up_, up_row(e, 0), c0, rows, tile), u, n, rows, H_, float_acts_);
+    add_gate_up_offsets(pr, e, p0, n, c0, rows, g, u);
     swiglu_block(g, u, p0, n, c0, rows);
   }
 }
@@ -352,6 +397,7 @@ void MoeCall::gate_up_batched(const MoePrep& pr, int32_t e, int64_t r0, int64_t 
       batch_gate_(H_, gate_row(e, c0), grb_, rows, xq + size_t(j) * xg_bytes_, xg_bytes_, m, g + j * rows, rows);
       batch_up_(H_, up_row(e, c0), urb_, rows, xq + size_t(j) * xg_bytes_, xg_bytes_, m, u + j * rows, rows);
     }
+    add_gate_up_offsets(pr, e, p0, n, c0, rows, g, u);
     swiglu_block(g, u, p0, n, c0, rows);
   }
 }
@@ -369,6 +415,7 @@ void MoeCall::gate_up_dot(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, 
                      : ku_->act_type == DType::F32 ? static_cast<const void*>(xr) : ag;
       kg_->dot_rows(H_, gate_row(e, c0), grb_, rows, ag, g);
       ku_->dot_rows(H_, up_row(e, c0), urb_, rows, au, u);
+      add_gate_up_offsets(pr, e, i, 1, c0, rows, g, u);
       cpu::silu_mul(g, u, act_.data() + i * I_ + c0, rows);
     }
   }
@@ -378,7 +425,7 @@ void MoeCall::gate_up_dot(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, 
 void MoeCall::quantize_act(int ith, int nth) {
   const MoePlan& p = shared_.plan;
   for (int32_t e : p.active) {
-    if (gemm(p.count(e))) continue;  // sgemm experts read act as f32
+    if (gemm(p.count(e)) && !offsets_.down.defined()) continue;  // sgemm experts read act as f32
     int64_t b, end;
     split_range(p.count(e), ith, nth, &b, &end);
     quantize_act_rows(shared_, p.first(e) + b, p.first(e) + end);
@@ -390,7 +437,7 @@ void MoeCall::down(int ith, int nth) {
   int64_t r0, r1;
   split_range(H_, ith, nth, &r0, &r1);
   if (r0 >= r1) return;
-  if (quant_act_ && small_) quantize_act_rows(pr, 0, pr.plan.start.back());
+  if ((quant_act_ || offsets_.down.defined()) && small_) quantize_act_rows(pr, 0, pr.plan.start.back());
   float* o = host_ptr<float>(out_);
   for (int64_t t = 0; t < T_; ++t) std::memset(o + t * H_ + r0, 0, size_t(r1 - r0) * 4);
   float* tile = thread_block(ith);
@@ -407,6 +454,8 @@ void MoeCall::down_expert(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, 
       gemm_nt(act_.data() + p0 * I_, rows_f32(down_, down_row(e, 0), c0, rows, tile), y, n, rows, I_, float_acts_);
     else if (batch) down_batched(pr, e, c0, rows, y);
     else down_dot(pr, e, c0, rows, y);
+    const int64_t Gd = offsets_.down.defined() ? offsets_.down.offsets.dim(1) : 0;
+    add_offsets(offsets_.down, e, c0, rows, n, [&](int64_t i) { return pr.down_sums.data() + (p0 + i) * Gd; }, y);
     add_weighted(pr.plan, p0, n, c0, rows, y);
   }
 }
@@ -476,10 +525,12 @@ void CpuBackend::moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool 
 
 void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                              const Tensor& down, const Tensor& ids, const Tensor& weights,
-                             const Tensor& out) {
+                             const Tensor& out, const MoeOffsets& offsets) {
   own({&x, &gate, &up, &down, &ids, &weights, &out});
-  checks::moe_experts(x, gate, up, down, ids, weights, out);
-  auto call = std::make_shared<MoeCall>(s, x, gate, up, down, ids, weights, out, pool_.size());
+  for (const ExpertOffsets* o : {&offsets.gate, &offsets.up, &offsets.down})
+    if (o->defined()) own({&o->offsets, &o->block_groups});
+  checks::moe_experts(x, gate, up, down, ids, weights, out, offsets);
+  auto call = std::make_shared<MoeCall>(s, x, gate, up, down, ids, weights, out, offsets, pool_.size());
   CpuStream& cs = static_cast<CpuStream&>(s);
   if (call->has_plan_step()) cs.record("moe_plan", [call](int ith, int nth) { call->plan(ith, nth); });
   if (call->has_gather_step()) cs.record("moe_gather", [call](int ith, int nth) { call->gather(ith, nth); });

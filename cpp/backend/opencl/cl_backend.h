@@ -83,7 +83,7 @@ class ClBackend : public Backend {
                  const Tensor& weights) override;
   void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                    const Tensor& down, const Tensor& ids, const Tensor& weights,
-                   const Tensor& out) override;
+                   const Tensor& out, const MoeOffsets& offsets) override;
   void lora(Stream& s, const Tensor& x, const Tensor& row_slots, const Tensor& row_scales,
             std::shared_ptr<const LoraSlots> slots,
             int64_t site, int64_t max_rank, const Tensor& out) override;
@@ -106,6 +106,10 @@ class ClBackend : public Backend {
   static ClStream& cl_stream(Stream& s);  // ValueError for another backend's stream
   // keeps_quantized: see ClStream::add.
   void record(Stream& s, Launch&& l, bool keeps_quantized = false);
+  // y[p, col ..] += offsets o of expert ids[p] over the group sums of in's row p / x_div
+  // (moe_experts' asymmetric 8-bit experts; nothing when o is undefined).
+  void moe_add_group_offsets(Stream& s, const Tensor& in, int64_t x_div, const ExpertOffsets& o, const Tensor& ids,
+                             const Tensor& y, int64_t col);
   // moe_experts' matmuls (either family): y[p, col + n] = w[ids[p]][n, :] . x[p / x_div, :], per
   // pair (moe_rows) or over the pairs grouped by expert (moe_tiles; groups from moe_group).
   // xq: x quantized by quantize_q8 (8-bit activations), or undefined (f32 ones).

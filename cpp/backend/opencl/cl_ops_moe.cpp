@@ -107,10 +107,26 @@ void ClBackend::moe_tiles(Stream& s, const Tensor& x, int64_t x_div, const Tenso
   }
 }
 
+void ClBackend::moe_add_group_offsets(Stream& s, const Tensor& in, int64_t x_div, const ExpertOffsets& o,
+                                      const Tensor& ids, const Tensor& y, int64_t col) {
+  if (!o.defined()) return;
+  const int64_t rows = in.rows(), G = o.offsets.dim(1), N = o.offsets.dim(2), P = y.rows();
+  if (rows == 0 || G == 0 || N == 0) return;
+  const Tensor sums = alloc(DType::F32, {rows, G});
+  Launch l = launch(elementwise_program(), "group_sums", rows * G, 64);
+  KernelArgs(l).tensor(in, "group_sums").tensor(o.block_groups, "group_sums").tensor(sums, "group_sums")
+      .i32(rows).i32(in.cols() / 32).i32(G);
+  record(s, std::move(l));
+  Launch a = launch(elementwise_program(), "moe_add_group_offsets", P * N, 64);
+  KernelArgs(a).tensor(sums, "moe_experts").i32(x_div).tensor(ids, "moe_experts").i32(o.offsets.dim(0))
+      .tensor(o.offsets, "moe_experts").tensor(y, "moe_experts").i32(y.cols()).i32(col).i32(P).i32(N).i32(G);
+  record(s, std::move(a));
+}
+
 void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                             const Tensor& down, const Tensor& ids, const Tensor& weights,
-                            const Tensor& out) {
-  checks::moe_experts(x, gate, up, down, ids, weights, out);
+                            const Tensor& out, const MoeOffsets& offsets) {
+  checks::moe_experts(x, gate, up, down, ids, weights, out, offsets);
   for (const Tensor* w : {&gate, &up, &down}) linear_program(w->dtype);  // ValueError for unsupported types
   const int64_t T = x.rows(), H = x.cols(), E = gate.dim(0), I = gate.dim(1), k = ids.cols();
   const int64_t P = T * k;
@@ -133,8 +149,11 @@ void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, cons
     };
     tiles(x, k, gate, gu, 0);
     tiles(x, k, up, gu, I);
+    moe_add_group_offsets(s, x, k, offsets.gate, ids, gu, 0);
+    moe_add_group_offsets(s, x, k, offsets.up, ids, gu, I);
     swiglu(s, gu, act);
     tiles(act, 1, down, y, 0);
+    moe_add_group_offsets(s, act, 1, offsets.down, ids, y, 0);
   } else if (P > 0) {
     y = alloc(DType::F32, {P, H});
     if (I > 0) {
@@ -150,8 +169,11 @@ void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, cons
       Tensor gu = alloc(DType::F32, {P, 2 * I}), act = alloc(DType::F32, {P, I});
       moe_rows(s, x, activations(x, gate, xq), k, gate, ids, gu, 0);
       moe_rows(s, x, activations(x, up, xq), k, up, ids, gu, I);
+      moe_add_group_offsets(s, x, k, offsets.gate, ids, gu, 0);
+      moe_add_group_offsets(s, x, k, offsets.up, ids, gu, I);
       swiglu(s, gu, act);
       moe_rows(s, act, activations(act, down, actq), 1, down, ids, y, 0);
+      moe_add_group_offsets(s, act, 1, offsets.down, ids, y, 0);
     } else {
       moe_rows(s, x, Tensor(), 1, down, ids, y, 0);  // K = 0: writes zeros, reads no activations
     }
