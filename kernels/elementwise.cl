@@ -107,6 +107,22 @@ kernel void add_group_offsets(const global float* sums, long sums_off, const glo
   out[out_off + (long)r * out_cols + o] += acc;
 }
 
+// moe_experts' act-order experts: out[p, j] = x[p / div, order[e, j]] for pair p of expert
+// e = ids[p] (zeros for ids outside [0, E) and orders outside [0, cols)).
+kernel void moe_gather_columns(const global float* x, long x_off, int div, const global int* ids, long ids_off,
+                               int experts, const global int* order, long order_off, global float* out,
+                               long out_off, int pairs, int cols) {
+  const long i = get_global_id(0);
+  if (i >= (long)pairs * cols) return;
+  const int p = (int)(i / cols), j = (int)(i % cols), e = ids[ids_off + p];
+  float v = 0.0f;
+  if (e >= 0 && e < experts) {
+    const int c = order[order_off + (long)e * cols + j];
+    if (c >= 0 && c < cols) v = x[x_off + (long)(p / div) * cols + c];
+  }
+  out[out_off + i] = v;
+}
+
 // moe_experts' asymmetric 8-bit experts: out[p, col + o] += offsets[e, :, o] . sums[p / div, :]
 // for pair p of expert e = ids[p] (ids outside [0, E) add nothing).
 kernel void moe_add_group_offsets(const global float* sums, long sums_off, int div, const global int* ids, long ids_off,

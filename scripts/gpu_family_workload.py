@@ -54,7 +54,7 @@ def matmuls(be, out: dict) -> None:
 def quantized_checkpoint_ops(be, out: dict) -> None:
     """What GPTQ / compressed-tensors projections add around their matmul: act-order's gather of
     the inputs and asymmetric 8-bit zeros' group offsets (blocks in groups out of order), on a
-    dense projection and on experts."""
+    dense projection and on experts (each expert's inputs in its own order)."""
     rng = np.random.default_rng(1)
     for T in (1, 3):
         x = rng.standard_normal((T, K)).astype(np.float32)
@@ -67,7 +67,8 @@ def quantized_checkpoint_ops(be, out: dict) -> None:
         be.add_group_offsets(be.tensor(x), be.tensor(block_groups),
                              be.tensor(rng.standard_normal((3, ROWS)).astype(np.float32)), y)
         out[f"add_group_offsets/T{T}"] = y.numpy()
-        # The same offsets on mixture-of-experts products: 2 experts, each token picks both.
+        # The same on mixture-of-experts products, with act-order's orders: 2 experts, each token
+        # picks both.
         E, I, H = 2, 32, 64
         ws = [be.tensor((rng.standard_normal(shape) / 8).astype(np.float32)) for shape in ((E, I, H), (E, I, H), (E, H, I))]
         offsets = {name: (be.tensor(rng.standard_normal((E, 2, n)).astype(np.float32)),
@@ -75,7 +76,9 @@ def quantized_checkpoint_ops(be, out: dict) -> None:
                    for name, n, k in (("gate", I, H), ("up", I, H), ("down", H, I))}
         moe = be.empty("f32", [T, H])
         be.moe_experts(be.tensor(x[:, :H].copy()), *ws, be.tensor(np.tile(np.arange(E, dtype=np.int32), (T, 1))),
-                       be.tensor(np.full((T, E), 0.5, np.float32)), moe, offsets=offsets)
+                       be.tensor(np.full((T, E), 0.5, np.float32)), moe, offsets=offsets,
+                       input_orders={"gate_up": be.tensor(np.stack([rng.permutation(H) for _ in range(E)]).astype(np.int32)),
+                                     "down": be.tensor(np.stack([rng.permutation(I) for _ in range(E)]).astype(np.int32))})
         out[f"moe_group_offsets/T{T}"] = moe.numpy()
 
 

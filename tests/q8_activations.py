@@ -30,7 +30,7 @@ def greedy_both_ways(model, path, prompt, n):
             order = mf.input_order(name + ".weight")
             m.register_forward_pre_hook(lambda mod, args, order=order: (q8_0_rounded(args[0], order),))
         elif hasattr(m, "gate_up_proj") and quantized(name + ".0.gate_proj.weight"):
-            m.forward = experts_rounding_inputs(m)
+            m.forward = experts_rounding_inputs(m, lambda e, proj, name=name: mf.input_order(f"{name}.{e}.{proj}_proj.weight"))
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(n):
@@ -40,19 +40,20 @@ def greedy_both_ways(model, path, prompt, n):
     return ids[len(prompt):], greedy_tokens(llm, [prompt], params)[0]
 
 
-def experts_rounding_inputs(experts):
+def experts_rounding_inputs(experts, order=lambda e, proj: None):
     """A forward for transformers' fused MoE experts (gate_up_proj [E, 2I, H], down_proj [E, H, I],
     as Qwen3MoeExperts computes them) whose every expert takes its gate / up input and its down
-    input rounded as q8_0_rounded does: as ferrum's quantized expert kernels take them."""
+    input rounded as q8_0_rounded does, in the order its columns hold them (order(e, "gate") /
+    order(e, "down"): act-order): as ferrum's quantized expert kernels take them."""
     def forward(hidden_states, top_k_index, top_k_weights):
         out = torch.zeros_like(hidden_states)
         for e in range(experts.gate_up_proj.shape[0]):
             tokens, slots = torch.where(top_k_index == e)
             if len(tokens) == 0:
                 continue
-            gate, up = torch.nn.functional.linear(q8_0_rounded(hidden_states[tokens]),
+            gate, up = torch.nn.functional.linear(q8_0_rounded(hidden_states[tokens], order(e, "gate")),
                                                   experts.gate_up_proj[e]).chunk(2, dim=-1)
-            h = q8_0_rounded(experts.act_fn(gate) * up)
+            h = q8_0_rounded(experts.act_fn(gate) * up, order(e, "down"))
             y = torch.nn.functional.linear(h, experts.down_proj[e]) * top_k_weights[tokens, slots, None]
             out.index_add_(0, tokens, y)
         return out

@@ -170,6 +170,37 @@ def test_moe_experts_group_offsets(rng, name, kernels, T):
     assert R.nmse(run_experts(be, x, tensors, ids, w), R.moe_experts(x, *effective, ids, w)) > 100 * QUANT_DOT_TOL
 
 
+@pytest.mark.parametrize("name,kernels", FAMILIES)
+@pytest.mark.parametrize("T", [1, 3, 6, 50])
+@pytest.mark.parametrize("with_offsets", [False, True])
+def test_moe_experts_input_orders(rng, name, kernels, T, with_offsets):
+    """Act-order experts: each expert's stored column j holds its input order[e, j] (gate and up
+    sharing one order, down its own), its offsets over the inputs so ordered."""
+    be = _core.make_backend(name, 2, kernels)
+    E, I, H, k = 8, 64, 128, 2
+    tensors, values = expert_weights(be, rng, E, I, H, ("q8_0",) * 3)
+    orders = {"gate_up": np.stack([rng.permutation(H) for _ in range(E)]).astype(np.int32),
+              "down": np.stack([rng.permutation(I) for _ in range(E)]).astype(np.int32)}
+    offsets = {}
+    if with_offsets:
+        for p, (N, K, G) in {"gate": (I, H, 2), "up": (I, H, 3), "down": (H, I, 2)}.items():
+            offsets[p], dense = group_offsets(be, rng, E, N, K, G)
+            values[("gate", "up", "down").index(p)] = values[("gate", "up", "down").index(p)] + dense
+    effective = []  # the stored columns put back in input order
+    for v, o in zip(values, (orders["gate_up"], orders["gate_up"], orders["down"])):
+        w = np.empty_like(v)
+        for e in range(E):
+            w[e][:, o[e]] = v[e]
+        effective.append(w)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    ids = uneven_ids(rng, T, k, E)
+    w = rng.random((T, k)).astype(np.float32)
+    out = be.empty("f32", [T, H])
+    be.moe_experts(be.tensor(x), *tensors, be.tensor(ids), be.tensor(w), out, offsets=offsets,
+                   input_orders={n: be.tensor(o) for n, o in orders.items()})
+    assert R.nmse(out.numpy(), R.moe_experts(x, *effective, ids, w)) < QUANT_DOT_TOL
+
+
 @pytest.mark.parametrize("dtypes", [("q8_0",) * 3, ("q4_k", "q4_k", "q6_k")])
 @pytest.mark.parametrize("T", [3, 5])  # 6 pairs: each thread plans for itself; 10: shared plan
 def test_moe_experts_dot_path_equals_linear_per_expert(backend, rng, dtypes, T):
@@ -343,6 +374,11 @@ def test_moe_supports(backend):
       for o in (lambda be: {"gate": (be.empty("f32", [3, 1, 8]), be.empty("i32", [2]))},
                 lambda be: {"down": (be.empty("f32", [4, 1, 8]), be.empty("i32", [1]))},
                 lambda be: {"up": (be.empty("f32", [4, 1, 8]), be.empty("i32", [1]))})],
+    # input orders of another expert count or input width
+    *[lambda be, o=o: be.moe_experts(be.empty("f32", [2, 64]), be.empty("f32", [4, 8, 64]), be.empty("f32", [4, 8, 64]),
+                                     be.empty("f32", [4, 64, 8]), be.empty("i32", [2, 1]), be.empty("f32", [2, 1]),
+                                     be.empty("f32", [2, 64]), input_orders=o(be))
+      for o in (lambda be: {"gate_up": be.empty("i32", [3, 64])}, lambda be: {"down": be.empty("i32", [4, 64])})],
 ])
 def test_moe_bad_shapes_raise_value_error(backend, call):
     with pytest.raises(ValueError):

@@ -44,9 +44,9 @@ GPTQMODEL_JOBS = {
 }
 CT = "ct-w4a16-g32"
 CT_ASYM8 = "ct-w8a16-asym-g32"  # Q8_0 holding s (q - 128), the rest as group offsets
-# name -> the block type ferrum holds its experts in (act-order experts are refused).
+# name -> the block type ferrum holds its experts in.
 VARIANTS = {"gptq-sym4-g32": "q4_0", "gptq-asym4-g64-v2": "q5_0", "awq-asym-g32": "q5_0", CT: "q4_0",
-            CT_ASYM8: "q8_0"}
+            CT_ASYM8: "q8_0", "gptq-act-order": "q5_0"}
 
 
 def compressed_tensors_modules(st):
@@ -184,7 +184,8 @@ def test_expert_weights_equal_library_dequantization(checkpoints, references, va
         for name in expert_names(layer):
             assert mf.tensors[name][0] == VARIANTS[variant], name
             np.testing.assert_array_equal(mf.dequantized(name), ref[name].numpy(), err_msg=name)
-            assert mf.input_order(name) is None, name
+            order = mf.input_order(name)  # act-order: each expert's own
+            assert order is None if variant != "gptq-act-order" else sorted(order) == list(range(len(order))), name
         router = f"model.layers.{layer}.mlp.gate.weight"  # as stored: bf16 (GPTQModel's CPU dtype) or f32
         stored = load_file(checkpoints[variant] / "model.safetensors")[router]
         assert mf.tensors[router][0] == {torch.bfloat16: "bf16", torch.float32: "f32"}[stored.dtype]
@@ -213,7 +214,7 @@ def test_asymmetric_8bit_experts_on_the_gpu_kernel_family(checkpoints, reference
     assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("variant", ["gptq-sym4-g32", "awq-asym-g32", CT, CT_ASYM8])
+@pytest.mark.parametrize("variant", ["gptq-sym4-g32", "awq-asym-g32", CT, CT_ASYM8, "gptq-act-order"])
 def test_greedy_tokens_match_transformers_with_8bit_activations(checkpoints, references, variant):
     """Generation's quantized matmuls, the experts' included, take Q8_0 activations: the
     reference rounds each quantized module's and each expert's inputs the same way."""
@@ -261,33 +262,41 @@ def test_expert_left_in_float_refused_by_name(checkpoints, tmp_path):
         ferrum.LLM(bad, num_threads=1)
 
 
-def test_act_order_experts_refused_by_name(checkpoints):
-    """GPTQModel's desc_act reorders each expert's inputs on its own: the MoE kernels read the
-    experts' inputs in one order."""
-    path = checkpoints["gptq-act-order"]
-    mf = ferrum._core.ModelFile(str(path))
-    assert mf.input_order(f"{EXPERT0}.0.gate_proj.weight") is not None
-    with pytest.raises(ValueError, match=re.escape(
-            f"'{EXPERT0}.0.gate_proj.weight' orders its inputs (GPTQ act-order), which a mixture-of-experts layer")):
-        ferrum.LLM(str(path), num_threads=1)
+def test_act_order_experts_read_their_own_orders(checkpoints):
+    """GPTQModel's desc_act orders each expert's inputs on its own: the experts of a layer hold
+    different orders, which moe_experts applies expert by expert."""
+    mf = ferrum._core.ModelFile(str(checkpoints["gptq-act-order"]))
+    orders = [tuple(mf.input_order(f"{EXPERT0}.{e}.gate_proj.weight")) for e in range(E)]
+    assert len(set(orders)) == E and all(o != tuple(sorted(o)) for o in orders)
+    for e in range(E):  # gate and up read one input: GPTQModel gives them one order
+        assert mf.input_order(f"{EXPERT0}.{e}.up_proj.weight") == list(orders[e])
 
 
 TP_SCRIPT = """
 import json, sys
 import numpy as np
 import ferrum
-path, prompt = sys.argv[1], json.loads(sys.argv[2])
+path, act_order, prompt = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+try:
+    ferrum.LLM(act_order, tensor_parallel_size=2)
+    refused = ""
+except ValueError as e:
+    refused = str(e)
 two = ferrum.LLM(path, tensor_parallel_size=2, kv_dtype="f32", num_threads=1).score(prompt)
 one = ferrum.LLM(path, kv_dtype="f32", num_threads=1).score(prompt)
-print(json.dumps(float(np.abs(two - one).max() / np.abs(one).max())))
+print(json.dumps([refused, float(np.abs(two - one).max() / np.abs(one).max())]))
 """
 
 
-def test_asymmetric_8bit_experts_under_tensor_parallelism(checkpoints):
+def test_experts_under_tensor_parallelism(checkpoints):
     """Two ranks (LLM starts the second) split each expert's gate / up offsets with its rows and
-    down's group sums with its input blocks: the logits of one process."""
+    down's group sums with its input blocks: the logits of one process. An act-order file's o_proj
+    (and its experts' down_proj) would need inputs from the other rank's share: refused by name
+    on every rank, and the next model loads."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    p = subprocess.run([sys.executable, "-c", TP_SCRIPT, str(checkpoints[CT_ASYM8]), json.dumps(PROMPT)],
-                       env=env, capture_output=True, text=True, timeout=180)
+    p = subprocess.run([sys.executable, "-c", TP_SCRIPT, str(checkpoints[CT_ASYM8]), str(checkpoints["gptq-act-order"]),
+                        json.dumps(PROMPT)], env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert json.loads(p.stdout.strip().splitlines()[-1]) <= 1e-5
+    refused, error = json.loads(p.stdout.strip().splitlines()[-1])
+    assert "'model.layers.0.self_attn.o_proj.weight' orders its inputs (GPTQ act-order), which tensor parallelism" in refused
+    assert error <= 1e-5

@@ -18,7 +18,7 @@ void Backend::moe_route(Stream&, const Tensor&, int64_t, bool, const Tensor&, co
 }
 
 void Backend::moe_experts(Stream&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          const Tensor&, const Tensor&, const Tensor&, const MoeOffsets&) {
+                          const Tensor&, const Tensor&, const Tensor&, const MoeExtras&) {
   throw ValueError(std::string("moe_experts is not supported by the ") + name() + " backend");
 }
 

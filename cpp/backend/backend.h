@@ -115,8 +115,13 @@ struct ExpertOffsets {
   Tensor offsets, block_groups;
   bool defined() const { return offsets.defined(); }
 };
-struct MoeOffsets {
+// What quantized checkpoints' experts bring besides their blocks: asymmetric 8-bit zeros'
+// offsets per projection, and GPTQ act-order's input orders, i32 [E, H] for gate and up (which
+// read one input and share it) and [E, I] for down: expert e's stored column j holds its input
+// order[e, j]. Undefined tensors: none.
+struct MoeExtras {
   ExpertOffsets gate, up, down;
+  Tensor gate_up_order, down_order;
 };
 
 class Backend {
@@ -214,12 +219,13 @@ class Backend {
   // the backend supports(MoeExperts, dtype); the three may differ. ids i32[T, k] and weights
   // f32[T, k] as moe_route writes them; an id outside [0, E) contributes nothing. out f32[T, H]
   // must not alias x.
-  // With offsets (asymmetric 8-bit experts, MoeOffsets), each of an expert's three products
-  // adds its zero-point terms as add_group_offsets does for one matrix: gate[e] @ x[t] +
-  // sum_g offsets.gate.offsets[e, g, :] * (the sum of x[t]'s columns in group g), and so on.
+  // With extras (MoeExtras): an expert's product reads its input in the expert's order
+  // (gather_columns' x[t, order[e]]) and adds its zero-point terms as add_group_offsets does for
+  // one matrix, over the input so ordered: gate[e] @ x[t, order[e]] + sum_g offsets[e, g, :] *
+  // (the sum of those columns in group g), and so on.
   virtual void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                            const Tensor& down, const Tensor& ids, const Tensor& weights,
-                           const Tensor& out, const MoeOffsets& offsets);
+                           const Tensor& out, const MoeExtras& extras);
 
   // ---- LoRA; optional: the default throws ValueError (supports(Op::Lora) must then be false) ----
   // For each row t of x f32[T, K] whose slot = row_slots[t] (i32[T]) is in [0, slots.slots.size())

@@ -191,7 +191,7 @@ void moe_route(const Tensor& logits, int64_t top_k, const Tensor& ids, const Ten
 }
 
 void moe_experts(const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
-                 const Tensor& ids, const Tensor& weights, const Tensor& out, const MoeOffsets& offsets) {
+                 const Tensor& ids, const Tensor& weights, const Tensor& out, const MoeExtras& extras) {
   const std::string op = "moe_experts";
   f32(x, op, "x");
   f32(out, op, "out");
@@ -231,9 +231,17 @@ void moe_experts(const Tensor& x, const Tensor& gate, const Tensor& up, const Te
          std::string(name) + " block_groups " + o.block_groups.str() + " must hold one group per 32 of its " +
              std::to_string(K) + " inputs");
   };
-  offsets_fit(offsets.gate, "gate", I, H);
-  offsets_fit(offsets.up, "up", I, H);
-  offsets_fit(offsets.down, "down", H, I);
+  const auto order_fits = [&](const Tensor& order, const char* name, int64_t K) {
+    if (!order.defined()) return;
+    i32(order, op, name);
+    need(order.shape == Shape{E, K}, op,
+         std::string(name) + " " + order.str() + " must be [" + std::to_string(E) + ", " + std::to_string(K) + "]");
+  };
+  order_fits(extras.gate_up_order, "gate_up_order", H);
+  order_fits(extras.down_order, "down_order", I);
+  offsets_fit(extras.gate, "gate", I, H);
+  offsets_fit(extras.up, "up", I, H);
+  offsets_fit(extras.down, "down", H, I);
 }
 
 void lora(const Tensor& x, const Tensor& row_slots, const Tensor& row_scales, int64_t site_rank, const Tensor& out) {

@@ -20,7 +20,7 @@ void gather_columns(const Tensor& x, const Tensor& idx, const Tensor& out);
 void add_group_offsets(const Tensor& x, const Tensor& block_groups, const Tensor& offsets, const Tensor& out);
 void moe_route(const Tensor& logits, int64_t top_k, const Tensor& ids, const Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
-                 const Tensor& ids, const Tensor& weights, const Tensor& out, const MoeOffsets& offsets);
+                 const Tensor& ids, const Tensor& weights, const Tensor& out, const MoeExtras& extras);
 void lora(const Tensor& x, const Tensor& row_slots, const Tensor& row_scales, int64_t site_rank, const Tensor& out);
 
 }  // namespace ferrum::checks

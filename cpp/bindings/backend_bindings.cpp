@@ -188,18 +188,22 @@ void bind_backend(py::module_& m) {
       }, py::arg("logits"), py::arg("top_k"), py::arg("normalize"), py::arg("ids"), py::arg("weights"),
          py::arg("stream") = nullptr)
       .def("moe_experts", [](Backend& b, Tensor x, Tensor gate, Tensor up, Tensor down, Tensor ids, Tensor weights,
-                             Tensor out, Stream* s, py::dict offsets) {
-        MoeOffsets o;
+                             Tensor out, Stream* s, py::dict offsets, py::dict input_orders) {
+        MoeExtras o;
         for (auto [name, into] : {std::pair{"gate", &o.gate}, std::pair{"up", &o.up}, std::pair{"down", &o.down}}) {
           if (!offsets.contains(name)) continue;
           const auto pair = offsets[name].cast<std::pair<Tensor, Tensor>>();
           *into = {pair.first, pair.second};
         }
+        if (input_orders.contains("gate_up")) o.gate_up_order = input_orders["gate_up"].cast<Tensor>();
+        if (input_orders.contains("down")) o.down_order = input_orders["down"].cast<Tensor>();
         on_stream(b, s, [&](Stream& st) { b.moe_experts(st, x, gate, up, down, ids, weights, out, o); });
       }, py::arg("x"), py::arg("gate"), py::arg("up"), py::arg("down"), py::arg("ids"), py::arg("weights"),
          py::arg("out"), py::arg("stream") = nullptr, py::arg("offsets") = py::dict(),
+         py::arg("input_orders") = py::dict(),
          "offsets: {'gate' | 'up' | 'down': (offsets f32 [E, G, N], block_groups i32 [K / 32])} for asymmetric "
-         "8-bit experts (Backend::moe_experts)");
+         "8-bit experts; input_orders: {'gate_up': i32 [E, H], 'down': i32 [E, I]} for act-order ones "
+         "(Backend::moe_experts)");
 
   m.def("make_backend", &make_backend, py::arg("device") = "cpu", py::arg("num_threads") = 0,
         py::arg("opencl_kernels") = "",

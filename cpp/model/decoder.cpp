@@ -129,7 +129,7 @@ void Decoder::record(RecordedStep& step, const StepBuffers& b, const std::vector
       by_row_group(t, b, b.tokens, gen, [&](int64_t begin, int64_t count) {
         be.moe_experts(t, b.h.slice(begin, count), L.gate_exps, L.up_exps, L.down_exps,
                        b.expert_ids.slice(begin, count), b.expert_weights.slice(begin, count),
-                       b.down.slice(begin, count), L.moe_offsets);
+                       b.down.slice(begin, count), L.moe_extras);
       });
     } else {
       matmul(t, b, L.gate_up, b.h, b.gate_up, gen, lora_site(layer, LoraSite::GateUp));

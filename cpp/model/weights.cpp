@@ -144,9 +144,9 @@ class Loader {
   // One projection of all E experts as [E, out, in]: GGUF's 3-D tensor as stored, or HF's
   // per-expert tensors stacked (their pages are released once copied); with a split, the rows
   // [r0, r0 + rows) (gate, up) or columns [c0, c0 + cols) (down) of each expert's matrix. Their
-  // group offsets (asymmetric 8-bit) into `offsets`.
+  // group offsets (asymmetric 8-bit) into `offsets`, their input orders (act-order) into `order`.
   Tensor experts(const NamePair& p, int64_t layer, int64_t E, int64_t out, int64_t in, int64_t r0, int64_t rows,
-                 int64_t c0, int64_t cols, ExpertOffsets& offsets) const {
+                 int64_t c0, int64_t cols, ExpertOffsets& offsets, std::vector<int32_t>& order) const {
     const bool whole = rows == out && cols == in;
     if (naming_ == Naming::GGUF && whole) return supported_experts(weight(get(p, layer)));
     std::vector<const TensorInfo*> parts;
@@ -160,7 +160,8 @@ class Loader {
                             dtype_name(parts.back()->dtype) + " vs " + dtype_name(parts[0]->dtype) + ")");
       }
     }
-    for (const TensorInfo* p : parts) in_order(*p, "a mixture-of-experts layer");
+    order = expert_orders(parts);
+    if (!order.empty() && cols != in) in_order(*parts[0], "tensor parallelism (a rank's share of its inputs)");
     offsets = expert_offsets(parts, r0, rows, c0, cols);
     const DType dtype = parts[0]->dtype;
     if (cols != in) check_whole_blocks(*parts[0], c0, cols);
@@ -175,6 +176,18 @@ class Loader {
     }
     if (naming_ == Naming::GGUF) parts[0]->file->release_pages(parts[0]->data, parts[0]->nbytes);
     return supported_experts(t);
+  }
+  // The experts' input orders as moe_experts takes them, [E, in] (experts in order: 0, 1, ..);
+  // empty when every expert's inputs are in order.
+  static std::vector<int32_t> expert_orders(const std::vector<const TensorInfo*>& parts) {
+    bool any = false;
+    for (const TensorInfo* p : parts) any = any || p->input_order;
+    if (!any) return {};
+    const int64_t in = parts[0]->shape[1];
+    std::vector<int32_t> order;
+    for (const TensorInfo* p : parts)
+      for (int64_t j = 0; j < in; ++j) order.push_back(p->input_order ? (*p->input_order)[size_t(j)] : int32_t(j));
+    return order;
   }
   // The experts' group offsets as moe_experts takes them: rows [r0, r0 + rows) of each expert's
   // and the groups of input blocks [c0, c0 + cols); experts without offsets add zeros. None
@@ -201,6 +214,15 @@ class Loader {
     const std::vector<int32_t> block_groups(b0, b0 + cols / quant::kQK);
     return {be_.from_host(offsets.data(), DType::F32, {E, G, rows}),
             be_.from_host(block_groups.data(), DType::I32, {int64_t(block_groups.size())})};
+  }
+  // gate's and up's input orders, which read one input: they must agree.
+  Tensor expert_input_order(const std::vector<int32_t>& gate, const std::vector<int32_t>& up, int64_t E,
+                            int64_t layer) const {
+    if (gate != up)
+      throw ValueError(src_.path + ": the experts of layer " + std::to_string(layer) + " order the inputs of " +
+                       "gate_proj and up_proj (act-order) differently; ferrum needs one order per expert for both");
+    if (gate.empty()) return {};
+    return be_.from_host(gate.data(), DType::I32, {E, int64_t(gate.size()) / E});
   }
   Tensor supported_experts(const Tensor& t) const {
     if (!be_.supports(Op::MoeExperts, t.dtype))
@@ -372,9 +394,12 @@ ModelWeights load_weights(Backend& be, const WeightSource& src, const ModelConfi
       const int64_t x0 = split.expert_inter0, xn = split.expert_intermediate;
       lw.moe = true;
       lw.router = L.fused({&L.get(kRouter, i)}, {});
-      lw.gate_exps = L.experts(kGateExps, i, E, X, D, x0, xn, 0, D, lw.moe_offsets.gate);
-      lw.up_exps = L.experts(kUpExps, i, E, X, D, x0, xn, 0, D, lw.moe_offsets.up);
-      lw.down_exps = L.experts(kDownExps, i, E, D, X, 0, D, x0, xn, lw.moe_offsets.down);
+      std::vector<int32_t> gate_order, up_order, down_order;
+      lw.gate_exps = L.experts(kGateExps, i, E, X, D, x0, xn, 0, D, lw.moe_extras.gate, gate_order);
+      lw.up_exps = L.experts(kUpExps, i, E, X, D, x0, xn, 0, D, lw.moe_extras.up, up_order);
+      lw.down_exps = L.experts(kDownExps, i, E, D, X, 0, D, x0, xn, lw.moe_extras.down, down_order);
+      lw.moe_extras.gate_up_order = L.expert_input_order(gate_order, up_order, E, i);
+      if (!down_order.empty()) lw.moe_extras.down_order = be.from_host(down_order.data(), DType::I32, {E, X});
     } else {
       const TensorInfo gate = rows_of(L.get(kGate, i), inters.begin, inters.count);
       const TensorInfo up = rows_of(L.get(kUp, i), inters.begin, inters.count);
@@ -405,7 +430,7 @@ int64_t weight_bytes(const ModelWeights& w) {
     for (const Tensor* t : {&l.attn_norm, &l.ffn_norm, &l.q_norm, &l.k_norm, &l.gate_exps, &l.up_exps, &l.down_exps})
       add(*t);
     for (const Linear* lin : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.router}) add_linear(*lin);
-    for (const ExpertOffsets* o : {&l.moe_offsets.gate, &l.moe_offsets.up, &l.moe_offsets.down}) add(o->offsets);
+    for (const ExpertOffsets* o : {&l.moe_extras.gate, &l.moe_extras.up, &l.moe_extras.down}) add(o->offsets);
   }
   return bytes;
 }

@@ -40,7 +40,7 @@ struct LayerWeights {
   bool moe = false;
   Linear router;
   Tensor gate_exps, up_exps, down_exps;
-  MoeOffsets moe_offsets;  // asymmetric 8-bit experts' zero-point terms
+  MoeExtras moe_extras;  // asymmetric 8-bit experts' zero-point terms
 };
 
 struct ModelWeights {

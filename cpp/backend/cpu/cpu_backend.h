@@ -150,7 +150,7 @@ class CpuBackend : public Backend {
                  const Tensor& weights) override;
   void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                    const Tensor& down, const Tensor& ids, const Tensor& weights,
-                   const Tensor& out, const MoeOffsets& offsets) override;
+                   const Tensor& out, const MoeExtras& extras) override;
   // Shrink (x A^T into scratch) then expand (+= scale * that B^T), rows grouped by slot: each
   // adapter's A and B are read once per call, whatever its row count (cpu_lora.cpp).
   void lora(Stream& s, const Tensor& x, const Tensor& row_slots, const Tensor& row_scales,

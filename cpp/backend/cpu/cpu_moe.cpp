@@ -24,9 +24,11 @@
 // on f32 activations.
 // Small calls (decode: at most kMaxDotPairs pairs) have every thread plan and quantize for
 // itself (a few rows) inside gate_up and down: two commands, one barrier, instead of four.
-// Asymmetric 8-bit experts (MoeOffsets) add their zero-point terms to each product before it is
+// Asymmetric 8-bit experts (MoeExtras) add their zero-point terms to each product before it is
 // used, from the group sums of its input rows (group_offsets.h: add_group_offsets' arithmetic),
-// taken with x's quantization and act's.
+// taken with x's quantization and act's. Act-order experts read their inputs in their own
+// orders: x's rows are then prepared pair by pair (gathered in the pair's expert's order, then
+// quantized and summed) once the plan is made, and act's rows gathered before they are.
 #include <cblas.h>
 
 #include <algorithm>
@@ -78,8 +80,12 @@ struct MoePrep {
   std::vector<char> x_gate, x_up;  // x per token for the gate / up dot kernels (non-f32 acts)
   std::vector<char> act_q;         // act per pair for the down dot kernel (non-f32 acts)
   std::vector<char> x_pairs;       // x_gate rows in pair order, for the batched kernels
-  // With offsets: x's group sums per token for gate and up [T, G], act's per pair [P, G].
+  // With offsets: x's group sums per token (per pair with act-order) for gate and up [., G],
+  // act's per pair [P, G].
   std::vector<float> gate_sums, up_sums, down_sums;
+  // Act-order: x rows per pair in their expert's order [P, H] (x_gate, x_up and the sums then
+  // hold one row per pair), act rows so [P, I].
+  std::vector<float> x_ordered, act_ordered;
 };
 
 // rows [r0, r0 + n) of one expert matrix as f32: in place for f32 weights, else into tile.
@@ -133,12 +139,12 @@ void build_plan(MoePlan& p, const int32_t* ids, const float* weights, int64_t pa
 class MoeCall {
  public:
   MoeCall(const Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
-          const Tensor& ids, const Tensor& weights, const Tensor& out, const MoeOffsets& offsets, int threads);
+          const Tensor& ids, const Tensor& weights, const Tensor& out, const MoeExtras& extras, int threads);
 
   // The steps a call records besides gate_up and down (a small call does their work inside those).
   bool has_plan_step() const { return !small_; }
-  bool has_gather_step() const { return !small_ && (any_gemm_ || any_batched_); }
-  bool has_quantize_step() const { return (quant_act_ || offsets_.down.defined()) && !small_; }
+  bool has_gather_step() const { return !small_ && (any_gemm_ || any_batched_ || ordered_x_); }
+  bool has_quantize_step() const { return (quant_act_ || extras_.down.defined() || ordered_act_) && !small_; }
 
   void plan(int ith, int nth);
   void gather(int ith, int nth);
@@ -163,8 +169,8 @@ class MoeCall {
   void add_gate_up_offsets(const MoePrep& pr, int32_t e, int64_t p0, int64_t n, int64_t c0, int64_t rows, float* g,
                            float* u) const {
     const MoePlan& p = pr.plan;
-    add_offsets(offsets_.gate, e, c0, rows, n, [&](int64_t i) { return token_sums(pr.gate_sums, offsets_.gate, p, p0 + i); }, g);
-    add_offsets(offsets_.up, e, c0, rows, n, [&](int64_t i) { return token_sums(pr.up_sums, offsets_.up, p, p0 + i); }, u);
+    add_offsets(extras_.gate, e, c0, rows, n, [&](int64_t i) { return token_sums(pr.gate_sums, extras_.gate, p, p0 + i); }, g);
+    add_offsets(extras_.up, e, c0, rows, n, [&](int64_t i) { return token_sums(pr.up_sums, extras_.up, p, p0 + i); }, u);
   }
   // act[p0 + i, c0 .. c0 + rows) = silu(g[i]) * u[i] for the n pairs from p0 (g, u: [n, rows]).
   void swiglu_block(const float* g, const float* u, int64_t p0, int64_t n, int64_t c0, int64_t rows) {
@@ -173,13 +179,31 @@ class MoeCall {
   }
   float* thread_block(int ith) { return per_thread_.data() + size_t(ith) * per_thread_floats_; }
 
-  // Plans (if `plan`) and quantizes x tokens [t0, t1) into pr.
+  // Plans (if `plan`) and quantizes x tokens [t0, t1) into pr (act-order: nothing to quantize
+  // before the plan).
   void prepare(MoePrep& pr, bool plan, int64_t t0, int64_t t1);
+  // x's prepared row r (quantized for gate / up, group sums) from xr.
+  void prepare_row(MoePrep& pr, const float* xr, int64_t r);
+  // Act-order: sorted pairs [p0, p1) of expert e gathered in its order and prepared.
+  void prepare_ordered_pairs(MoePrep& pr, int32_t e, int64_t p0, int64_t p1);
+  // The prepared row of x that sorted pair i reads (its token's, or its own with act-order), and
+  // that row as f32.
+  int64_t x_row(const MoePlan& p, int64_t i) const { return ordered_x_ ? i : p.pair_token[size_t(i)]; }
+  const float* x_f32(const MoePrep& pr, int64_t i) const {
+    return ordered_x_ ? pr.x_ordered.data() + i * H_ : host_ptr<float>(x_) + pr.plan.pair_token[size_t(i)] * H_;
+  }
+  // The quantized x rows of an expert's pairs at one stride, for the batched kernels.
+  const char* pair_rows(const MoePrep& pr) const { return ordered_x_ ? pr.x_gate.data() : pr.x_pairs.data(); }
+  // Sorted pair i's act row as down reads it (in its expert's order with act-order).
+  const float* act_row(const MoePrep& pr, int64_t i) const {
+    return ordered_act_ ? pr.act_ordered.data() + i * I_ : act_.data() + i * I_;
+  }
   // Copies the quantized x rows of pairs [p0, p1) into pair order (x_pairs), where the batched
   // kernels read an expert's tokens at one stride.
   void gather_pairs(MoePrep& pr, int64_t p0, int64_t p1);
-  // Quantizes act rows of pairs [p0, p1) into pr (with down offsets, also their group sums).
-  void quantize_act_rows(MoePrep& pr, int64_t p0, int64_t p1);
+  // Quantizes act rows of expert e's sorted pairs [p0, p1) into pr (with act-order, gathered in
+  // its order first; with down offsets, also their group sums).
+  void quantize_act_rows(MoePrep& pr, int32_t e, int64_t p0, int64_t p1);
   // out[i * rows + j] += projection o's offsets for expert e, outputs c0 + j (j < rows), over
   // the group sums of pair i's input, sums(i), for the n pairs (nothing without offsets).
   template <class Sums>
@@ -192,7 +216,7 @@ class MoeCall {
   }
   // The group sums of pair i's token for gate / up, and of pair i's act row for down.
   const float* token_sums(const std::vector<float>& sums, const ExpertOffsets& o, const MoePlan& p, int64_t i) const {
-    return sums.data() + p.pair_token[size_t(i)] * o.offsets.dim(1);
+    return sums.data() + x_row(p, i) * o.offsets.dim(1);
   }
   // act rows of expert e's pairs, gate / up rows [r0, r1); g, u: this thread's result blocks.
   void gate_up_sgemm(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* tile, float* g, float* u);
@@ -208,7 +232,8 @@ class MoeCall {
   void add_weighted(const MoePlan& p, int64_t p0, int64_t n, int64_t c0, int64_t rows, const float* y);
 
   Tensor x_, gate_, up_, down_, ids_, weights_, out_;
-  MoeOffsets offsets_;
+  MoeExtras extras_;
+  bool ordered_x_, ordered_act_;  // act-order experts' gate / up and down inputs
   int64_t T_, H_, E_, I_, k_, P_;
   const quant::DotKernel *kg_, *ku_, *kd_;  // gate, up, down
   size_t xg_bytes_, xu_bytes_, aq_bytes_;   // activation rows for the gate / up / down kernels
@@ -232,9 +257,10 @@ class MoeCall {
 };
 
 MoeCall::MoeCall(const Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
-                 const Tensor& ids, const Tensor& weights, const Tensor& out, const MoeOffsets& offsets,
+                 const Tensor& ids, const Tensor& weights, const Tensor& out, const MoeExtras& extras,
                  int threads)
-    : x_(x), gate_(gate), up_(up), down_(down), ids_(ids), weights_(weights), out_(out), offsets_(offsets),
+    : x_(x), gate_(gate), up_(up), down_(down), ids_(ids), weights_(weights), out_(out), extras_(extras),
+      ordered_x_(extras.gate_up_order.defined()), ordered_act_(extras.down_order.defined()),
       T_(x.rows()), H_(x.cols()), E_(gate.dim(0)), I_(gate.dim(1)), k_(ids.cols()), P_(T_ * k_),
       kg_(&quant::dot_kernel(gate.dtype)),  // ValueError for unsupported types
       ku_(&quant::dot_kernel(up.dtype)),
@@ -275,13 +301,16 @@ void MoeCall::choose_paths(const Stream& s) {
 void MoeCall::size_scratch(int threads) {
   own_.resize(small_ ? size_t(threads) : 0);
   auto size_prep = [&](MoePrep& pr) {
-    if (quant_gate_) pr.x_gate.resize(size_t(T_) * xg_bytes_);
-    if (quant_up_) pr.x_up.resize(size_t(T_) * xu_bytes_);
+    const int64_t rows = ordered_x_ ? P_ : T_;  // prepared x rows
+    if (quant_gate_) pr.x_gate.resize(size_t(rows) * xg_bytes_);
+    if (quant_up_) pr.x_up.resize(size_t(rows) * xu_bytes_);
     if (quant_act_) pr.act_q.resize(size_t(P_) * aq_bytes_);
-    if (any_batched_) pr.x_pairs.resize(size_t(P_) * xg_bytes_);
-    if (offsets_.gate.defined()) pr.gate_sums.resize(size_t(T_ * offsets_.gate.offsets.dim(1)));
-    if (offsets_.up.defined()) pr.up_sums.resize(size_t(T_ * offsets_.up.offsets.dim(1)));
-    if (offsets_.down.defined()) pr.down_sums.resize(size_t(P_ * offsets_.down.offsets.dim(1)));
+    if (any_batched_ && !ordered_x_) pr.x_pairs.resize(size_t(P_) * xg_bytes_);
+    if (extras_.gate.defined()) pr.gate_sums.resize(size_t(rows * extras_.gate.offsets.dim(1)));
+    if (extras_.up.defined()) pr.up_sums.resize(size_t(rows * extras_.up.offsets.dim(1)));
+    if (ordered_x_) pr.x_ordered.resize(size_t(P_ * H_));
+    if (ordered_act_) pr.act_ordered.resize(size_t(P_ * I_));
+    if (extras_.down.defined()) pr.down_sums.resize(size_t(P_ * extras_.down.offsets.dim(1)));
   };
   if (small_) for (MoePrep& pr : own_) size_prep(pr);
   else size_prep(shared_);
@@ -300,15 +329,31 @@ void MoeCall::size_scratch(int threads) {
 
 void MoeCall::prepare(MoePrep& pr, bool plan, int64_t t0, int64_t t1) {
   if (plan) build_plan(pr.plan, host_ptr<int32_t>(ids_), host_ptr<float>(weights_), P_, k_, E_);
-  for (int64_t t = t0; t < t1; ++t) {
-    const float* xr = host_ptr<float>(x_) + t * H_;
-    if (quant_gate_) quant::quantize_row(kg_->act_type, xr, pr.x_gate.data() + size_t(t) * xg_bytes_, H_);
-    if (quant_up_) quant::quantize_row(ku_->act_type, xr, pr.x_up.data() + size_t(t) * xu_bytes_, H_);
-    for (auto [o, sums] : {std::pair{&offsets_.gate, &pr.gate_sums}, std::pair{&offsets_.up, &pr.up_sums}}) {
-      if (!o->defined()) continue;
-      const int64_t G = o->offsets.dim(1);
-      cpu::group_sums(xr, H_ / 32, host_ptr<int32_t>(o->block_groups), G, sums->data() + t * G);
-    }
+  if (ordered_x_) return;
+  for (int64_t t = t0; t < t1; ++t) prepare_row(pr, host_ptr<float>(x_) + t * H_, t);
+}
+
+void MoeCall::prepare_row(MoePrep& pr, const float* xr, int64_t r) {
+  if (quant_gate_) quant::quantize_row(kg_->act_type, xr, pr.x_gate.data() + size_t(r) * xg_bytes_, H_);
+  if (quant_up_) quant::quantize_row(ku_->act_type, xr, pr.x_up.data() + size_t(r) * xu_bytes_, H_);
+  for (auto [o, sums] : {std::pair{&extras_.gate, &pr.gate_sums}, std::pair{&extras_.up, &pr.up_sums}}) {
+    if (!o->defined()) continue;
+    const int64_t G = o->offsets.dim(1);
+    cpu::group_sums(xr, H_ / 32, host_ptr<int32_t>(o->block_groups), G, sums->data() + r * G);
+  }
+}
+
+// Row j of `order` (orders outside [0, n) give zeros).
+void gather_ordered(const float* x, const int32_t* order, int64_t n, float* out) {
+  for (int64_t j = 0; j < n; ++j) out[j] = order[j] >= 0 && order[j] < n ? x[order[j]] : 0.0f;
+}
+
+void MoeCall::prepare_ordered_pairs(MoePrep& pr, int32_t e, int64_t p0, int64_t p1) {
+  const int32_t* order = host_ptr<int32_t>(extras_.gate_up_order) + int64_t(e) * H_;
+  for (int64_t i = p0; i < p1; ++i) {
+    float* row = pr.x_ordered.data() + i * H_;
+    gather_ordered(host_ptr<float>(x_) + pr.plan.pair_token[size_t(i)] * H_, order, H_, row);
+    prepare_row(pr, row, i);
   }
 }
 
@@ -318,14 +363,17 @@ void MoeCall::gather_pairs(MoePrep& pr, int64_t p0, int64_t p1) {
                 pr.x_gate.data() + size_t(pr.plan.pair_token[size_t(i)]) * xg_bytes_, xg_bytes_);
 }
 
-void MoeCall::quantize_act_rows(MoePrep& pr, int64_t p0, int64_t p1) {
-  const ExpertOffsets& o = offsets_.down;
+void MoeCall::quantize_act_rows(MoePrep& pr, int32_t e, int64_t p0, int64_t p1) {
+  const ExpertOffsets& o = extras_.down;
   for (int64_t i = p0; i < p1; ++i) {
-    if (quant_act_)
-      quant::quantize_row(kd_->act_type, act_.data() + i * I_, pr.act_q.data() + size_t(i) * aq_bytes_, I_);
+    if (ordered_act_)
+      gather_ordered(act_.data() + i * I_, host_ptr<int32_t>(extras_.down_order) + int64_t(e) * I_, I_,
+                     pr.act_ordered.data() + i * I_);
+    const float* a = act_row(pr, i);
+    if (quant_act_) quant::quantize_row(kd_->act_type, a, pr.act_q.data() + size_t(i) * aq_bytes_, I_);
     if (o.defined()) {
       const int64_t G = o.offsets.dim(1);
-      cpu::group_sums(act_.data() + i * I_, I_ / 32, host_ptr<int32_t>(o.block_groups), G, pr.down_sums.data() + i * G);
+      cpu::group_sums(a, I_ / 32, host_ptr<int32_t>(o.block_groups), G, pr.down_sums.data() + i * G);
     }
   }
 }
@@ -343,15 +391,16 @@ void MoeCall::gather(int ith, int nth) {
   const MoePlan& p = shared_.plan;
   for (int32_t e : p.active) {
     const bool sgemm = gemm(p.count(e));
-    if (!sgemm && !batched(p.count(e))) continue;
+    if (!sgemm && !batched(p.count(e)) && !ordered_x_) continue;
     int64_t b, end;
     split_range(p.count(e), ith, nth, &b, &end);
+    if (ordered_x_) prepare_ordered_pairs(shared_, e, p.first(e) + b, p.first(e) + end);
     if (!sgemm) {
-      gather_pairs(shared_, p.first(e) + b, p.first(e) + end);
+      if (!ordered_x_) gather_pairs(shared_, p.first(e) + b, p.first(e) + end);
       continue;
     }
     for (int64_t i = p.first(e) + b; i < p.first(e) + end; ++i)
-      std::memcpy(xs_.data() + i * H_, host_ptr<float>(x_) + p.pair_token[size_t(i)] * H_, size_t(H_) * 4);
+      std::memcpy(xs_.data() + i * H_, x_f32(shared_, i), size_t(H_) * 4);
   }
 }
 
@@ -359,8 +408,11 @@ void MoeCall::gate_up(int ith, int nth) {
   MoePrep& pr = prep(ith);
   if (small_) {
     prepare(pr, true, 0, T_);
-    for (int32_t e : pr.plan.active)
-      if (batched(pr.plan.count(e))) gather_pairs(pr, pr.plan.first(e), pr.plan.first(e) + pr.plan.count(e));
+    for (int32_t e : pr.plan.active) {
+      const int64_t p0 = pr.plan.first(e), p1 = p0 + pr.plan.count(e);
+      if (ordered_x_) prepare_ordered_pairs(pr, e, p0, p1);
+      else if (batched(pr.plan.count(e))) gather_pairs(pr, p0, p1);
+    }
   }
   int64_t r0, r1;
   split_range(I_, ith, nth, &r0, &r1);
@@ -389,7 +441,7 @@ void MoeCall::gate_up_sgemm(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1
 
 void MoeCall::gate_up_batched(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, float* g, float* u) {
   const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
-  const char* xq = pr.x_pairs.data() + size_t(p0) * xg_bytes_;
+  const char* xq = pair_rows(pr) + size_t(p0) * xg_bytes_;
   for (int64_t c0 = r0; c0 < r1; c0 += kDotChunkRows) {  // g, u: [n, rows]
     const int64_t rows = std::min(kDotChunkRows, r1 - c0);
     for (int64_t j = 0; j < n; j += kBatchTokens) {
@@ -408,8 +460,8 @@ void MoeCall::gate_up_dot(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, 
   for (int64_t c0 = r0; c0 < r1; c0 += step) {
     const int64_t rows = std::min(step, r1 - c0);
     for (int64_t i = p0; i < p0 + n; ++i) {
-      const int64_t t = pr.plan.pair_token[size_t(i)];
-      const float* xr = host_ptr<float>(x_) + t * H_;
+      const int64_t t = x_row(pr.plan, i);
+      const float* xr = x_f32(pr, i);
       const void* ag = quant_gate_ ? static_cast<const void*>(pr.x_gate.data() + size_t(t) * xg_bytes_) : xr;
       const void* au = quant_up_ ? static_cast<const void*>(pr.x_up.data() + size_t(t) * xu_bytes_)
                      : ku_->act_type == DType::F32 ? static_cast<const void*>(xr) : ag;
@@ -425,10 +477,10 @@ void MoeCall::gate_up_dot(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, 
 void MoeCall::quantize_act(int ith, int nth) {
   const MoePlan& p = shared_.plan;
   for (int32_t e : p.active) {
-    if (gemm(p.count(e)) && !offsets_.down.defined()) continue;  // sgemm experts read act as f32
+    if (gemm(p.count(e)) && !extras_.down.defined() && !ordered_act_) continue;  // sgemm experts read act as f32
     int64_t b, end;
     split_range(p.count(e), ith, nth, &b, &end);
-    quantize_act_rows(shared_, p.first(e) + b, p.first(e) + end);
+    quantize_act_rows(shared_, e, p.first(e) + b, p.first(e) + end);
   }
 }
 
@@ -437,7 +489,8 @@ void MoeCall::down(int ith, int nth) {
   int64_t r0, r1;
   split_range(H_, ith, nth, &r0, &r1);
   if (r0 >= r1) return;
-  if ((quant_act_ || offsets_.down.defined()) && small_) quantize_act_rows(pr, 0, pr.plan.start.back());
+  if ((quant_act_ || extras_.down.defined() || ordered_act_) && small_)
+    for (int32_t e : pr.plan.active) quantize_act_rows(pr, e, pr.plan.first(e), pr.plan.first(e) + pr.plan.count(e));
   float* o = host_ptr<float>(out_);
   for (int64_t t = 0; t < T_; ++t) std::memset(o + t * H_ + r0, 0, size_t(r1 - r0) * 4);
   float* tile = thread_block(ith);
@@ -451,11 +504,11 @@ void MoeCall::down_expert(const MoePrep& pr, int32_t e, int64_t r0, int64_t r1, 
   for (int64_t c0 = r0; c0 < r1; c0 += step) {
     const int64_t rows = std::min(step, r1 - c0);  // y: [n, rows]
     if (sgemm)
-      gemm_nt(act_.data() + p0 * I_, rows_f32(down_, down_row(e, 0), c0, rows, tile), y, n, rows, I_, float_acts_);
+      gemm_nt(act_row(pr, p0), rows_f32(down_, down_row(e, 0), c0, rows, tile), y, n, rows, I_, float_acts_);
     else if (batch) down_batched(pr, e, c0, rows, y);
     else down_dot(pr, e, c0, rows, y);
-    const int64_t Gd = offsets_.down.defined() ? offsets_.down.offsets.dim(1) : 0;
-    add_offsets(offsets_.down, e, c0, rows, n, [&](int64_t i) { return pr.down_sums.data() + (p0 + i) * Gd; }, y);
+    const int64_t Gd = extras_.down.defined() ? extras_.down.offsets.dim(1) : 0;
+    add_offsets(extras_.down, e, c0, rows, n, [&](int64_t i) { return pr.down_sums.data() + (p0 + i) * Gd; }, y);
     add_weighted(pr.plan, p0, n, c0, rows, y);
   }
 }
@@ -471,7 +524,7 @@ void MoeCall::down_dot(const MoePrep& pr, int32_t e, int64_t c0, int64_t rows, f
   const int64_t p0 = pr.plan.first(e), n = pr.plan.count(e);
   for (int64_t i = 0; i < n; ++i) {
     const void* a = quant_act_ ? static_cast<const void*>(pr.act_q.data() + size_t(p0 + i) * aq_bytes_)
-                               : static_cast<const void*>(act_.data() + (p0 + i) * I_);
+                               : static_cast<const void*>(act_row(pr, p0 + i));
     kd_->dot_rows(I_, down_row(e, c0), drb_, rows, a, y + i * rows);
   }
 }
@@ -525,12 +578,12 @@ void CpuBackend::moe_route(Stream& s, const Tensor& logits, int64_t top_k, bool 
 
 void CpuBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                              const Tensor& down, const Tensor& ids, const Tensor& weights,
-                             const Tensor& out, const MoeOffsets& offsets) {
+                             const Tensor& out, const MoeExtras& extras) {
   own({&x, &gate, &up, &down, &ids, &weights, &out});
-  for (const ExpertOffsets* o : {&offsets.gate, &offsets.up, &offsets.down})
+  for (const ExpertOffsets* o : {&extras.gate, &extras.up, &extras.down})
     if (o->defined()) own({&o->offsets, &o->block_groups});
-  checks::moe_experts(x, gate, up, down, ids, weights, out, offsets);
-  auto call = std::make_shared<MoeCall>(s, x, gate, up, down, ids, weights, out, offsets, pool_.size());
+  checks::moe_experts(x, gate, up, down, ids, weights, out, extras);
+  auto call = std::make_shared<MoeCall>(s, x, gate, up, down, ids, weights, out, extras, pool_.size());
   CpuStream& cs = static_cast<CpuStream&>(s);
   if (call->has_plan_step()) cs.record("moe_plan", [call](int ith, int nth) { call->plan(ith, nth); });
   if (call->has_gather_step()) cs.record("moe_gather", [call](int ith, int nth) { call->gather(ith, nth); });

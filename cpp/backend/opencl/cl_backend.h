@@ -83,7 +83,7 @@ class ClBackend : public Backend {
                  const Tensor& weights) override;
   void moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                    const Tensor& down, const Tensor& ids, const Tensor& weights,
-                   const Tensor& out, const MoeOffsets& offsets) override;
+                   const Tensor& out, const MoeExtras& extras) override;
   void lora(Stream& s, const Tensor& x, const Tensor& row_slots, const Tensor& row_scales,
             std::shared_ptr<const LoraSlots> slots,
             int64_t site, int64_t max_rank, const Tensor& out) override;
@@ -106,6 +106,9 @@ class ClBackend : public Backend {
   static ClStream& cl_stream(Stream& s);  // ValueError for another backend's stream
   // keeps_quantized: see ClStream::add.
   void record(Stream& s, Launch&& l, bool keeps_quantized = false);
+  // [pairs, cols(in)]: row p = in's row p / x_div in the order of expert ids[p] (act-order experts).
+  Tensor moe_gather_columns(Stream& s, const Tensor& in, int64_t x_div, const Tensor& order, const Tensor& ids,
+                            int64_t pairs);
   // y[p, col ..] += offsets o of expert ids[p] over the group sums of in's row p / x_div
   // (moe_experts' asymmetric 8-bit experts; nothing when o is undefined).
   void moe_add_group_offsets(Stream& s, const Tensor& in, int64_t x_div, const ExpertOffsets& o, const Tensor& ids,

@@ -123,15 +123,37 @@ void ClBackend::moe_add_group_offsets(Stream& s, const Tensor& in, int64_t x_div
   record(s, std::move(a));
 }
 
+Tensor ClBackend::moe_gather_columns(Stream& s, const Tensor& in, int64_t x_div, const Tensor& order,
+                                     const Tensor& ids, int64_t pairs) {
+  const int64_t K = in.cols();
+  Tensor out = alloc(DType::F32, {pairs, K});
+  if (pairs == 0 || K == 0) return out;
+  Launch l = launch(elementwise_program(), "moe_gather_columns", pairs * K, 64);
+  KernelArgs(l).tensor(in, "moe_experts").i32(x_div).tensor(ids, "moe_experts").i32(order.dim(0))
+      .tensor(order, "moe_experts").tensor(out, "moe_experts").i32(pairs).i32(K);
+  record(s, std::move(l));
+  return out;
+}
+
 void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, const Tensor& up,
                             const Tensor& down, const Tensor& ids, const Tensor& weights,
-                            const Tensor& out, const MoeOffsets& offsets) {
-  checks::moe_experts(x, gate, up, down, ids, weights, out, offsets);
+                            const Tensor& out, const MoeExtras& extras) {
+  checks::moe_experts(x, gate, up, down, ids, weights, out, extras);
   for (const Tensor* w : {&gate, &up, &down}) linear_program(w->dtype);  // ValueError for unsupported types
   const int64_t T = x.rows(), H = x.cols(), E = gate.dim(0), I = gate.dim(1), k = ids.cols();
   const int64_t P = T * k;
   if (T == 0 || H == 0) return;
   Tensor y = placeholder();  // k == 0: moe_combine reads nothing and writes zeros
+  // Act-order experts read their inputs gathered pair by pair, in each expert's order.
+  int64_t x_div = k;
+  Tensor xin = x;
+  if (extras.gate_up_order.defined() && P > 0) {
+    xin = moe_gather_columns(s, x, k, extras.gate_up_order, ids, P);
+    x_div = 1;
+  }
+  const auto down_input = [&](const Tensor& act) {
+    return extras.down_order.defined() ? moe_gather_columns(s, act, 1, extras.down_order, ids, P) : act;
+  };
   // A prompt (not a batch of decodes, whose tokens must each get what they get alone) with
   // enough pairs per expert for a tile to share its weight reads: grouped by expert.
   const bool grouped = s.decode_rows == 0 && P >= kMinPairsPerExpert * E && I > 0;
@@ -147,13 +169,14 @@ void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, cons
       if (g == groupings.end()) g = groupings.insert(g, {tile.tokens, moe_group(s, ids, E, tile.tokens)});
       moe_tiles(s, in, x_div, w, g->second, P, tile, out, col);
     };
-    tiles(x, k, gate, gu, 0);
-    tiles(x, k, up, gu, I);
-    moe_add_group_offsets(s, x, k, offsets.gate, ids, gu, 0);
-    moe_add_group_offsets(s, x, k, offsets.up, ids, gu, I);
+    tiles(xin, x_div, gate, gu, 0);
+    tiles(xin, x_div, up, gu, I);
+    moe_add_group_offsets(s, xin, x_div, extras.gate, ids, gu, 0);
+    moe_add_group_offsets(s, xin, x_div, extras.up, ids, gu, I);
     swiglu(s, gu, act);
-    tiles(act, 1, down, y, 0);
-    moe_add_group_offsets(s, act, 1, offsets.down, ids, y, 0);
+    const Tensor a = down_input(act);
+    tiles(a, 1, down, y, 0);
+    moe_add_group_offsets(s, a, 1, extras.down, ids, y, 0);
   } else if (P > 0) {
     y = alloc(DType::F32, {P, H});
     if (I > 0) {
@@ -167,13 +190,14 @@ void ClBackend::moe_experts(Stream& s, const Tensor& x, const Tensor& gate, cons
         return quantized;
       };
       Tensor gu = alloc(DType::F32, {P, 2 * I}), act = alloc(DType::F32, {P, I});
-      moe_rows(s, x, activations(x, gate, xq), k, gate, ids, gu, 0);
-      moe_rows(s, x, activations(x, up, xq), k, up, ids, gu, I);
-      moe_add_group_offsets(s, x, k, offsets.gate, ids, gu, 0);
-      moe_add_group_offsets(s, x, k, offsets.up, ids, gu, I);
+      moe_rows(s, xin, activations(xin, gate, xq), x_div, gate, ids, gu, 0);
+      moe_rows(s, xin, activations(xin, up, xq), x_div, up, ids, gu, I);
+      moe_add_group_offsets(s, xin, x_div, extras.gate, ids, gu, 0);
+      moe_add_group_offsets(s, xin, x_div, extras.up, ids, gu, I);
       swiglu(s, gu, act);
-      moe_rows(s, act, activations(act, down, actq), 1, down, ids, y, 0);
-      moe_add_group_offsets(s, act, 1, offsets.down, ids, y, 0);
+      const Tensor a = down_input(act);
+      moe_rows(s, a, activations(a, down, actq), 1, down, ids, y, 0);
+      moe_add_group_offsets(s, a, 1, extras.down, ids, y, 0);
     } else {
       moe_rows(s, x, Tensor(), 1, down, ids, y, 0);  // K = 0: writes zeros, reads no activations
     }
