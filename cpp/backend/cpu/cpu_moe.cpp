@@ -214,7 +214,7 @@ class MoeCall {
     const float* w = host_ptr<float>(o.offsets) + (int64_t(e) * G) * N + c0;
     for (int64_t i = 0; i < n; ++i) cpu::add_row_offsets(sums(i), G, w, N, out + i * rows, rows);
   }
-  // The group sums of pair i's token for gate / up, and of pair i's act row for down.
+  // The group sums (gate's or up's) of the x row sorted pair i reads.
   const float* token_sums(const std::vector<float>& sums, const ExpertOffsets& o, const MoePlan& p, int64_t i) const {
     return sums.data() + x_row(p, i) * o.offsets.dim(1);
   }
@@ -343,7 +343,7 @@ void MoeCall::prepare_row(MoePrep& pr, const float* xr, int64_t r) {
   }
 }
 
-// Row j of `order` (orders outside [0, n) give zeros).
+// out[j] = x[order[j]] for j < n (an order outside [0, n) gives zero).
 void gather_ordered(const float* x, const int32_t* order, int64_t n, float* out) {
   for (int64_t j = 0; j < n; ++j) out[j] = order[j] >= 0 && order[j] < n ? x[order[j]] : 0.0f;
 }
