@@ -94,17 +94,22 @@ kernel void group_sums(const global float* x, long x_off, const global int* bloc
   sums[sums_off + i] = acc;
 }
 
-// out[r, n] += offsets[:, n] . sums[r, :] (an asymmetric 8-bit projection's zeros).
+// offsets[:, o] . sums[:] over the groups in order, offsets [groups, n] (an asymmetric 8-bit
+// projection's zeros).
+float group_offsets_dot(const global float* offsets, int n, int o, const global float* sums, int groups) {
+  float acc = 0.0f;
+  for (int g = 0; g < groups; ++g) acc += offsets[(long)g * n + o] * sums[g];
+  return acc;
+}
+
+// out[r, n] += offsets[:, n] . sums[r, :].
 kernel void add_group_offsets(const global float* sums, long sums_off, const global float* offsets, long off_off,
                               global float* out, long out_off, int out_cols, int rows, int n, int groups) {
   const long i = get_global_id(0);
   if (i >= (long)rows * n) return;
   const int r = (int)(i / n), o = (int)(i % n);
-  const global float* s = sums + sums_off + (long)r * groups;
-  const global float* w = offsets + off_off + o;
-  float acc = 0.0f;
-  for (int g = 0; g < groups; ++g) acc += w[(long)g * n] * s[g];
-  out[out_off + (long)r * out_cols + o] += acc;
+  out[out_off + (long)r * out_cols + o] +=
+      group_offsets_dot(offsets + off_off, n, o, sums + sums_off + (long)r * groups, groups);
 }
 
 // moe_experts' act-order experts: out[p, j] = x[p / div, order[e, j]] for pair p of expert
@@ -132,11 +137,8 @@ kernel void moe_add_group_offsets(const global float* sums, long sums_off, int d
   if (i >= (long)pairs * n) return;
   const int p = (int)(i / n), o = (int)(i % n), e = ids[ids_off + p];
   if (e < 0 || e >= experts) return;
-  const global float* s = sums + sums_off + (long)(p / div) * groups;
-  const global float* w = offsets + off_off + (long)e * groups * n + o;
-  float acc = 0.0f;
-  for (int g = 0; g < groups; ++g) acc += w[(long)g * n] * s[g];
-  out[out_off + (long)p * out_cols + col + o] += acc;
+  out[out_off + (long)p * out_cols + col + o] +=
+      group_offsets_dot(offsets + off_off + (long)e * groups * n, n, o, sums + sums_off + (long)(p / div) * groups, groups);
 }
 
 // Router (semantics in cpp/backend/backend.h): one work-item per token. p = softmax(logits) in

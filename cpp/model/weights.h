@@ -40,7 +40,7 @@ struct LayerWeights {
   bool moe = false;
   Linear router;
   Tensor gate_exps, up_exps, down_exps;
-  MoeExtras moe_extras;  // asymmetric 8-bit experts' zero-point terms
+  MoeExtras moe_extras;  // asymmetric 8-bit experts' offsets, act-order experts' input orders
 };
 
 struct ModelWeights {

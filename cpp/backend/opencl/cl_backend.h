@@ -106,6 +106,8 @@ class ClBackend : public Backend {
   static ClStream& cl_stream(Stream& s);  // ValueError for another backend's stream
   // keeps_quantized: see ClStream::add.
   void record(Stream& s, Launch&& l, bool keeps_quantized = false);
+  // f32 [rows(x), groups]: the sums of x's 32-column blocks by group (add_group_offsets').
+  Tensor group_sums(Stream& s, const Tensor& x, const Tensor& block_groups, int64_t groups);
   // [pairs, cols(in)]: row p = in's row p / x_div in the order of expert ids[p] (act-order experts).
   Tensor moe_gather_columns(Stream& s, const Tensor& in, int64_t x_div, const Tensor& order, const Tensor& ids,
                             int64_t pairs);

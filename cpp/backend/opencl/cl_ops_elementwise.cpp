@@ -54,16 +54,21 @@ void ClBackend::gather_columns(Stream& s, const Tensor& x, const Tensor& idx, co
   record(s, std::move(l));
 }
 
+Tensor ClBackend::group_sums(Stream& s, const Tensor& x, const Tensor& block_groups, int64_t groups) {
+  const Tensor sums = alloc(DType::F32, {x.rows(), groups});
+  Launch l = launch(elementwise_program(), "group_sums", x.rows() * groups, 64);
+  KernelArgs(l).tensor(x, "group_sums").tensor(block_groups, "group_sums").tensor(sums, "group_sums")
+      .i32(x.rows()).i32(x.cols() / 32).i32(groups);
+  record(s, std::move(l));
+  return sums;
+}
+
 void ClBackend::add_group_offsets(Stream& s, const Tensor& x, const Tensor& block_groups, const Tensor& offsets,
                                   const Tensor& out) {
   checks::add_group_offsets(x, block_groups, offsets, out);
   const int64_t T = x.rows(), G = offsets.dim(0), N = offsets.dim(1);
   if (T == 0 || N == 0 || G == 0) return;
-  const Tensor sums = alloc(DType::F32, {T, G});
-  Launch l = launch(elementwise_program(), "group_sums", T * G, 64);
-  KernelArgs(l).tensor(x, "group_sums").tensor(block_groups, "group_sums").tensor(sums, "group_sums")
-      .i32(T).i32(x.cols() / 32).i32(G);
-  record(s, std::move(l));
+  const Tensor sums = group_sums(s, x, block_groups, G);
   Launch a = launch(elementwise_program(), "add_group_offsets", T * N, 64);
   KernelArgs(a).tensor(sums, "add_group_offsets").tensor(offsets, "add_group_offsets")
       .tensor(out, "add_group_offsets").i32(out.cols()).i32(T).i32(N).i32(G);

@@ -112,11 +112,7 @@ void ClBackend::moe_add_group_offsets(Stream& s, const Tensor& in, int64_t x_div
   if (!o.defined()) return;
   const int64_t rows = in.rows(), G = o.offsets.dim(1), N = o.offsets.dim(2), P = y.rows();
   if (rows == 0 || G == 0 || N == 0) return;
-  const Tensor sums = alloc(DType::F32, {rows, G});
-  Launch l = launch(elementwise_program(), "group_sums", rows * G, 64);
-  KernelArgs(l).tensor(in, "group_sums").tensor(o.block_groups, "group_sums").tensor(sums, "group_sums")
-      .i32(rows).i32(in.cols() / 32).i32(G);
-  record(s, std::move(l));
+  const Tensor sums = group_sums(s, in, o.block_groups, G);
   Launch a = launch(elementwise_program(), "moe_add_group_offsets", P * N, 64);
   KernelArgs(a).tensor(sums, "moe_experts").i32(x_div).tensor(ids, "moe_experts").i32(o.offsets.dim(0))
       .tensor(o.offsets, "moe_experts").tensor(y, "moe_experts").i32(y.cols()).i32(col).i32(P).i32(N).i32(G);
